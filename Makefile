@@ -14,7 +14,7 @@ SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: demo test lint sanity units integration molecule collection-link tools vllm-venv build clean
+.PHONY: test lint sanity units integration collection-link tools vllm-venv build clean
 
 tools: $(VENV)/.installed collection-link
 
@@ -52,7 +52,12 @@ sanity: tools
 units: tools
 	$(BIN)/pytest tests/unit
 
-test: lint sanity units
+# Runs Ansible and vLLM for real: the modules on checkpoints the tests build,
+# vLLM's own loaders on the results, and its KV-cache sizing against ours.
+integration: tools vllm-venv
+	$(BIN)/pytest tests/integration
+
+test: lint sanity units integration molecule
 
 build: tools
 	$(BIN)/ansible-galaxy collection build --force --output-path .build
