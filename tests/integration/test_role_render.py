@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The gpu inventory renders the unit the real Kimi-K2.5 deployment needs."""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import os
+import shlex
+import subprocess
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'playbooks', 'render_unit.yml')
+ANSIBLE_PLAYBOOK = os.path.join(REPO, '.venv', 'bin', 'ansible-playbook')
+# The controller's own interpreter: discovery on this host may find a broken pyenv shim.
+LOCAL_PYTHON = os.path.join(REPO, '.venv', 'bin', 'python')
+
+
+def render(tmp_path, group_vars_file, **extra_vars):
+    extra = {'out_dir': str(tmp_path), 'group_vars_file': group_vars_file, 'ansible_python_interpreter': LOCAL_PYTHON,
+             '__vllm_kimi_preflight': {'max_model_len': 131072}}
+    extra.update(extra_vars)
+    subprocess.run([ANSIBLE_PLAYBOOK, '-i', 'localhost,', '-c', 'local', PLAYBOOK, '-e', json.dumps(extra)],
+                   cwd=REPO, check=True, capture_output=True, text=True)
+    unit = (tmp_path / 'unit.service').read_text()
+    environment = (tmp_path / 'environment').read_text()
+    return unit, environment
+
+
+def exec_start(unit):
+    line = [line for line in unit.splitlines() if line.startswith('ExecStart=')]
+    assert len(line) == 1
+    return shlex.split(line[0][len('ExecStart='):])
+
+
+@pytest.fixture
+def gpu_unit(tmp_path):
+    return render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                  vllm_kimi_api_key='sk-$ecret%key')
+
+
+def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
+    unit, _ = gpu_unit
+    assert exec_start(unit) == [
+        '/opt/vllm-kimi/bin/vllm', 'serve', '/shared/kimi-k2.5-nvfp4',
+        '--served-model-name', 'kimi-k2.5', '--host', '127.0.0.1', '--port', '8000',
+        '--tensor-parallel-size', '8', '--pipeline-parallel-size', '1',
+        '--max-model-len', '131072', '--gpu-memory-utilization', '0.95',
+        '--tool-call-parser', 'kimi_k2', '--reasoning-parser', 'kimi_k2', '--trust-remote-code',
+    ]
+    assert '--disable-log-requests' not in unit
+
+
+def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit):
+    unit, _ = gpu_unit
+    lines = unit.splitlines()
+    assert lines[0].startswith('#')
+    for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=on-failure', 'TimeoutStartSec=3600',
+                     'LimitNOFILE=1048576', 'DevicePolicy=closed', 'DeviceAllow=char-nvidia-frontend rw',
+                     'DeviceAllow=char-nvidia-uvm rw', 'TemporaryFileSystem=/dev/shm:size=64G,mode=1777',
+                     'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateUsers=no', 'CapabilityBoundingSet=',
+                     'ExecStartPre=+/usr/local/libexec/llmserve-shm-clean --min-age 60'):
+        assert expected in lines
+
+
+def test_api_key_lives_only_in_the_environment_file(gpu_unit):
+    unit, environment = gpu_unit
+    assert 'sk-' not in unit
+    assert 'VLLM_API_KEY="sk-\\$ecret%key"' in environment.splitlines()
+    assert 'NCCL_PROTO="LL"' in environment.splitlines()
+    assert 'NCCL_P2P_LEVEL="SYS"' in environment.splitlines()
+    assert 'VLLM_ENGINE_READY_TIMEOUT_S="3600"' in environment.splitlines()
+
+
+def test_extra_arguments_reach_vllm_unchanged(tmp_path):
+    tricky = ['--override-generation-config', '{"temperature": 0.6}', '--chat-template', '/etc/tpl/$HOME%d.jinja']
+    unit, _ = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                     vllm_kimi_extra_args=tricky)
+    line = [line for line in unit.splitlines() if line.startswith('ExecStart=')][0]
+    assert '"/etc/tpl/$$HOME%%d.jinja"' in line
+    assert '"{\\"temperature\\": 0.6}"' in line
+
+
+def test_multi_node_cluster_drives_vllms_own_launcher(tmp_path):
+    inventory = tmp_path / 'hosts.yml'
+    inventory.write_text('all:\n  children:\n    kimi:\n      hosts:\n'
+                         '        node-a: {ansible_host: 10.0.0.1, ansible_connection: local}\n'
+                         '        node-b: {ansible_host: 10.0.0.2, ansible_connection: local}\n')
+    argvs = {}
+    for host in ('node-a', 'node-b'):
+        out = tmp_path / host
+        out.mkdir()
+        extra = {'out_dir': str(out), 'vllm_kimi_cluster_group': 'kimi', 'vllm_kimi_pipeline_parallel_size': 2,
+                 'group_vars_file': os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                 '__vllm_kimi_preflight': {'max_model_len': 131072}, 'ansible_python_interpreter': LOCAL_PYTHON}
+        playbook = tmp_path / 'play.yml'
+        playbook.write_text(open(PLAYBOOK).read().replace('hosts: localhost', 'hosts: kimi')
+                            .replace('../../../', REPO + '/'))
+        subprocess.run([ANSIBLE_PLAYBOOK, '-i', str(inventory), '--limit', host, str(playbook), '-e', json.dumps(extra)],
+                       cwd=REPO, check=True, capture_output=True, text=True)
+        argvs[host] = exec_start((out / 'unit.service').read_text())
+    head, worker = argvs['node-a'], argvs['node-b']
+    assert head[-8:] == ['--nnodes', '2', '--node-rank', '0', '--master-addr', '10.0.0.1', '--master-port', '29501']
+    assert worker[-9:] == ['--nnodes', '2', '--node-rank', '1', '--master-addr', '10.0.0.1', '--master-port', '29501',
+                           '--headless']
