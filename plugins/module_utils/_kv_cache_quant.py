@@ -1,0 +1,552 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Strip and restore a checkpoint's FP8 KV-cache quantization.
+
+This is PRIVATE to the collection. It can change at any time, without notice.
+
+Pure logic for the llmserve.vllm.kv_cache_quant module: find the KV-cache
+quantization keys, plan the edits in memory, render them into the original
+text (only the value changes, every other byte stays), keep the record that
+undoes them, and predict what vLLM 0.32.0 makes of ``--kv-cache-dtype auto``.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import copy
+import json
+import os
+import re
+import time
+from json.decoder import scanstring
+
+CONFIG_JSON = 'config.json'
+HF_QUANT_CONFIG_JSON = 'hf_quant_config.json'
+CONFIG_FILES = (CONFIG_JSON, HF_QUANT_CONFIG_JSON)
+RECORD_NAME = '.llmserve-kv-cache-quant.json'
+RECORD_FORMAT = 1
+MODULE_NAME = 'llmserve.vllm.kv_cache_quant'
+KV_KEYS = ('kv_cache_scheme', 'kv_cache_quant_algo')
+
+# vllm/transformers_utils/model_arch_config_convertor.py (_normalize_quantization_config)
+_MODELOPT_FP8_ALGOS = ('FP8', 'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO')
+# vllm/utils/torch_utils.py (MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP)
+_MODELOPT_KV_DTYPES = {'fp8': 'fp8_e4m3', 'nvfp4': 'nvfp4'}
+
+_WS = re.compile(r'[ \t\n\r]*')
+
+
+class KvCacheQuantError(Exception):
+    """Bad input: the message names the file and the cause."""
+
+
+def json_type(value):
+    """The JSON name of a Python value's type, for messages."""
+    if value is None:
+        return 'null'
+    if isinstance(value, bool):
+        return 'boolean'
+    if isinstance(value, dict):
+        return 'object'
+    if isinstance(value, list):
+        return 'array'
+    if isinstance(value, str):
+        return 'string'
+    return 'number'
+
+
+def compact(value):
+    """A value as one line of JSON, for messages and warnings."""
+    return json.dumps(value, sort_keys=False, separators=(', ', ': '))
+
+
+def label(name, path):
+    """How messages name a file: 'config.json in /models/x'."""
+    return '%s in %s' % (name, path)
+
+
+def parse_document(text, where):
+    """Parse a config file's text; it must hold a JSON object."""
+    if not text.strip():
+        raise KvCacheQuantError('%s is empty' % where)
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise KvCacheQuantError('%s is not valid JSON: %s' % (where, exc))
+    if not isinstance(doc, dict):
+        raise KvCacheQuantError('%s must hold a JSON object, not %s' % (where, json_type(doc)))
+    return doc
+
+
+def read_text(full, where):
+    """Read a file as UTF-8 text, with a message that says why it failed."""
+    try:
+        with open(full, 'rb') as handle:
+            data = handle.read()
+    except (IOError, OSError) as exc:
+        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc))
+    try:
+        return data.decode('utf-8')
+    except UnicodeDecodeError as exc:
+        raise KvCacheQuantError('%s is not UTF-8 text: %s' % (where, exc))
+
+
+class ConfigFile(object):
+    """One config file of the checkpoint as read from disk."""
+
+    def __init__(self, name, full, text, doc, link):
+        self.name = name
+        self.full = full
+        self.text = text
+        self.doc = doc
+        # The link's target when the file is a symbolic link (Hugging Face cache), else None.
+        self.link = link
+
+
+def read_checkpoint(path):
+    """Read config.json and hf_quant_config.json of a checkpoint directory.
+
+    Returns a dict file name -> ConfigFile for the files that exist.
+    """
+    if not os.path.lexists(path):
+        raise KvCacheQuantError('checkpoint directory %s does not exist' % path)
+    if not os.path.isdir(path):
+        raise KvCacheQuantError('checkpoint path %s is not a directory' % path)
+    files = {}
+    for name in CONFIG_FILES:
+        full = os.path.join(path, name)
+        where = label(name, path)
+        if not os.path.lexists(full):
+            continue
+        link = os.readlink(full) if os.path.islink(full) else None
+        if link is not None and not os.path.exists(full):
+            raise KvCacheQuantError('%s is a broken symbolic link to %s' % (where, link))
+        text = read_text(full, where)
+        files[name] = ConfigFile(name, full, text, parse_document(text, where), link)
+    if not files:
+        raise KvCacheQuantError('no %s or %s in %s' % (CONFIG_JSON, HF_QUANT_CONFIG_JSON, path))
+    return files
+
+
+def _section(doc, keys, where):
+    """The object at ``keys`` in ``doc``; None when absent or null; an error for another type."""
+    node = doc
+    for depth, key in enumerate(keys):
+        node = node.get(key)
+        if node is None:
+            return None
+        if not isinstance(node, dict):
+            raise KvCacheQuantError('%s: %s must be a JSON object, not %s'
+                                    % (where, '.'.join(keys[:depth + 1]), json_type(node)))
+    return node
+
+
+def find_kv_entries(name, doc, where):
+    """Every KV-cache quantization key of one config file, as (key path tuple, value).
+
+    config.json: quantization_config and text_config.quantization_config (multimodal
+    checkpoints such as Kimi-K2.5); hf_quant_config.json: the document itself. In each,
+    kv_cache_scheme / kv_cache_quant_algo at its top and under its ``quantization`` object
+    (the nested ModelOpt form).
+    """
+    if name == CONFIG_JSON:
+        prefixes = [('quantization_config',), ('text_config', 'quantization_config')]
+    else:
+        prefixes = [()]
+    entries = []
+    for prefix in prefixes:
+        section = _section(doc, prefix, where) if prefix else doc
+        if section is None:
+            continue
+        for key in KV_KEYS:
+            if key in section:
+                entries.append((prefix + (key,), section[key]))
+        inner = _section(doc, prefix + ('quantization',), where)
+        if inner is not None:
+            for key in KV_KEYS:
+                if key in inner:
+                    entries.append((prefix + ('quantization', key), inner[key]))
+    return entries
+
+
+def classify(value):
+    """'none' (no KV-cache quantization), 'fp8' (to strip) or 'other' (left alone)."""
+    if value is None:
+        return 'none'
+    if isinstance(value, str):
+        return 'fp8' if value.strip().lower() == 'fp8' else 'other'
+    if isinstance(value, dict):
+        bits = value.get('num_bits')
+        if bits == 8 and not isinstance(bits, bool) and value.get('type') == 'float':
+            return 'fp8'
+    return 'other'
+
+
+def dotted(keys):
+    return '.'.join(keys)
+
+
+def get_path(doc, keys):
+    """The value at ``keys``; raises KeyError when a key is missing on the way."""
+    node = doc
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            raise KeyError(key)
+        node = node[key]
+    return node
+
+
+def set_path(doc, keys, value):
+    node = doc
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+
+
+def _skip_ws(text, pos):
+    return _WS.match(text, pos).end()
+
+
+def value_span(text, keys):
+    """(start, end) of the JSON text of the value at ``keys``, the last of duplicate keys as json.loads does."""
+    decoder = json.JSONDecoder()
+    start = _skip_ws(text, 0)
+    end = None
+    for key in keys:
+        if text[start:start + 1] != '{':
+            raise KeyError(key)
+        pos = _skip_ws(text, start + 1)
+        found = None
+        if text[pos:pos + 1] != '}':
+            while True:
+                name, pos = scanstring(text, pos + 1)
+                pos = _skip_ws(text, pos)
+                pos = _skip_ws(text, pos + 1)  # the colon
+                dummy, value_end = decoder.raw_decode(text, pos)
+                if name == key:
+                    found = (pos, value_end)
+                pos = _skip_ws(text, value_end)
+                if text[pos] == ',':
+                    pos = _skip_ws(text, pos + 1)
+                    continue
+                break
+        if found is None:
+            raise KeyError(key)
+        start, end = found
+    return start, end
+
+
+def detect_indent(text):
+    """The indent unit of a pretty-printed JSON text (spaces or a tab), None when on one line."""
+    match = re.search(r'\n([ \t]+)\S', text)
+    if match is None:
+        return None
+    unit = match.group(1)
+    return '\t' if unit.startswith('\t') else ' ' * len(unit)
+
+
+def render_value(value, text, start):
+    """JSON text for ``value`` placed at ``start`` of ``text``, in the document's style."""
+    indent = detect_indent(text)
+    if indent is None or not isinstance(value, (dict, list)) or not value:
+        return json.dumps(value, ensure_ascii=False)
+    line_start = text.rfind('\n', 0, start) + 1
+    lead = re.match(r'[ \t]*', text[line_start:start]).group(0)
+    rendered = json.dumps(value, indent=indent, separators=(',', ': '), ensure_ascii=False)
+    return rendered.replace('\n', '\n' + lead)
+
+
+def apply_changes(text, doc, changes, where):
+    """Render ``changes`` into ``text``; every byte outside the changed values stays.
+
+    Each change is a dict with ``keys`` (tuple), ``after`` (the new value) and
+    optionally ``after_text`` (its exact JSON text, from the record).
+    Returns (new text, new document).
+    """
+    new_doc = copy.deepcopy(doc)
+    spans = []
+    for change in changes:
+        start, end = value_span(text, change['keys'])
+        replacement = change.get('after_text')
+        if replacement is None:
+            replacement = render_value(change['after'], text, start)
+        spans.append((start, end, replacement))
+        set_path(new_doc, change['keys'], change['after'])
+    new_text = text
+    for start, end, replacement in sorted(spans, reverse=True):
+        new_text = new_text[:start] + replacement + new_text[end:]
+    if json.loads(new_text) != new_doc:
+        raise KvCacheQuantError('%s: the edited text does not parse to the planned values; nothing was changed' % where)
+    return new_text, new_doc
+
+
+def utc_now():
+    return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
+
+
+class FilePlan(object):
+    """The planned edit of one config file."""
+
+    def __init__(self, config_file, changes, new_text, new_doc, relink=None):
+        self.file = config_file
+        self.changes = changes
+        self.new_text = new_text
+        self.new_doc = new_doc
+        # state=present: the symbolic link target to put back instead of a real file.
+        self.relink = relink
+
+    def result(self):
+        return {
+            'path': self.file.full,
+            'changes': [{'key': dotted(c['keys']), 'before': c['before'], 'after': c['after']}
+                        for c in self.changes],
+        }
+
+
+def plan_strip(path, files, record, now=None):
+    """Plan state=absent: every FP8 KV-cache key becomes null.
+
+    Returns (list of FilePlan, new record dict or None when nothing changes, warnings).
+    """
+    now = now or utc_now()
+    plans = []
+    warnings = []
+    new_entries = []
+    for name in CONFIG_FILES:
+        config_file = files.get(name)
+        if config_file is None:
+            continue
+        where = label(name, path)
+        changes = []
+        for keys, value in find_kv_entries(name, config_file.doc, where):
+            kind = classify(value)
+            if kind == 'other':
+                warnings.append('%s: %s is %s, not an FP8 KV cache; left unchanged'
+                                % (where, dotted(keys), compact(value)))
+            elif kind == 'fp8':
+                start, end = value_span(config_file.text, keys)
+                changes.append({'keys': keys, 'before': value, 'after': None,
+                                'before_text': config_file.text[start:end]})
+        if not changes:
+            continue
+        new_text, new_doc = apply_changes(config_file.text, config_file.doc, changes, where)
+        plans.append(FilePlan(config_file, changes, new_text, new_doc))
+        link = config_file.link
+        if link is None and record is not None:
+            # A file stripped before kept the link it had then in the record.
+            link = next((e.get('symlink') for e in record['entries']
+                         if e['file'] == name and e.get('symlink')), None)
+        for change in changes:
+            new_entries.append({
+                'file': name,
+                'key': dotted(change['keys']),
+                'path': list(change['keys']),
+                'before': change['before'],
+                'before_text': change['before_text'],
+                'after': None,
+                'symlink': link,
+                'time': now,
+            })
+    if not plans:
+        return plans, None, warnings
+    kept = []
+    if record is not None:
+        replaced = set((e['file'], e['key']) for e in new_entries)
+        kept = [e for e in record['entries'] if (e['file'], e['key']) not in replaced]
+    return plans, new_record(kept + new_entries), warnings
+
+
+def new_record(entries):
+    return {
+        'format': RECORD_FORMAT,
+        'module': MODULE_NAME,
+        'note': ('KV-cache quantization values that %s state=absent replaced with null; '
+                 'state=present puts them back and removes this file.' % MODULE_NAME),
+        'entries': entries,
+    }
+
+
+def render_record(record):
+    return json.dumps(record, indent=2, ensure_ascii=False) + '\n'
+
+
+def read_record(path):
+    """The record beside the checkpoint, or None when there is none."""
+    full = os.path.join(path, RECORD_NAME)
+    where = label(RECORD_NAME, path)
+    if not os.path.lexists(full):
+        return None
+    record = parse_document(read_text(full, where), where)
+    entries = record.get('entries')
+    if not isinstance(entries, list):
+        raise KvCacheQuantError('%s: entries must be a JSON array, not %s' % (where, json_type(entries)))
+    for index, entry in enumerate(entries):
+        problem = _entry_problem(entry)
+        if problem:
+            raise KvCacheQuantError('%s: entry %d %s' % (where, index + 1, problem))
+    return record
+
+
+def _entry_problem(entry):
+    if not isinstance(entry, dict):
+        return 'must be a JSON object, not %s' % json_type(entry)
+    if entry.get('file') not in CONFIG_FILES:
+        return 'names file %s; expected one of %s' % (compact(entry.get('file')), ', '.join(CONFIG_FILES))
+    keys = entry.get('path')
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        return 'has no path (a non-empty array of key names)'
+    if entry.get('key') != dotted(keys):
+        return 'has key %s, which does not match its path %s' % (compact(entry.get('key')), compact(keys))
+    if 'before' not in entry:
+        return 'has no before value'
+    before_text = entry.get('before_text')
+    if before_text is not None:
+        try:
+            same = isinstance(before_text, str) and json.loads(before_text) == entry['before']
+        except ValueError:
+            same = False
+        if not same:
+            return 'has a before_text that is not the JSON text of its before value'
+    link = entry.get('symlink')
+    if link is not None and not isinstance(link, str):
+        return 'has a symlink that is not a string'
+    return None
+
+
+def plan_restore(path, files, record):
+    """Plan state=present: put back every value the record holds.
+
+    Returns (list of FilePlan, warnings). The caller removes the record afterwards.
+    """
+    warnings = []
+    by_file = {}
+    for entry in record['entries']:
+        name = entry['file']
+        where = label(name, path)
+        config_file = files.get(name)
+        if config_file is None:
+            raise KvCacheQuantError('%s lists %s, which is missing'
+                                    % (label(RECORD_NAME, path), where))
+        keys = tuple(entry['path'])
+        try:
+            current = get_path(config_file.doc, keys)
+        except KeyError:
+            warnings.append('%s: %s no longer exists; %s not restored'
+                            % (where, entry['key'], compact(entry['before'])))
+            continue
+        if current == entry['before']:
+            continue
+        if current is not None:
+            warnings.append('%s: %s is now %s, not null as stripped; left unchanged'
+                            % (where, entry['key'], compact(current)))
+            continue
+        by_file.setdefault(name, []).append({
+            'keys': keys, 'before': None, 'after': entry['before'],
+            'after_text': entry.get('before_text'), 'symlink': entry.get('symlink'),
+        })
+    plans = []
+    for name in CONFIG_FILES:
+        changes = by_file.get(name)
+        if not changes:
+            continue
+        config_file = files[name]
+        where = label(name, path)
+        new_text, new_doc = apply_changes(config_file.text, config_file.doc, changes, where)
+        relink = None
+        link = next((c['symlink'] for c in changes if c['symlink']), None)
+        if link is not None and config_file.link is None:
+            target = os.path.join(os.path.dirname(config_file.full), link)
+            try:
+                with open(target, 'rb') as handle:
+                    if handle.read() == new_text.encode('utf-8'):
+                        relink = link
+            except (IOError, OSError):
+                relink = None
+        plans.append(FilePlan(config_file, changes, new_text, new_doc, relink))
+    return plans, warnings
+
+
+# What vLLM 0.32.0 makes of --kv-cache-dtype auto.
+
+def normalized_quant_method(quant_cfg):
+    """quant_method as vLLM normalizes it (ModelOpt producer -> modelopt / modelopt_fp4)."""
+    method = quant_cfg.get('quant_method', '')
+    producer = quant_cfg.get('producer')
+    producer_name = producer.get('name') if isinstance(producer, dict) else None
+    inner = quant_cfg.get('quantization')
+    legacy = isinstance(inner, dict) and 'modelopt_quant_config' in inner
+    if (producer_name == 'modelopt' or legacy) and isinstance(inner, dict):
+        algo = inner.get('quant_algo')
+        if algo is not None:
+            algo = str(algo).upper()
+            if algo in _MODELOPT_FP8_ALGOS:
+                method = 'modelopt'
+            elif algo == 'NVFP4':
+                method = 'modelopt_fp4'
+    if not isinstance(method, str):
+        return ''
+    return method.lower().replace('compressed_tensors', 'compressed-tensors')
+
+
+def modelopt_kv_cache_dtype(quant_cfg):
+    """Mirror of vLLM's get_kv_cache_quant_algo_string for a ModelOpt config."""
+    inner = quant_cfg.get('quantization', quant_cfg)
+    if not isinstance(inner, dict):
+        inner = {}
+    algo = (inner.get('kv_cache_scheme') or quant_cfg.get('kv_cache_scheme')
+            or inner.get('kv_cache_quant_algo') or quant_cfg.get('kv_cache_quant_algo'))
+    if isinstance(algo, dict):
+        if algo.get('dynamic') is False and algo.get('num_bits') == 8 and algo.get('type') == 'float':
+            algo = 'fp8'
+        elif algo.get('num_bits') == 4 and algo.get('type') == 'float':
+            algo = 'nvfp4'
+        else:
+            return 'auto'
+    if isinstance(algo, str):
+        return _MODELOPT_KV_DTYPES.get(algo.lower(), 'auto')
+    return None
+
+
+def _uses_mla(config_doc):
+    text = config_doc.get('text_config')
+    text = text if isinstance(text, dict) else config_doc
+    return text.get('kv_lora_rank') is not None
+
+
+def kv_cache_dtype(config_doc, hf_quant_doc):
+    """'fp8' when vLLM 0.32.0 resolves --kv-cache-dtype auto to an FP8 cache for this checkpoint, else 'auto'.
+
+    The quantization config vLLM reads is config.json's top-level quantization_config
+    or, only when that is absent, hf_quant_config.json (vllm/transformers_utils/config.py).
+    For ModelOpt its kv_cache_scheme / kv_cache_quant_algo decide
+    (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string). A compressed-tensors
+    kv_cache_scheme (also one under text_config, which the layer loader falls back to)
+    makes standard attention layers FP8 (vllm/model_executor/layers/attention/attention.py);
+    MLA layers (DeepSeek-V3, Kimi) keep the cache dtype the engine resolved.
+    """
+    config_doc = config_doc or {}
+    quant_cfg = config_doc.get('quantization_config')
+    if quant_cfg is None:
+        quant_cfg = hf_quant_doc
+    resolved = None
+    if isinstance(quant_cfg, dict) and normalized_quant_method(quant_cfg).startswith('modelopt'):
+        resolved = modelopt_kv_cache_dtype(quant_cfg)
+    if resolved is None:
+        layer_cfg = quant_cfg
+        if layer_cfg is None and isinstance(config_doc.get('text_config'), dict):
+            layer_cfg = config_doc['text_config'].get('quantization_config')
+        if (isinstance(layer_cfg, dict) and normalized_quant_method(layer_cfg) == 'compressed-tensors'
+                and layer_cfg.get('kv_cache_scheme') is not None and not _uses_mla(config_doc)):
+            resolved = 'fp8'
+    return 'fp8' if resolved is not None and resolved.startswith('fp8') else 'auto'
+
+
+def checkpoint_kv_cache_dtype(files, plans=None):
+    """kv_cache_dtype() of the files as they are, or as they will be after ``plans``."""
+    docs = dict((name, f.doc) for name, f in files.items())
+    for plan in plans or []:
+        docs[plan.file.name] = plan.new_doc
+    return kv_cache_dtype(docs.get(CONFIG_JSON), docs.get(HF_QUANT_CONFIG_JSON))
