@@ -1,0 +1,604 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The coherence gate behind llmserve.vllm.chat_check.
+
+PRIVATE to the collection: this is not a public API and may change at any time.
+Only the modules of llmserve.vllm may import it.
+
+Everything that decides something lives here and takes its effects as
+arguments (an HTTP function, a clock, a sleep, a unit probe, a journal
+reader), so the unit tests can drive the whole wait without a server, a
+systemd or real time.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import re
+import socket
+import time
+
+try:
+    from http.client import HTTPException
+except ImportError:  # pragma: no cover - Python 2 is not supported, but sanity imports it
+    HTTPException = Exception
+
+try:
+    from urllib.error import HTTPError, URLError
+except ImportError:  # pragma: no cover
+    from urllib2 import HTTPError, URLError
+
+from ansible.module_utils.common.text.converters import to_text
+from ansible.module_utils.urls import open_url
+
+
+DEFAULT_URL = 'http://127.0.0.1:8000'
+DEFAULT_PROMPT = 'What is the capital of France?'
+DEFAULT_EXPECT = '(?i)paris'
+DEFAULT_MAX_TOKENS = 32
+DEFAULT_TIMEOUT = 2700
+DEFAULT_INTERVAL = 2.0
+MAX_INTERVAL = 2.0
+DEFAULT_REQUEST_TIMEOUT = 30
+DEFAULT_JOURNAL_LINES = 20
+DEFAULT_MAX_RESTARTS = 1
+# How far back the journal is read to explain a failure.
+JOURNAL_SCAN_LINES = 2000
+# Progress lists are capped so a long load cannot flood the result.
+MAX_PROGRESS_LINES = 50
+# Longest answer or body excerpt quoted in a message.
+MAX_QUOTE = 500
+
+UNIT_PROPERTIES = (
+    'LoadState', 'ActiveState', 'SubState', 'Result', 'NRestarts',
+    'ExecMainStatus', 'ExecMainStartTimestampMonotonic',
+)
+
+# Lines of a unit's journal that explain why vLLM did not come up.
+_EXPLAIN_PATTERNS = [re.compile(p) for p in (
+    r'estimated maximum model length',
+    r'(?i)out of memory',
+    r'(?i)\boom[- ]kill',
+    # The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
+    r'(?:^|[\s\]:)])(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)',
+    # systemd's own account of the unit.
+    r'Main process exited',
+    r'Failed with result',
+    r'Start request repeated too quickly',
+    r'restart counter is at',
+)]
+
+# Lines that tell how far loading has come.
+_PROGRESS_PATTERNS = [re.compile(p) for p in (
+    r'Loading safetensors checkpoint shards',
+    r'Loading weights took',
+    r'Model loading took',
+    r'KV cache size:',
+    r'Maximum concurrency for',
+    r'Graph capturing finished',
+    r'init engine \(profile, create kv cache, warmup model\) took',
+    r'Starting vLLM API server',
+    r'Application startup complete',
+)]
+_SHARD_PROGRESS = re.compile(r'Loading safetensors checkpoint shards')
+_LOG_PREFIX = re.compile(r'^\s*(?:\([^)]*\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+'
+                         r'\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?)?')
+
+
+class CheckFailed(Exception):
+    """The gate failed; msg says why, details go into the module's result."""
+
+    def __init__(self, msg, **details):
+        super(CheckFailed, self).__init__(msg)
+        self.msg = msg
+        self.details = details
+
+
+class Unreachable(Exception):
+    """The endpoint did not answer at all (refused, reset, timed out)."""
+
+    def __init__(self, reason):
+        super(Unreachable, self).__init__(reason)
+        self.reason = reason
+
+
+def quote(text, limit=MAX_QUOTE):
+    """Shorten text for a message, marking what was cut."""
+    text = to_text(text if text is not None else '')
+    if len(text) > limit:
+        return text[:limit] + '... (%d more characters)' % (len(text) - limit)
+    return text
+
+
+def describe_unreachable(exc, timeout):
+    """Say in a few words why a request got no HTTP answer."""
+    reason = getattr(exc, 'reason', exc)
+    if isinstance(reason, ConnectionRefusedError):
+        return 'connection refused'
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+        return 'no answer within %s s' % _fmt_seconds(timeout)
+    if isinstance(reason, ConnectionResetError):
+        return 'connection reset'
+    if isinstance(reason, socket.gaierror):
+        return 'host name not resolved (%s)' % to_text(reason)
+    text = to_text(reason)
+    if 'timed out' in text:
+        return 'no answer within %s s' % _fmt_seconds(timeout)
+    return text or type(reason).__name__
+
+
+def _fmt_seconds(value):
+    value = float(value)
+    if value == int(value):
+        return '%d' % value
+    return '%.1f' % value
+
+
+def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
+    """Return http(method, path, payload, timeout) -> (status, text) through open_url.
+
+    Any HTTP status comes back as a value; only a missing answer raises Unreachable.
+    """
+    base_url = base_url.rstrip('/')
+
+    def call(method, path, payload=None, timeout=DEFAULT_REQUEST_TIMEOUT):
+        headers = {'Accept': 'application/json'}
+        data = None
+        if payload is not None:
+            data = json.dumps(payload)
+            headers['Content-Type'] = 'application/json'
+        if api_key:
+            headers['Authorization'] = 'Bearer %s' % api_key
+        try:
+            response = open_url(base_url + path, data=data, headers=headers, method=method,
+                                timeout=timeout, validate_certs=validate_certs,
+                                use_proxy=use_proxy, follow_redirects='safe')
+            return response.getcode(), to_text(response.read(), errors='surrogate_or_replace')
+        except HTTPError as exc:
+            try:
+                body = exc.read()
+            except Exception:  # the body of an error is a courtesy; the status is what counts
+                body = b''
+            return exc.code, to_text(body, errors='surrogate_or_replace')
+        except (URLError, HTTPException, OSError) as exc:
+            raise Unreachable(describe_unreachable(exc, timeout))
+
+    return call
+
+
+def parse_unit_show(text):
+    """Parse `systemctl show -p A,B unit` output into a dict of strings."""
+    state = {}
+    for line in to_text(text).splitlines():
+        key, sep, value = line.partition('=')
+        if sep:
+            state[key.strip()] = value.strip()
+    return state
+
+
+def _int(value, default=0):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def describe_unit(state):
+    """One parenthesis that tells the unit's state, e.g. '(ActiveState=failed, ...)'."""
+    parts = []
+    for key in ('ActiveState', 'SubState', 'Result', 'ExecMainStatus', 'NRestarts'):
+        if state.get(key, '') != '':
+            parts.append('%s=%s' % (key, state[key]))
+    return '(%s)' % ', '.join(parts)
+
+
+def judge_unit(unit, state, baseline_restarts, max_restarts):
+    """Decide whether waiting on a unit still makes sense.
+
+    Returns None while the unit may still come up, otherwise the reason to
+    stop waiting at once.  The rule:
+      - the unit is not loaded (no such unit) -> stop;
+      - ActiveState is failed -> stop (crashed, or StartLimit reached);
+      - ActiveState is inactive -> stop (stopped, or never started);
+      - NRestarts grew by more than max_restarts since the wait began -> stop:
+        systemd keeps restarting a crashing service (a restart loop).
+    activating, deactivating, reloading and active keep the wait going, and
+    so does a restart count within max_restarts: one restart after a crash or
+    a deliberate kill -9 is what Restart= is for.
+    """
+    load = state.get('LoadState', '')
+    active = state.get('ActiveState', '')
+    if load and load not in ('loaded',):
+        return 'The unit %s is not loaded (LoadState=%s)' % (unit, load)
+    if active == 'failed':
+        return 'The unit %s failed %s' % (unit, describe_unit(state))
+    if active == 'inactive':
+        return 'The unit %s is not running %s' % (unit, describe_unit(state))
+    restarts = _int(state.get('NRestarts')) - baseline_restarts
+    if restarts > max_restarts:
+        return ('The unit %s is in a restart loop: systemd restarted it %d times while waiting '
+                '(more than max_restarts=%d) %s' % (unit, restarts, max_restarts, describe_unit(state)))
+    return None
+
+
+def journal_lines(text):
+    """Split journal text into lines; a carriage return (progress bars) also ends a line."""
+    lines = []
+    for line in to_text(text).splitlines():
+        for part in line.split('\r'):
+            part = part.rstrip()
+            if part.strip():
+                lines.append(part)
+    return lines
+
+
+def strip_log_prefix(line):
+    """Drop vLLM's log prefix: '(EngineCore pid=7) ERROR 11-30 03:50:07 [core.py:1510] '."""
+    return _LOG_PREFIX.sub('', line, count=1).strip()
+
+
+def explaining_lines(lines, limit=DEFAULT_JOURNAL_LINES):
+    """Pick the journal lines that explain a failure: the last `limit`, each once.
+
+    vLLM logs a failure twice (the engine process, then the API server), with
+    and without its log prefix; lines are compared and quoted without it.
+    """
+    picked = []
+    for line in lines:
+        if any(p.search(line) for p in _EXPLAIN_PATTERNS):
+            line = strip_log_prefix(line)
+            if line in picked:
+                picked.remove(line)
+            picked.append(line)
+    if limit <= 0:
+        return []
+    return picked[-limit:]
+
+
+def progress_lines(lines, limit=MAX_PROGRESS_LINES):
+    """Pick the loading-progress lines; consecutive shard-progress updates keep only the latest."""
+    picked = []
+    for line in lines:
+        if not any(p.search(line) for p in _PROGRESS_PATTERNS):
+            continue
+        line = strip_log_prefix(line)
+        if picked and _SHARD_PROGRESS.search(line) and _SHARD_PROGRESS.search(picked[-1]):
+            picked[-1] = line
+        else:
+            picked.append(line)
+    return picked[-limit:]
+
+
+def parse_json(text):
+    """Parse a JSON body; return (value, None) or (None, reason)."""
+    try:
+        return json.loads(text), None
+    except ValueError as exc:
+        return None, 'a body that is not JSON (%s): %s' % (to_text(exc), quote(text, 200))
+
+
+def parse_models(text):
+    """Return the model ids that /v1/models lists, or raise ValueError with the reason."""
+    doc, error = parse_json(text)
+    if error:
+        raise ValueError(error)
+    data = doc.get('data') if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise ValueError('a body without a "data" list: %s' % quote(text, 200))
+    ids = []
+    for entry in data:
+        if isinstance(entry, dict) and entry.get('id'):
+            ids.append(to_text(entry['id']))
+    return ids
+
+
+def error_message(text):
+    """The message of an OpenAI-style error body, else the body itself (shortened)."""
+    doc, error = parse_json(text)
+    if not error and isinstance(doc, dict):
+        err = doc.get('error', doc)
+        if isinstance(err, dict) and err.get('message'):
+            return quote(err['message'], 300)
+        if isinstance(err, str):
+            return quote(err, 300)
+        if doc.get('detail'):
+            return quote(to_text(doc['detail']), 300)
+    return quote(text, 300)
+
+
+def parse_chat(text):
+    """Read one chat completion.
+
+    Returns a dict with answer, content, reasoning, finish_reason and
+    completion_tokens.  The answer is the message content; when the content is
+    empty (a reasoning model that spent max_tokens thinking) it is the
+    reasoning text (vLLM's `reasoning`, formerly `reasoning_content`).
+    Raises ValueError when the body is not a chat completion.
+    """
+    doc, error = parse_json(text)
+    if error:
+        raise ValueError(error)
+    choices = doc.get('choices') if isinstance(doc, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError('a body without choices: %s' % quote(text, 200))
+    choice = choices[0]
+    message = choice.get('message') or {}
+    if not isinstance(message, dict):
+        raise ValueError('a choice without a message: %s' % quote(text, 200))
+    content = message.get('content')
+    reasoning = message.get('reasoning')
+    if reasoning is None:
+        reasoning = message.get('reasoning_content')
+    content = to_text(content) if content is not None else None
+    reasoning = to_text(reasoning) if reasoning is not None else None
+    answer = content if content and content.strip() else (reasoning or content or '')
+    usage = doc.get('usage') if isinstance(doc.get('usage'), dict) else {}
+    tokens = usage.get('completion_tokens')
+    return {
+        'answer': answer,
+        'content': content,
+        'reasoning': reasoning,
+        'finish_reason': choice.get('finish_reason'),
+        'completion_tokens': tokens if isinstance(tokens, int) else None,
+    }
+
+
+def answer_matches(expect, answer):
+    """True when the regular expression finds a match anywhere in the answer."""
+    return re.search(expect, answer or '') is not None
+
+
+def unauthorized_message(what, status, url, api_key_set):
+    if api_key_set:
+        cause = 'the api_key is wrong (it was sent as a Bearer token and refused)'
+    else:
+        cause = 'the server requires an API key; set api_key'
+    return '%s at %s answered %d: %s' % (what, url, status, cause)
+
+
+class ChatCheck(object):
+    """Wait for /health, then /v1/models, then judge one chat completion.
+
+    http(method, path, payload, timeout) -> (status, text), raising Unreachable.
+    probe_unit() -> dict of unit properties (only when unit is set).
+    read_journal(since=None, lines=None) -> text of the unit's journal.
+    clock() -> seconds on CLOCK_MONOTONIC (time.monotonic on Linux, the clock of
+    systemd's *TimestampMonotonic properties): deadlines and durations;
+    epoch() -> seconds since 1970, only to tell journalctl where to start;
+    sleep(seconds).
+    """
+
+    def __init__(self, http, url=DEFAULT_URL, model=None, prompt=DEFAULT_PROMPT, expect=DEFAULT_EXPECT,
+                 max_tokens=DEFAULT_MAX_TOKENS, timeout=DEFAULT_TIMEOUT, interval=DEFAULT_INTERVAL,
+                 request_timeout=DEFAULT_REQUEST_TIMEOUT, api_key_set=False, extra_body=None,
+                 unit=None, probe_unit=None, read_journal=None, max_restarts=DEFAULT_MAX_RESTARTS,
+                 journal_lines=DEFAULT_JOURNAL_LINES, clock=time.monotonic, epoch=time.time,
+                 sleep=time.sleep):
+        self.http = http
+        self.url = url.rstrip('/')
+        self.model = model
+        self.prompt = prompt
+        self.expect = expect
+        self.max_tokens = max_tokens
+        self.timeout = timeout
+        self.interval = interval
+        self.request_timeout = request_timeout
+        self.api_key_set = api_key_set
+        self.extra_body = extra_body or {}
+        self.unit = unit
+        self.probe_unit = probe_unit
+        self.read_journal = read_journal
+        self.max_restarts = max_restarts
+        self.journal_lines = journal_lines
+        self.clock = clock
+        self.epoch = epoch
+        self.sleep = sleep
+        self.start = None
+        self.start_epoch = None
+        self.baseline_restarts = None
+        self.unit_state = {}
+        self.last_state = 'nothing yet'
+        self.healthy_after = None
+
+    # -- helpers ---------------------------------------------------------
+
+    def _elapsed(self):
+        return round(self.clock() - self.start, 3)
+
+    def _remaining(self):
+        return self.start + self.timeout - self.clock()
+
+    def _details(self):
+        details = {'elapsed': self._elapsed(), 'url': self.url, 'last_state': self.last_state,
+                   'healthy_after': self.healthy_after}
+        if self.unit:
+            details['restarts'] = self._restarts()
+            details['unit_state'] = dict(self.unit_state)
+            details['progress'] = self._progress()
+        else:
+            details['progress'] = []
+        return details
+
+    def _restarts(self):
+        if self.baseline_restarts is None:
+            return 0
+        return max(0, _int(self.unit_state.get('NRestarts')) - self.baseline_restarts)
+
+    def _journal(self, **kwargs):
+        if not self.read_journal:
+            return []
+        try:
+            return journal_lines(self.read_journal(**kwargs))
+        except Exception:  # the journal only adds detail; never let it hide the verdict
+            return []
+
+    def _main_start_epoch(self):
+        """When the unit's main process last started (epoch seconds), or None."""
+        started = _int(self.unit_state.get('ExecMainStartTimestampMonotonic'))
+        if started <= 0:
+            return None
+        return int(self.epoch() - (self.clock() - started / 1e6))
+
+    def _progress(self):
+        """Progress of the unit's current run: its journal since its main process started."""
+        since = self._main_start_epoch()
+        if since is None:
+            since = int(self.start_epoch)
+        return progress_lines(self._journal(since=since))
+
+    def _fail(self, msg, explain=False):
+        details = self._details()
+        if explain and self.unit:
+            # The runs that matter: those during the wait, or the one that failed just before it.
+            since = self._main_start_epoch()
+            if since is not None:
+                since = min(since, int(self.start_epoch))
+            lines = explaining_lines(self._journal(since=since, lines=JOURNAL_SCAN_LINES), self.journal_lines)
+            details['journal'] = lines
+            if lines:
+                msg = '%s. From its journal:\n%s' % (msg.rstrip('.'), '\n'.join('  ' + line for line in lines))
+        raise CheckFailed(msg, **details)
+
+    def _check_unit(self):
+        self.unit_state = self.probe_unit()
+        if self.baseline_restarts is None:
+            self.baseline_restarts = _int(self.unit_state.get('NRestarts'))
+        reason = judge_unit(self.unit, self.unit_state, self.baseline_restarts, self.max_restarts)
+        if reason:
+            self._fail('%s while waiting %s s for %s to answer' % (reason, _fmt_seconds(self._elapsed()), self.url),
+                       explain=True)
+
+    # -- the phases --------------------------------------------------------
+
+    def _health(self):
+        status, text = self.http('GET', '/health', None, max(1.0, min(self.request_timeout, self._remaining())))
+        if status == 200:
+            self.healthy_after = self._elapsed()
+            return True
+        self.last_state = '/health answered %d' % status
+        return False
+
+    def _models(self):
+        status, text = self.http('GET', '/v1/models', None, max(1.0, min(self.request_timeout, self._remaining())))
+        if status in (401, 403):
+            self._fail(unauthorized_message('/v1/models', status, self.url, self.api_key_set))
+        if status != 200:
+            self.last_state = '/v1/models answered %d: %s' % (status, error_message(text))
+            return None
+        try:
+            ids = parse_models(text)
+        except ValueError as exc:
+            self.last_state = '/v1/models answered with %s' % exc
+            return None
+        if not ids:
+            self.last_state = 'the model list of /v1/models is empty'
+            return None
+        if self.model is None:
+            return ids[0]
+        if self.model not in ids:
+            self._fail("The server at %s does not serve the model '%s'; /v1/models lists: %s"
+                       % (self.url, self.model, ', '.join(ids)))
+        return self.model
+
+    def _chat(self, model):
+        payload = {
+            'model': model,
+            'messages': [{'role': 'user', 'content': self.prompt}],
+            'max_tokens': self.max_tokens,
+            'temperature': 0,
+        }
+        payload.update(self.extra_body)
+        began = self.clock()
+        # The first request after a load can be slow; it may use what is left of the wait.
+        status, text = self.http('POST', '/v1/chat/completions', payload, max(1.0, self._remaining()))
+        took = self.clock() - began
+        if status in (401, 403):
+            self._fail(unauthorized_message('/v1/chat/completions', status, self.url, self.api_key_set))
+        if status in (502, 503, 504):
+            self.last_state = '/v1/chat/completions answered %d: %s' % (status, error_message(text))
+            return None
+        if status != 200:
+            self._fail('The chat completion request to %s for %s answered %d: %s'
+                       % (self.url, model, status, error_message(text)), explain=status >= 500)
+        try:
+            reply = parse_chat(text)
+        except ValueError as exc:
+            self._fail('The chat completion from %s at %s answered with %s' % (model, self.url, exc))
+        tokens = reply['completion_tokens']
+        reply['tokens_per_second'] = round(tokens / took, 3) if tokens and took > 0 else 0.0
+        reply['request_seconds'] = round(took, 3)
+        return reply
+
+    # -- the wait ----------------------------------------------------------
+
+    def run(self):
+        try:
+            re.compile(self.expect)
+        except re.error as exc:
+            raise CheckFailed("expect '%s' is not a valid regular expression: %s" % (self.expect, exc))
+        self.start = self.clock()
+        self.start_epoch = self.epoch()
+        phase = 'health'
+        while True:
+            if self.unit:
+                self._check_unit()
+            try:
+                if phase == 'health' and self._health():
+                    phase = 'models'
+                if phase == 'models':
+                    model = self._models()
+                    if model is not None:
+                        phase = 'chat'
+                if phase == 'chat':
+                    reply = self._chat(model)
+                    if reply is not None:
+                        return self._judge(model, reply)
+                    phase = 'health'
+            except Unreachable as exc:
+                self.last_state = '%s (%s)' % (exc.reason, {'health': '/health', 'models': '/v1/models',
+                                                            'chat': '/v1/chat/completions'}[phase])
+                phase = 'health'
+            remaining = self._remaining()
+            if remaining <= 0:
+                self._timeout(phase)
+            self.sleep(min(self.interval, remaining))
+
+    def _timeout(self, phase):
+        waited_for = {
+            'health': '/health to answer 200',
+            'models': '/v1/models to list a model',
+            'chat': 'a chat completion',
+        }[phase]
+        msg = 'Timed out after %s s waiting for %s at %s; last seen: %s' % (
+            _fmt_seconds(self.timeout), waited_for, self.url, self.last_state)
+        if self.unit:
+            msg += '. The unit %s is %s' % (self.unit, describe_unit(self.unit_state))
+            progress = self._progress()
+            if progress:
+                msg += "; its last loading progress: '%s'" % progress[-1]
+        self._fail(msg, explain=True)
+
+    def _judge(self, model, reply):
+        result = self._details()
+        result.update({
+            'model': model,
+            'answer': reply['answer'],
+            'content': reply['content'],
+            'reasoning': reply['reasoning'],
+            'finish_reason': reply['finish_reason'],
+            'completion_tokens': reply['completion_tokens'],
+            'tokens_per_second': reply['tokens_per_second'],
+            'request_seconds': reply['request_seconds'],
+        })
+        result.pop('last_state', None)
+        if not answer_matches(self.expect, reply['answer']):
+            msg = "The answer from %s at %s did not match '%s': '%s'" % (
+                model, self.url, self.expect, quote(reply['answer']))
+            if reply['finish_reason'] == 'length':
+                msg += ' (cut at max_tokens=%d)' % self.max_tokens
+            raise CheckFailed(msg, **result)
+        return result

@@ -1,0 +1,360 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: chat_check
+short_description: Wait for a vLLM endpoint and judge one chat completion
+version_added: 0.1.0
+description:
+  - Polls C(/health) until it answers 200, then C(/v1/models) until it lists a model, then POSTs one
+    C(/v1/chat/completions) request at temperature 0 and succeeds only when the answer matches O(expect).
+  - It is the coherence gate of a deployment: a server that loads but answers nonsense (a wrong
+    checkpoint edit, a broken quantization, a bad chat template) fails here.
+  - With O(unit), every poll also reads the systemd unit's state, so a service that crashes or
+    restart-loops fails the wait at once instead of at O(timeout). The failure message then quotes the
+    journal lines that explain it (for example vLLM's V(estimated maximum model length is ...) or the last
+    line of a Python traceback), and the loading progress found in the journal is returned.
+  - The unit rule. The wait fails at once when the unit is not loaded, when its C(ActiveState) is
+    V(failed) (it crashed, or systemd's start limit was hit) or V(inactive) (it was stopped or never
+    started), or when its C(NRestarts) grew by more than O(max_restarts) since the wait began (systemd
+    keeps restarting a crashing service). V(activating), V(deactivating) and V(active) keep the wait
+    going, and so do up to O(max_restarts) automatic restarts, so a service that crashed (or was
+    killed on purpose) once and came back still passes.
+  - Reads only; it never changes the host.
+author:
+  - llmserve.vllm contributors
+extends_documentation_fragment:
+  - llmserve.vllm.attributes
+  - llmserve.vllm.attributes.READ_ONLY
+options:
+  url:
+    description:
+      - Base URL of the vLLM OpenAI-compatible server, without C(/v1).
+    type: str
+    default: http://127.0.0.1:8000
+  model:
+    description:
+      - The served model name to ask.
+      - When not set, the first model that C(/v1/models) lists. When set and not listed, the module
+        fails at once.
+    type: str
+  prompt:
+    description:
+      - The user message of the check request.
+    type: str
+    default: What is the capital of France?
+  expect:
+    description:
+      - A Python regular expression that must match somewhere in the answer (C(re.search)).
+      - The answer is the message content; when the content is empty (a reasoning model that spent
+        O(max_tokens) thinking) it is the reasoning text.
+    type: str
+    default: (?i)paris
+  max_tokens:
+    description:
+      - The C(max_tokens) of the check request. Reasoning models need more than the default to reach
+        their answer, or a O(extra_body) that turns thinking off.
+    type: int
+    default: 32
+  extra_body:
+    description:
+      - Extra fields merged into the chat request body, for example
+        V({"chat_template_kwargs": {"thinking": false}}). They override the module's own fields.
+    type: dict
+    default: {}
+  api_key:
+    description:
+      - The server's API key (vLLM C(--api-key)), sent as C(Authorization: Bearer ...).
+      - vLLM only guards C(/v1) paths, so C(/health) answers without it.
+    type: str
+  timeout:
+    description:
+      - Seconds the whole wait may take, from the first poll to the answer.
+      - The default, 45 minutes, leaves room for loading a checkpoint of about 540 GB.
+    type: int
+    default: 2700
+  interval:
+    description:
+      - Seconds between polls; more than 0 and at most 2, so a crash is noticed within 2 seconds.
+    type: float
+    default: 2.0
+  request_timeout:
+    description:
+      - Seconds each C(/health) and C(/v1/models) request may take.
+      - The chat request may use all the time left before O(timeout), because the first request after
+        a load can be slow.
+    type: int
+    default: 30
+  validate_certs:
+    description:
+      - Whether to verify the server's TLS certificate for an C(https) O(url).
+    type: bool
+    default: true
+  use_proxy:
+    description:
+      - Whether to go through the proxy that the environment names (C(https_proxy), C(http_proxy)).
+    type: bool
+    default: true
+  unit:
+    description:
+      - The systemd unit that runs the server. When set, each poll reads its state with
+        C(systemctl show) and failures quote C(journalctl --unit) lines.
+    type: str
+  max_restarts:
+    description:
+      - How many automatic restarts of O(unit) (growth of its C(NRestarts)) the wait tolerates.
+        One more and the unit counts as restart-looping.
+    type: int
+    default: 1
+  journal_lines:
+    description:
+      - How many explaining journal lines of O(unit) a failure message quotes at most.
+    type: int
+    default: 20
+notes:
+  - The check request runs at temperature 0, so a healthy model answers the same way every time.
+  - The unit's journal is read with C(journalctl), which needs root or membership in C(systemd-journal)
+    or C(adm); without it the messages only lack the journal lines.
+seealso:
+  - module: ansible.builtin.uri
+  - module: ansible.builtin.wait_for
+'''
+
+EXAMPLES = r'''
+- name: Ensure vLLM answers the capital of France
+  llmserve.vllm.chat_check:
+    url: http://127.0.0.1:8000
+    unit: vllm.service
+  register: __vllm_chat_check
+
+- name: Ensure a reasoning model answers with thinking off, through its API key
+  llmserve.vllm.chat_check:
+    url: https://llm.example.com
+    model: kimi-k2.5
+    api_key: "{{ vault_vllm_api_key }}"
+    prompt: What is 2 + 2? Answer with the number only.
+    expect: '\b4\b'
+    max_tokens: 64
+    extra_body:
+      chat_template_kwargs:
+        thinking: false
+    timeout: 3600
+'''
+
+RETURN = r'''
+url:
+  description: The base URL that was checked.
+  returned: always
+  type: str
+  sample: http://127.0.0.1:8000
+elapsed:
+  description: Seconds from the start of the wait to the verdict.
+  returned: always
+  type: float
+  sample: 1312.504
+healthy_after:
+  description: Seconds from the start of the wait until C(/health) last answered 200; null if it never did.
+  returned: always
+  type: float
+  sample: 1298.12
+model:
+  description: The served model name that was asked.
+  returned: success, or when the answer did not match
+  type: str
+  sample: nvidia/Kimi-K2.5-NVFP4
+answer:
+  description: The answer that was judged (the content, or the reasoning text when the content is empty).
+  returned: success, or when the answer did not match
+  type: str
+  sample: The capital of France is Paris.
+content:
+  description: The message content as the server sent it; null when it sent none.
+  returned: success, or when the answer did not match
+  type: str
+  sample: The capital of France is Paris.
+reasoning:
+  description: The reasoning text of a reasoning model (C(reasoning) or C(reasoning_content)); null otherwise.
+  returned: success, or when the answer did not match
+  type: str
+  sample: null
+finish_reason:
+  description: Why generation stopped (V(stop), V(length), ...).
+  returned: success, or when the answer did not match
+  type: str
+  sample: stop
+completion_tokens:
+  description: Completion tokens of the check request, from its C(usage); null when the server reported none.
+  returned: success, or when the answer did not match
+  type: int
+  sample: 8
+tokens_per_second:
+  description: Completion tokens divided by the wall time of the check request.
+  returned: success, or when the answer did not match
+  type: float
+  sample: 41.7
+request_seconds:
+  description: Wall time of the check request in seconds.
+  returned: success, or when the answer did not match
+  type: float
+  sample: 0.192
+progress:
+  description:
+    - Loading-progress lines from the unit's journal for its current run (safetensors shards, model
+      loading, KV cache size, maximum concurrency, startup complete). Consecutive shard-progress lines
+      are folded into the latest one. Empty without O(unit).
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - "Loading safetensors checkpoint shards: 100% Completed | 119/119 [19:02<00:00,  9.60s/it]"
+    - Model loading took 67.2 GiB memory and 1151.2 seconds
+    - "GPU KV cache size: 178,912 tokens, Maximum concurrency for 131,072 tokens per request: 1.36x"
+    - "Application startup complete."
+restarts:
+  description: How many times systemd restarted O(unit) during the wait (growth of C(NRestarts)).
+  returned: when O(unit) is set
+  type: int
+  sample: 0
+unit_state:
+  description: The unit's properties at the last poll.
+  returned: when O(unit) is set
+  type: dict
+  sample:
+    LoadState: loaded
+    ActiveState: active
+    SubState: running
+    Result: success
+    NRestarts: "0"
+    ExecMainStatus: "0"
+    ExecMainStartTimestampMonotonic: "1234567890"
+last_state:
+  description: What the last poll saw, on failure (for example V(/health answered 503) or V(connection refused (/health))).
+  returned: failure
+  type: str
+  sample: connection refused (/health)
+journal:
+  description: The journal lines of O(unit) that the failure message quotes.
+  returned: failure, when O(unit) is set
+  type: list
+  elements: str
+  sample:
+    - "ValueError: To serve at least one request with the model's max seq len (262144), ..."
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
+    DEFAULT_EXPECT,
+    DEFAULT_INTERVAL,
+    DEFAULT_JOURNAL_LINES,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PROMPT,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    DEFAULT_URL,
+    MAX_INTERVAL,
+    UNIT_PROPERTIES,
+    ChatCheck,
+    CheckFailed,
+    make_transport,
+    parse_unit_show,
+)
+
+
+def validate(module):
+    """Ranges that argument_spec cannot express; returns the first problem or None."""
+    p = module.params
+    if not p['url'].startswith(('http://', 'https://')):
+        return "url '%s' must start with http:// or https://" % p['url']
+    if not 0 < p['interval'] <= MAX_INTERVAL:
+        return 'interval must be more than 0 and at most %s seconds, got %s' % (MAX_INTERVAL, p['interval'])
+    for name, low in (('timeout', 1), ('request_timeout', 1), ('max_tokens', 1),
+                      ('max_restarts', 0), ('journal_lines', 0)):
+        if p[name] < low:
+            return '%s must be at least %d, got %d' % (name, low, p[name])
+    return None
+
+
+def unit_probe(module, unit):
+    systemctl = module.get_bin_path('systemctl', required=True)
+
+    def probe():
+        rc, out, err = module.run_command([systemctl, 'show', '--property', ','.join(UNIT_PROPERTIES), '--', unit])
+        if rc != 0:
+            raise CheckFailed('systemctl show %s failed (rc=%d): %s' % (unit, rc, (err or out).strip()))
+        return parse_unit_show(out)
+
+    return probe
+
+
+def journal_reader(module, unit):
+    journalctl = module.get_bin_path('journalctl')
+    if journalctl is None:
+        return None
+
+    def read(since=None, lines=None):
+        cmd = [journalctl, '--unit', unit, '--output', 'cat', '--no-pager', '--quiet']
+        if since is not None:
+            cmd += ['--since', '@%d' % since]
+        if lines is not None:
+            cmd += ['--lines', '%d' % lines]
+        rc, out, err = module.run_command(cmd)
+        return out if rc == 0 else ''
+
+    return read
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type='str', default=DEFAULT_URL),
+            model=dict(type='str'),
+            prompt=dict(type='str', default=DEFAULT_PROMPT),
+            expect=dict(type='str', default=DEFAULT_EXPECT),
+            max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS),
+            extra_body=dict(type='dict', default={}),
+            api_key=dict(type='str', no_log=True),
+            timeout=dict(type='int', default=DEFAULT_TIMEOUT),
+            interval=dict(type='float', default=DEFAULT_INTERVAL),
+            request_timeout=dict(type='int', default=DEFAULT_REQUEST_TIMEOUT),
+            validate_certs=dict(type='bool', default=True),
+            use_proxy=dict(type='bool', default=True),
+            unit=dict(type='str'),
+            max_restarts=dict(type='int', default=DEFAULT_MAX_RESTARTS),
+            journal_lines=dict(type='int', default=DEFAULT_JOURNAL_LINES),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    problem = validate(module)
+    if problem:
+        module.fail_json(msg=problem)
+
+    unit = p['unit']
+    check = ChatCheck(
+        http=make_transport(p['url'], api_key=p['api_key'], validate_certs=p['validate_certs'],
+                            use_proxy=p['use_proxy']),
+        url=p['url'], model=p['model'], prompt=p['prompt'], expect=p['expect'], max_tokens=p['max_tokens'],
+        timeout=p['timeout'], interval=p['interval'], request_timeout=p['request_timeout'],
+        api_key_set=bool(p['api_key']), extra_body=p['extra_body'],
+        unit=unit, probe_unit=unit_probe(module, unit) if unit else None,
+        read_journal=journal_reader(module, unit) if unit else None,
+        max_restarts=p['max_restarts'], journal_lines=p['journal_lines'],
+    )
+    try:
+        result = check.run()
+    except CheckFailed as exc:
+        module.fail_json(msg=exc.msg, changed=False, **exc.details)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == '__main__':
+    main()
