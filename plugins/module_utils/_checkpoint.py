@@ -1,0 +1,209 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Reading a Hugging Face checkpoint's config the way vLLM does.
+
+PRIVATE to the collection: this is not a public API; it may change without notice.
+Only the Python standard library is used.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import os
+
+CONFIG_NAME = 'config.json'
+HF_QUANT_CONFIG_NAME = 'hf_quant_config.json'
+
+# vllm/utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP
+MODELOPT_TO_VLLM_KV_CACHE_DTYPE = {'fp8': 'fp8_e4m3', 'nvfp4': 'nvfp4'}
+
+# Bytes per KV-cache element for the cache dtypes vLLM accepts in --kv-cache-dtype.
+KV_CACHE_DTYPE_BYTES = {
+    'bfloat16': 2,
+    'float16': 2,
+    'half': 2,
+    'float32': 4,
+    'float': 4,
+    'fp8': 1,
+    'fp8_e4m3': 1,
+    'fp8_e5m2': 1,
+    'fp8_inc': 1,
+}
+
+# DeepSeek-V2/V3-style multi-head latent attention (vLLM's is_deepseek_mla list, the
+# model types this collection meets); a config with kv_lora_rank is treated as MLA too.
+MLA_MODEL_TYPES = ('deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'kimi_linear', 'deepseek_mtp')
+
+
+class CheckpointError(Exception):
+    """A checkpoint file is missing or malformed; the message names file and cause."""
+
+
+def read_json(path):
+    """Return the parsed JSON object in path, or raise CheckpointError naming it."""
+    try:
+        with open(path, 'rb') as f:
+            data = f.read()
+    except (IOError, OSError) as exc:
+        raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc))
+    try:
+        obj = json.loads(data.decode('utf-8'))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError('%s is not UTF-8 text: %s' % (path, exc))
+    except ValueError as exc:
+        raise CheckpointError('%s is not valid JSON: %s' % (path, exc))
+    if not isinstance(obj, dict):
+        raise CheckpointError('%s does not hold a JSON object' % path)
+    return obj
+
+
+def load_config(model_path):
+    """The checkpoint's config.json as a dict."""
+    path = os.path.join(model_path, CONFIG_NAME)
+    if not os.path.exists(path):
+        raise CheckpointError('%s does not exist: is %s a Hugging Face checkpoint directory?' % (path, model_path))
+    return read_json(path)
+
+
+def text_config(config):
+    """The language model's config: ``text_config`` of a multimodal checkpoint, else the config itself."""
+    sub = config.get('text_config')
+    if isinstance(sub, dict):
+        return sub
+    return config
+
+
+def model_quant_config(model_path, config):
+    """The quantization config vLLM attaches to the top-level HF config.
+
+    vllm/transformers_utils/config.py: config.json's top-level ``quantization_config``;
+    if absent, the whole of ``hf_quant_config.json`` (ModelOpt <= 0.29). Returns
+    (dict or None, where it came from).
+    """
+    qc = config.get('quantization_config')
+    if isinstance(qc, dict):
+        return qc, CONFIG_NAME
+    path = os.path.join(model_path, HF_QUANT_CONFIG_NAME) if model_path else None
+    if path and os.path.exists(path):
+        return read_json(path), HF_QUANT_CONFIG_NAME
+    return None, None
+
+
+def normalize_quant_method(quant_cfg):
+    """The quant_method vLLM gives this config (model_arch_config_convertor._normalize_quantization_config)."""
+    producer = quant_cfg.get('producer')
+    producer_name = producer.get('name') if isinstance(producer, dict) else None
+    inner = quant_cfg.get('quantization')
+    inner = inner if isinstance(inner, dict) else {}
+    method = quant_cfg.get('quant_method') or ''
+    if producer_name == 'modelopt' or 'modelopt_quant_config' in inner:
+        algo = inner.get('quant_algo')
+        if algo is not None:
+            algo = str(algo).upper()
+            if algo in ('FP8', 'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO'):
+                method = 'modelopt'
+            elif algo == 'NVFP4':
+                method = 'modelopt_fp4'
+    return str(method).lower().replace('compressed_tensors', 'compressed-tensors')
+
+
+def kv_cache_quant_algo_string(quant_cfg):
+    """Mirror of vLLM's get_kv_cache_quant_algo_string (vllm/utils/torch_utils.py).
+
+    None when the checkpoint asks for no KV-cache quantization, ``auto`` when it asks
+    for one vLLM does not recognise, else the vLLM cache dtype (``fp8_e4m3``, ``nvfp4``).
+    """
+    method = normalize_quant_method(quant_cfg)
+    if not method.startswith('modelopt'):
+        return None
+    inner = quant_cfg.get('quantization', quant_cfg)
+    if not isinstance(inner, dict):
+        inner = quant_cfg
+    kv_algo = (inner.get('kv_cache_scheme') or quant_cfg.get('kv_cache_scheme')
+               or inner.get('kv_cache_quant_algo') or quant_cfg.get('kv_cache_quant_algo'))
+    if isinstance(kv_algo, dict):
+        if kv_algo.get('dynamic') is False and kv_algo.get('num_bits') == 8 and kv_algo.get('type') == 'float':
+            kv_algo = 'fp8'
+        elif kv_algo.get('num_bits') == 4 and kv_algo.get('type') == 'float':
+            kv_algo = 'nvfp4'
+        else:
+            return 'auto'
+    if isinstance(kv_algo, str):
+        return MODELOPT_TO_VLLM_KV_CACHE_DTYPE.get(kv_algo.lower(), 'auto')
+    return None
+
+
+def model_dtype(config):
+    """The dtype vLLM runs the model in with --dtype auto, as a string.
+
+    float32 checkpoints are downcast to the platform's first 16-bit type (bfloat16 on
+    the GPUs and CPUs this collection targets); config.json calls the key
+    ``torch_dtype`` (older) or ``dtype`` (transformers >= 4.56).
+    """
+    tc = text_config(config)
+    for cfg in (tc, config):
+        for key in ('torch_dtype', 'dtype'):
+            value = cfg.get(key)
+            if isinstance(value, str) and value:
+                value = value.replace('torch.', '')
+                if value in ('float32', 'float'):
+                    return 'bfloat16'
+                if value == 'half':
+                    return 'float16'
+                return value
+    return 'bfloat16'
+
+
+def is_mla(config):
+    """Whether the language model uses DeepSeek-style multi-head latent attention."""
+    tc = text_config(config)
+    if tc.get('model_type') in MLA_MODEL_TYPES:
+        return True
+    return bool(tc.get('kv_lora_rank'))
+
+
+def resolve_kv_cache_dtype(requested, model_path, config):
+    """The KV-cache dtype vLLM ends up with for ``--kv-cache-dtype requested``.
+
+    Returns (dtype, source, warning): where the dtype came from, and a warning or None.
+    ``auto`` follows vLLM: a ModelOpt checkpoint's
+    kv_cache_scheme / kv_cache_quant_algo in the top-level quantization config (or
+    hf_quant_config.json) makes it ``fp8_e4m3``; a compressed-tensors checkpoint's
+    kv_cache_scheme makes standard attention layers ``fp8`` (vLLM's Attention layer;
+    its MLAAttention does not do this); otherwise the model's dtype. A quantization
+    config found only under text_config is not read by vLLM's auto resolution: the
+    note says so when it carries a KV scheme.
+    """
+    if requested != 'auto':
+        return requested, 'kv_cache_dtype %s as requested' % requested, None
+    note = None
+    quant_cfg, source = model_quant_config(model_path, config)
+    if quant_cfg is not None:
+        algo = kv_cache_quant_algo_string(quant_cfg)
+        if algo is not None and algo != 'auto':
+            return algo, ('kv_cache_dtype auto resolves to %s from %s (quant_method %s), as in vLLM'
+                          % (algo, source, normalize_quant_method(quant_cfg))), None
+        if (normalize_quant_method(quant_cfg) == 'compressed-tensors'
+                and quant_cfg.get('kv_cache_scheme') is not None and not is_mla(config)):
+            return 'fp8', 'kv_cache_dtype auto resolves to fp8 from the kv_cache_scheme in %s (compressed-tensors), as in vLLM' % source, None
+    else:
+        sub = text_config(config).get('quantization_config')
+        if sub is not config.get('quantization_config') and isinstance(sub, dict):
+            if kv_cache_quant_algo_string(dict(sub)) not in (None, 'auto'):
+                note = ('text_config.quantization_config asks for a quantized KV cache, but vLLM resolves '
+                        '--kv-cache-dtype auto from the top-level quantization_config only')
+    dtype = model_dtype(config)
+    return dtype, 'kv_cache_dtype auto resolves to the model dtype %s: the checkpoint asks for no KV-cache quantization' % dtype, note
+
+
+def kv_dtype_bytes(dtype):
+    """Bytes per KV-cache element of a resolved vLLM cache dtype, or None if unknown."""
+    if dtype in KV_CACHE_DTYPE_BYTES:
+        return KV_CACHE_DTYPE_BYTES[dtype]
+    if dtype.startswith('fp8'):
+        return 1
+    return None

@@ -1,0 +1,434 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: gpu_preflight
+short_description: Predict whether a model fits the GPUs, and with how much context, before vLLM loads it
+version_added: 0.1.0
+description:
+  - "Answers, in well under a second and before anything loads, what vLLM would only say after loading the weights
+    (many minutes for a 540 GB checkpoint): whether the KV cache for O(max_model_len) fits, how many tokens it holds, and the
+    largest context that fits."
+  - Weight bytes come from the safetensors headers (never the tensor data), or from C(model.safetensors.index.json) when the
+    shards are not downloaded yet. Shards that the index names but are missing or truncated are reported as problems.
+  - Per-GPU weights follow vLLM's tensor and pipeline parallelism; tensors every tensor-parallel rank holds in full (the MLA
+    q_a/kv_a down-projections, norms, router gates; GQA key/value projections when there are fewer KV heads than ranks) are
+    counted in full on every GPU; layers past C(num_hidden_layers) (DeepSeek's MTP layer) are not counted since vLLM does not load them.
+  - "KV bytes per token per GPU: multi-head latent attention (DeepSeek-V3, Kimi-K2/K2.5) caches
+    num_hidden_layers × (kv_lora_rank + qk_rope_head_dim) × dtype bytes on every rank, not divided by tensor parallelism;
+    standard and grouped-query attention 2 × ceil(num_key_value_heads / tensor_parallel_size) × head_dim × dtype bytes × num_hidden_layers."
+  - "The KV budget per GPU is vLLM's: ceil(memory.total × gpu_memory_utilization) − weights per GPU − reserve, or exactly
+    O(kv_cache_memory_bytes) when given."
+  - "Also reports, in RV(problems), what else breaks a start: fewer GPUs than O(tensor_parallel_size) × O(pipeline_parallel_size),
+    GPU memory held by other processes (named with PID and process name), a too small O(shm_path), and O(port) already in use."
+  - The config is read from C(config.json), or its C(text_config) for multimodal checkpoints.
+author:
+  - llmserve.vllm contributors
+extends_documentation_fragment:
+  - llmserve.vllm.attributes
+  - llmserve.vllm.attributes.READ_ONLY
+options:
+  model_path:
+    description:
+      - Directory of the Hugging Face checkpoint, holding C(config.json) and the safetensors shards or at least
+        C(model.safetensors.index.json).
+    type: path
+    required: true
+  tensor_parallel_size:
+    description: vLLM's C(--tensor-parallel-size).
+    type: int
+    default: 1
+  pipeline_parallel_size:
+    description: vLLM's C(--pipeline-parallel-size). Layers are split over stages as vLLM's C(get_pp_indices) does.
+    type: int
+    default: 1
+  gpu_memory_utilization:
+    description: vLLM's C(--gpu-memory-utilization), the fraction of each GPU's memory vLLM may use (0 < value <= 1).
+    type: float
+    default: 0.9
+  max_model_len:
+    description:
+      - The context length to check, an integer, or V(auto) for the largest that fits, capped at the model's
+        C(max_position_embeddings).
+    type: raw
+    default: auto
+  kv_cache_dtype:
+    description:
+      - vLLM's C(--kv-cache-dtype). V(auto) follows the checkpoint as vLLM does (C(get_kv_cache_quant_algo_string) in
+        C(vllm/utils/torch_utils.py)), a ModelOpt C(kv_cache_scheme) or C(kv_cache_quant_algo) in the top-level
+        C(quantization_config) or C(hf_quant_config.json) gives V(fp8_e4m3); otherwise the model's dtype.
+    type: str
+    default: auto
+    choices: [auto, bfloat16, float16, half, float32, fp8, fp8_e4m3, fp8_e5m2]
+  kv_cache_memory_bytes:
+    description:
+      - "Mirrors vLLM's C(--kv-cache-memory-bytes) (and C(VLLM_CPU_KVCACHE_SPACE) on the CPU build): the KV budget per GPU is
+        then exactly this, and O(gpu_memory_utilization) is ignored for it. Required with O(accelerator=cpu)."
+    type: int
+  weights_bytes_per_gpu:
+    description:
+      - Weight bytes per GPU, when known better than the headers tell, for example from vLLM's C(Model loading took X GiB)
+        of an earlier start.
+    type: int
+  gpus:
+    description:
+      - The GPUs to plan for, instead of querying nvidia-smi (planning for hardware not at hand).
+    type: list
+    elements: dict
+    suboptions:
+      name:
+        description: GPU name.
+        type: str
+        required: true
+      memory_total_mib:
+        description: Total memory in MiB as nvidia-smi reports it (an RTX PRO 6000 Blackwell has 97887).
+        type: int
+        required: true
+      compute_capability:
+        description: Compute capability, for example V(12.0) or V(9.0).
+        type: str
+        required: true
+      memory_used_mib:
+        description: Memory already in use, in MiB.
+        type: int
+        default: 0
+  fail_on_misfit:
+    description:
+      - Fail when the requested O(max_model_len) does not fit, or when RV(problems) lists anything else that breaks a start.
+      - With V(false) the module never fails on these; RV(max_model_len) is then the largest length that fits.
+    type: bool
+    default: true
+  accelerator:
+    description:
+      - "V(nvidia) reads nvidia-smi (or O(gpus)). V(cpu) plans for the CPU build of vLLM: no nvidia-smi is read, GPU checks are
+        skipped, O(kv_cache_memory_bytes) is required and is the budget, and RV(strip_fp8_kv_cache) is false."
+    type: str
+    default: nvidia
+    choices: [nvidia, cpu]
+  nvidia_smi_path:
+    description: The nvidia-smi program, a name looked up on E(PATH) or an absolute path.
+    type: str
+    default: nvidia-smi
+  reserve_bytes_per_gpu:
+    description:
+      - "Memory per GPU outside weights and KV cache, that vLLM's C(determine_available_memory) profiles: the transient peak of
+        a forward pass at C(max_num_batched_tokens) (8192 by default in the OpenAI server on data-centre GPUs) including the
+        sampler's dummy run over C(max_num_seqs) × vocabulary float32 logits, non-torch memory grown since start (NCCL and
+        custom all-reduce buffers, cuBLAS workspaces, about 0.5 to 1 GiB at tensor parallel 8), and the CUDA-graph pool
+        estimate that C(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1) (the default) subtracts (1 to 2 GiB for a 61-layer model)."
+      - The default, 5 GiB, covers that sum for Kimi-K2.5 at tensor parallel 8 with headroom. Ignored when
+        O(kv_cache_memory_bytes) is given.
+    type: int
+    default: 5368709120
+  block_size:
+    description: vLLM's KV-cache block size in tokens; the cache is allocated in whole blocks.
+    type: int
+    default: 16
+  port:
+    description: TCP port vLLM will listen on; a problem is reported if another process already listens there.
+    type: int
+  host:
+    description: Address vLLM will listen on, used when C(/proc/net/tcp) cannot be read.
+    type: str
+    default: 127.0.0.1
+  service_name:
+    description:
+      - The systemd unit of our own vLLM (for example V(vllm) or V(vllm.service)), which the deploy restarts. Processes in
+        that unit (their C(/proc/PID/cgroup) path names it) do not count as holding GPU memory or the port.
+    type: str
+  shm_path:
+    description: The shared-memory filesystem NCCL and vLLM use.
+    type: path
+    default: /dev/shm
+  shm_min_bytes:
+    description:
+      - Smallest acceptable size of O(shm_path). NCCL's shared-memory transport needs buffers for each pair of ranks
+        (56 directed pairs at tensor parallel 8, a few MiB each), and vLLM's shared-memory message queues and PyTorch's tensor
+        passing between worker processes need more; Docker's default 64 MiB is known to break NCCL. 1 GiB is ample for
+        tensor parallel 8. V(0) skips the check.
+    type: int
+    default: 1073741824
+notes:
+  - Only the headers of the safetensors files are read, so a 540 GB checkpoint in 119 shards is analysed in milliseconds.
+  - "On compute capability 12.x (RTX PRO 6000 Blackwell) vLLM's MLA backend could not use an FP8 KV cache; when the
+    checkpoint asks for one there, RV(strip_fp8_kv_cache) is true and the plan assumes the model's dtype for the KV cache."
+seealso:
+  - name: vLLM memory usage
+    description: How vLLM sizes the KV cache.
+    link: https://docs.vllm.ai/en/latest/configuration/conserving_memory/
+'''
+
+EXAMPLES = r'''
+- name: Check that Kimi-K2.5 fits the eight GPUs with a 131072-token context
+  llmserve.vllm.gpu_preflight:
+    model_path: /srv/models/Kimi-K2.5-NVFP4
+    tensor_parallel_size: 8
+    gpu_memory_utilization: 0.95
+    max_model_len: 131072
+    port: 8000
+    service_name: vllm
+  register: __preflight
+
+- name: Plan for hardware not at hand, before downloading the shards
+  llmserve.vllm.gpu_preflight:
+    model_path: /srv/models/Kimi-K2.5-NVFP4
+    tensor_parallel_size: 8
+    max_model_len: auto
+    fail_on_misfit: false
+    gpus: "{{ [{'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}] * 8 }}"
+
+- name: Size the KV cache of the CPU build of vLLM
+  llmserve.vllm.gpu_preflight:
+    model_path: /srv/models/tiny-chat
+    accelerator: cpu
+    kv_cache_memory_bytes: 1073741824
+'''
+
+RETURN = r'''
+gpus:
+  description: The GPUs planned for (the first O(tensor_parallel_size) × O(pipeline_parallel_size)), with the processes holding their memory.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - index: 0
+      name: NVIDIA H200
+      memory_total_mib: 143771
+      memory_used_mib: 10767
+      compute_capability: '9.0'
+      driver_version: 580.159.04
+      uuid: GPU-5cc339a9-9917-25f6-912e-7bd3ebe1758a
+      processes:
+        - pid: 578
+          process_name: python3
+          used_memory_mib: 10758
+          ours: false
+driver_version:
+  description: The NVIDIA driver version, empty for O(accelerator=cpu) or O(gpus).
+  returned: always
+  type: str
+  sample: 580.159.04
+weights_bytes_total:
+  description: Bytes of all weights in the checkpoint (sum of the safetensors headers, or the index's C(total_size)).
+  returned: always
+  type: int
+  sample: 540000000000
+weights_bytes_per_gpu:
+  description: Weight bytes on the most loaded GPU.
+  returned: always
+  type: int
+  sample: 69405082368
+reserve_bytes_per_gpu:
+  description: The reserve for activations, non-torch memory and CUDA graphs that was used.
+  returned: always
+  type: int
+  sample: 5368709120
+kv_cache_dtype:
+  description: The KV-cache dtype the plan uses (after V(auto) resolution, and after stripping when RV(strip_fp8_kv_cache)).
+  returned: always
+  type: str
+  sample: bfloat16
+kv_cache_dtype_source:
+  description: Where RV(kv_cache_dtype) came from.
+  returned: always
+  type: str
+  sample: kv_cache_dtype auto resolves to fp8_e4m3 from hf_quant_config.json (quant_method modelopt_fp4), as in vLLM
+attention:
+  description: V(mla) (multi-head latent attention) or V(standard) (multi-head and grouped-query attention).
+  returned: always
+  type: str
+  sample: mla
+kv_cache_bytes_per_token:
+  description: KV-cache bytes one token takes on one GPU.
+  returned: always
+  type: int
+  sample: 70272
+kv_cache_bytes:
+  description: The KV-cache budget per GPU in bytes.
+  returned: always
+  type: int
+  sample: 22736069479
+kv_cache_tokens:
+  description: Tokens the KV budget holds, in whole blocks; what vLLM logs as C(GPU KV cache size).
+  returned: always
+  type: int
+  sample: 323536
+max_model_len_fit:
+  description: The largest context length that fits, capped at the model's C(max_position_embeddings).
+  returned: always
+  type: int
+  sample: 262144
+max_model_len:
+  description:
+    - "The chosen context length: the requested one if it fits; with O(max_model_len=auto) the largest that fits; with
+      O(fail_on_misfit=false) and a requested length that does not fit, the largest that fits."
+  returned: always
+  type: int
+  sample: 131072
+fits:
+  description: Whether the requested context length fits and RV(problems) is empty.
+  returned: always
+  type: bool
+  sample: true
+strip_fp8_kv_cache:
+  description:
+    - "Whether the checkpoint's FP8 KV cache must be stripped for this GPU, attention type and KV dtype: compute capability 12.x
+      with MLA and an FP8 KV cache from the checkpoint."
+  returned: always
+  type: bool
+  sample: true
+problems:
+  description: What would make vLLM's start fail; empty when none.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - GPU 0 (NVIDIA H200) memory is held by PID 578 (python3, 10758 MiB)
+remedies:
+  description: Concrete changes that make the plan fit.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - set max_model_len to 250496 (fits at gpu_memory_utilization 0.9)
+    - set gpu_memory_utilization to 0.91 (fits max_model_len 262144)
+warnings:
+  description: Human-readable warnings that do not stop a start.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - per-GPU weights estimated from model.safetensors.index.json without per-tensor sizes (shards not downloaded)
+'''
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+    CheckpointError,
+    load_config,
+    resolve_kv_cache_dtype,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
+    PreflightError,
+    belongs_to_service,
+    plan,
+    port_conflict,
+    process_name,
+    query_nvidia_smi,
+    shm_size,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
+
+
+def check_params(p):
+    """Ranges argument_spec cannot express; returns an error message or None."""
+    for key in ('tensor_parallel_size', 'pipeline_parallel_size', 'block_size'):
+        if p[key] < 1:
+            return '%s must be at least 1, got %d' % (key, p[key])
+    if not 0 < p['gpu_memory_utilization'] <= 1:
+        return 'gpu_memory_utilization must be in (0, 1], got %s' % p['gpu_memory_utilization']
+    mml = p['max_model_len']
+    if mml not in ('auto', -1, '-1'):
+        try:
+            value = int(mml)
+        except (TypeError, ValueError):
+            return 'max_model_len must be an integer or auto, got %r' % (mml,)
+        if value < 1 or str(value) != str(mml).strip():
+            return 'max_model_len must be a positive integer or auto, got %r' % (mml,)
+        p['max_model_len'] = value
+    for key in ('kv_cache_memory_bytes', 'weights_bytes_per_gpu', 'reserve_bytes_per_gpu', 'shm_min_bytes'):
+        if p.get(key) is not None and p[key] < 0:
+            return '%s must not be negative, got %d' % (key, p[key])
+    if p['port'] is not None and not 0 < p['port'] < 65536:
+        return 'port must be between 1 and 65535, got %d' % p['port']
+    return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            model_path=dict(type='path', required=True),
+            tensor_parallel_size=dict(type='int', default=1),
+            pipeline_parallel_size=dict(type='int', default=1),
+            gpu_memory_utilization=dict(type='float', default=0.9),
+            max_model_len=dict(type='raw', default='auto'),
+            kv_cache_dtype=dict(type='str', default='auto',
+                                choices=['auto', 'bfloat16', 'float16', 'half', 'float32', 'fp8', 'fp8_e4m3', 'fp8_e5m2']),
+            kv_cache_memory_bytes=dict(type='int'),
+            weights_bytes_per_gpu=dict(type='int'),
+            gpus=dict(type='list', elements='dict', options=dict(
+                name=dict(type='str', required=True),
+                memory_total_mib=dict(type='int', required=True),
+                compute_capability=dict(type='str', required=True),
+                memory_used_mib=dict(type='int', default=0),
+            )),
+            fail_on_misfit=dict(type='bool', default=True),
+            accelerator=dict(type='str', default='nvidia', choices=['nvidia', 'cpu']),
+            nvidia_smi_path=dict(type='str', default='nvidia-smi'),
+            reserve_bytes_per_gpu=dict(type='int', default=5368709120),
+            block_size=dict(type='int', default=16),
+            port=dict(type='int'),
+            host=dict(type='str', default='127.0.0.1'),
+            service_name=dict(type='str'),
+            shm_path=dict(type='path', default='/dev/shm'),
+            shm_min_bytes=dict(type='int', default=1073741824),
+        ),
+        required_if=[('accelerator', 'cpu', ['kv_cache_memory_bytes'])],
+        supports_check_mode=True,
+    )
+    p = dict(module.params)
+    error = check_params(p)
+    if error:
+        module.fail_json(msg=error)
+
+    service = p['service_name']
+    result = dict(changed=False)
+    try:
+        config = load_config(p['model_path'])
+        checkpoint = scan(p['model_path']) if p['weights_bytes_per_gpu'] is None else None
+        dtype_info = resolve_kv_cache_dtype(p['kv_cache_dtype'], p['model_path'], config)
+        gpus, apps = [], []
+        if p['accelerator'] == 'nvidia':
+            if p['gpus']:
+                gpus = [dict(g, index=i, driver_version='', uuid='planned-%d' % i) for i, g in enumerate(p['gpus'])]
+            else:
+                smi = p['nvidia_smi_path']
+                path = smi if os.path.isabs(smi) else module.get_bin_path(smi)
+                if not path or not os.path.exists(path):
+                    raise PreflightError('%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
+                                         'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH'))
+                gpus, apps = query_nvidia_smi(lambda argv: module.run_command(argv), path)
+        host = {
+            'belongs': lambda pid: belongs_to_service(pid, service),
+            'name': process_name,
+            'shm': shm_size,
+            'port': lambda h, port: port_conflict(h, port, service),
+        }
+        if p['accelerator'] == 'cpu':
+            host.pop('shm')
+        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host))
+    except (CheckpointError, PreflightError) as exc:
+        module.fail_json(msg=str(exc), **result)
+
+    for g in result['gpus']:
+        g['processes'] = [dict(a, ours=belongs_to_service(a['pid'], service)) for a in apps if a['gpu_uuid'] == g.get('uuid')]
+    result['driver_version'] = gpus[0].get('driver_version', '') if gpus else ''
+    if result['problems'] and p['fail_on_misfit']:
+        msg = ' '.join(x if x.endswith('.') else x + '.' for x in result['problems'])
+        if result['remedies']:
+            msg += ' Remedies: ' + '; '.join(result['remedies']) + '.'
+        module.fail_json(msg=msg, **result)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()
