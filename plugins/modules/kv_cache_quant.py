@@ -196,9 +196,6 @@ def _write(module, path, plans, record_path, record):
     writes = []
     results = [plan.result() for plan in plans]
     try:
-        if record is not None:
-            writes.append((record_path, _stage(label(RECORD_NAME, path), path,
-                                               data=render_record(record).encode('utf-8'))))
         for plan in plans:
             where = label(plan.file.name, path)
             directory = os.path.dirname(plan.file.full)
@@ -206,6 +203,10 @@ def _write(module, path, plans, record_path, record):
                 writes.append((plan.file.full, _stage(where, directory, link=plan.relink)))
             else:
                 writes.append((plan.file.full, _stage(where, directory, data=plan.new_text.encode('utf-8'))))
+        if record is not None:
+            # The record goes first, so that an interrupted run still knows the originals.
+            writes.insert(0, (record_path, _stage(label(RECORD_NAME, path), path,
+                                                  data=render_record(record).encode('utf-8'))))
         if module.params['backup']:
             for plan, result in zip(plans, results):
                 try:
@@ -216,7 +217,6 @@ def _write(module, path, plans, record_path, record):
     except KvCacheQuantError:
         _remove([source for dest, source in writes])
         raise
-    # The record goes first when stripping, so that an interrupted run still knows the originals.
     for dest, source in writes:
         if os.path.islink(source):
             os.rename(source, dest)
