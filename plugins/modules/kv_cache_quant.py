@@ -38,7 +38,7 @@ description:
     and the time. O(state=present) puts those values back, byte for byte, turns a file that was a link back
     into that link when the blob still holds the same bytes, and removes the record.
 author:
-  - llmserve maintainers
+  - llmserve.vllm contributors (@llmserve)
 options:
   path:
     description:

@@ -125,7 +125,8 @@ def playbook(tmp_path, path, check=False, diff=False, env=None, wrap=None, **ext
     environ = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_FORCE_COLOR='0',
                    ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, '.build', 'collections'))
     environ.update(env or {})
-    proc = subprocess.run((wrap or []) + command, cwd=REPO, env=environ, capture_output=True, text=True)
+    proc = subprocess.run((wrap or []) + command, cwd=REPO, env=environ, capture_output=True, text=True,
+                          check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(result_file.read_text()), proc.stdout + proc.stderr
 
@@ -248,7 +249,7 @@ def _can_remount_read_only():
     if os.geteuid() != 0 or shutil.which('unshare') is None:
         return False
     probe = subprocess.run(['unshare', '-m', 'sh', '-c', 'mount --bind / /mnt && mount -o remount,ro,bind /mnt'],
-                           capture_output=True)
+                           capture_output=True, check=False)
     return probe.returncode == 0
 
 

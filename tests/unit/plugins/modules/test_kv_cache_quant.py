@@ -132,8 +132,8 @@ def test_strip_twice_then_restore(checkpoint, capsys):
     assert run({'path': str(checkpoint), 'state': 'present'}) == 0
     result = result_of(capsys)
     assert (result['changed'], result['files']) == (False, [])
-    assert warning_messages(result) == ['%s in %s: no record of stripped KV-cache quantization, nothing to restore'
-                                  % (RECORD, checkpoint)]
+    assert warning_messages(result) == [
+        '%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, checkpoint)]
 
 
 def test_backup(checkpoint, capsys):
@@ -161,8 +161,9 @@ def test_other_kv_cache_quantization_warns(tmp_path, capsys):
     assert run({'path': str(tmp_path)}) == 0
     result = result_of(capsys)
     assert result['changed'] is False
-    assert warning_messages(result) == ['hf_quant_config.json in %s: quantization.kv_cache_quant_algo is "NVFP4", '
-                                  'not an FP8 KV cache; left unchanged' % tmp_path]
+    assert warning_messages(result) == [
+        'hf_quant_config.json in %s: quantization.kv_cache_quant_algo is "NVFP4", '
+        'not an FP8 KV cache; left unchanged' % tmp_path]
 
 
 @pytest.mark.parametrize('config, message', [
