@@ -22,15 +22,8 @@ import re
 import socket
 import time
 
-try:
-    from http.client import HTTPException
-except ImportError:  # pragma: no cover - Python 2 is not supported, but sanity imports it
-    HTTPException = Exception
-
-try:
-    from urllib.error import HTTPError, URLError
-except ImportError:  # pragma: no cover
-    from urllib2 import HTTPError, URLError
+from http.client import HTTPException
+from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import open_url

@@ -15,7 +15,7 @@ version_added: 0.1.0
 description:
   - Polls C(/health) until it answers 200, then C(/v1/models) until it lists a model, then POSTs one
     C(/v1/chat/completions) request at temperature 0 and succeeds only when the answer matches O(expect).
-  - It is the coherence gate of a deployment: a server that loads but answers nonsense (a wrong
+  - It is the coherence gate of a deployment. A server that loads but answers nonsense (a wrong
     checkpoint edit, a broken quantization, a bad chat template) fails here.
   - With O(unit), every poll also reads the systemd unit's state, so a service that crashes or
     restart-loops fails the wait at once instead of at O(timeout). The failure message then quotes the
@@ -29,7 +29,7 @@ description:
     killed on purpose) once and came back still passes.
   - Reads only; it never changes the host.
 author:
-  - llmserve.vllm contributors
+  - llmserve.vllm contributors (@llmserve)
 extends_documentation_fragment:
   - llmserve.vllm.attributes
   - llmserve.vllm.attributes.READ_ONLY
@@ -65,13 +65,13 @@ options:
     default: 32
   extra_body:
     description:
-      - Extra fields merged into the chat request body, for example
-        V({"chat_template_kwargs": {"thinking": false}}). They override the module's own fields.
+      - Extra fields merged into the chat request body, for example C(chat_template_kwargs) with
+        C(thinking) set to V(false) for a reasoning model. They override the module's own fields.
     type: dict
     default: {}
   api_key:
     description:
-      - The server's API key (vLLM C(--api-key)), sent as C(Authorization: Bearer ...).
+      - The server's API key (vLLM C(--api-key)), sent as a C(Bearer) token in the C(Authorization) header.
       - vLLM only guards C(/v1) paths, so C(/health) answers without it.
     type: str
   timeout:
@@ -319,7 +319,7 @@ def main():
             model=dict(type='str'),
             prompt=dict(type='str', default=DEFAULT_PROMPT),
             expect=dict(type='str', default=DEFAULT_EXPECT),
-            max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS),
+            max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS, no_log=False),
             extra_body=dict(type='dict', default={}),
             api_key=dict(type='str', no_log=True),
             timeout=dict(type='int', default=DEFAULT_TIMEOUT),

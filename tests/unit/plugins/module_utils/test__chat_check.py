@@ -56,7 +56,7 @@ ENGINE_FAILED = ("RuntimeError: Engine core initialization failed. See root caus
 TRITON_MLA_FP8 = """\
 (EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] EngineCore failed to start.
 (EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] Traceback (most recent call last):
-(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708]   File "/opt/vllm/venv/lib/python3.12/site-packages/vllm/v1/attention/backends/mla/triton_mla.py", line 93, in __init__
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708]   File "/opt/vllm/vllm/v1/attention/backends/mla/triton_mla.py", line 93, in __init__
 (EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708]     raise NotImplementedError(
 (EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported
 (APIServer pid=4100) Traceback (most recent call last):
@@ -98,8 +98,8 @@ def test_strip_log_prefix(line, expected):
 @pytest.mark.parametrize('text, expected', [
     ('a\nb\n', ['a', 'b']),
     ('\n  \nx  \n', ['x']),
-    ('shards:  0% | 0/2\rshards: 50% | 1/2\rshards: 100% | 2/2\n', ['shards:  0% | 0/2', 'shards: 50% | 1/2',
-                                                                     'shards: 100% | 2/2']),
+    ('shards:  0% | 0/2\rshards: 50% | 1/2\rshards: 100% | 2/2\n',
+     ['shards:  0% | 0/2', 'shards: 50% | 1/2', 'shards: 100% | 2/2']),
     ('', []),
 ])
 def test_journal_lines(text, expected):

