@@ -460,8 +460,8 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
     per_token, attention = kv_bytes_per_token(config, dtype_bytes, tp)
 
     # Weights.
-    if params.get('weights_bytes_per_gpu') is not None:
-        w_gpu = params['weights_bytes_per_gpu']
+    if params.get('weights_bytes_per_gpu') is not None or checkpoint is None:
+        w_gpu = params.get('weights_bytes_per_gpu') or 0
         w_total = checkpoint.total_bytes if checkpoint is not None else w_gpu * tp * pp
     else:
         w_total = checkpoint.total_bytes

@@ -1,0 +1,151 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Unit tests of _safetensors: sizes from headers, the index fallback, broken and missing shards."""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import struct
+
+import pytest
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import read_header, scan
+
+
+def header_bytes(tensors):
+    """A header {name: (dtype, shape, nbytes)} laid out back to back."""
+    header, offset = {'__metadata__': {'format': 'pt'}}, 0
+    for name, (dtype, shape, nbytes) in tensors.items():
+        header[name] = {'dtype': dtype, 'shape': shape, 'data_offsets': [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header).encode('utf-8')
+    return struct.pack('<Q', len(raw)) + raw, offset
+
+
+def write_shard(path, tensors, data=None):
+    head, size = header_bytes(tensors)
+    with open(str(path), 'wb') as f:
+        f.write(head)
+        if data is None:
+            f.truncate(len(head) + size)  # sparse: no tensor data written
+        else:
+            f.write(data)
+    return len(head) + size
+
+
+SHARD1 = {'model.embed_tokens.weight': ('BF16', [512, 256], 262144),
+          'model.layers.0.mlp.experts.0.up_proj.weight': ('U8', [128, 128], 16384),
+          'model.layers.0.mlp.experts.0.up_proj.weight_scale': ('F8_E4M3', [128, 16], 2048),
+          'model.layers.0.mlp.experts.0.up_proj.weight_scale_2': ('F32', [], 4)}
+SHARD2 = {'lm_head.weight': ('BF16', [512, 256], 262144)}
+
+
+def test_read_header_sizes_without_reading_data(tmp_path):
+    size = write_shard(tmp_path / 'a.safetensors', SHARD1)
+    shard = read_header(str(tmp_path / 'a.safetensors'))
+    assert shard.tensors == dict((k, (v[0], v[1], v[2])) for k, v in SHARD1.items())
+    assert (shard.data_bytes, shard.file_bytes) == (262144 + 16384 + 2048 + 4, size)
+
+
+@pytest.mark.parametrize('content, message', [
+    (b'\x10\x00\x00', '{p} is truncated: 3 bytes, shorter than the 8-byte header length'),
+    (struct.pack('<Q', 4096) + b'{"a":', '{p} is truncated: its header length 4096 reaches beyond the end of the file (13 bytes)'),
+    (struct.pack('<Q', 2 ** 40), '{p} has a header length of 1099511627776 bytes, above the 100 MB safetensors limit: '
+                                 'not a safetensors file or corrupt'),
+    (struct.pack('<Q', 5) + b'{"a":', '{p} has an invalid header (not JSON): Expecting value: line 1 column 6 (char 5)'),
+    (struct.pack('<Q', 2) + b'[]', '{p} has an invalid header: a JSON object was expected'),
+    (struct.pack('<Q', 13) + b'{"t": {"x":1}', '{p} has an invalid header entry for tensor t: {"x": 1}'),
+])
+def test_read_header_bad_files(tmp_path, content, message):
+    p = tmp_path / 'bad.safetensors'
+    p.write_bytes(content)
+    with pytest.raises(CheckpointError) as exc:
+        read_header(str(p))
+    assert str(exc.value) == message.replace('{p}', str(p))
+
+
+def test_read_header_truncated_data(tmp_path):
+    p = tmp_path / 'half.safetensors'
+    head, size = header_bytes(SHARD1)
+    p.write_bytes(head + b'\0' * 1000)
+    with pytest.raises(CheckpointError) as exc:
+        read_header(str(p))
+    assert str(exc.value) == ('%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)'
+                              % (p, len(head) + 1000, len(head) + size))
+
+
+def write_index(path, total=None, shards=('model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors')):
+    weight_map = dict((k, shards[0]) for k in SHARD1)
+    weight_map.update((k, shards[1]) for k in SHARD2)
+    index = {'weight_map': weight_map}
+    if total is not None:
+        index['metadata'] = {'total_size': total}
+    (path / 'model.safetensors.index.json').write_text(json.dumps(index))
+
+
+TOTAL = 262144 + 16384 + 2048 + 4 + 262144
+
+
+def test_scan_sums_headers_not_the_stale_index(tmp_path):
+    write_index(tmp_path, total=1)
+    write_shard(tmp_path / 'model-00001-of-00002.safetensors', SHARD1)
+    write_shard(tmp_path / 'model-00002-of-00002.safetensors', SHARD2)
+    ckpt = scan(str(tmp_path))
+    assert (ckpt.source, ckpt.total_bytes, ckpt.problems, ckpt.missing) == ('headers', TOTAL, [], [])
+    assert ckpt.tensors['lm_head.weight'] == 262144
+
+
+def test_scan_index_only_plans_before_the_download(tmp_path):
+    write_index(tmp_path, total=540 * 10 ** 9)
+    ckpt = scan(str(tmp_path))
+    assert (ckpt.source, ckpt.total_bytes, ckpt.problems) == ('index', 540 * 10 ** 9, [])
+    assert ckpt.missing == ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']
+    assert set(ckpt.tensors.values()) == {None}
+
+
+def test_scan_reports_missing_and_truncated_shards(tmp_path):
+    write_index(tmp_path, total=TOTAL)
+    p1 = tmp_path / 'model-00001-of-00002.safetensors'
+    head, size = header_bytes(SHARD1)
+    p1.write_bytes(head)
+    (tmp_path / 'model-00003-of-00003.safetensors').write_bytes(b'')  # not named: ignored
+    ckpt = scan(str(tmp_path))
+    assert ckpt.problems == [
+        '%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)' % (p1, len(head), len(head) + size),
+        '%s is named in model.safetensors.index.json but missing' % (tmp_path / 'model-00002-of-00002.safetensors'),
+    ]
+    assert ckpt.total_bytes == TOTAL
+
+
+@pytest.mark.parametrize('index, message', [
+    ({'weight_map': {}}, '{p} has no weight_map: not a safetensors index'),
+    ({'metadata': {'total_size': 'x'}, 'weight_map': {'a': 'b.safetensors'}},
+     "{p} has a metadata.total_size that is not a number: 'x'"),
+    ({'weight_map': {'a': 'b.safetensors'}}, '{p} names 1 shards, none present, and has no metadata.total_size'),
+])
+def test_scan_bad_index(tmp_path, index, message):
+    p = tmp_path / 'model.safetensors.index.json'
+    p.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError) as exc:
+        scan(str(tmp_path))
+    assert str(exc.value) == message.replace('{p}', str(p))
+
+
+def test_scan_invalid_index_json(tmp_path):
+    p = tmp_path / 'model.safetensors.index.json'
+    p.write_text('{"weight_map": ')
+    with pytest.raises(CheckpointError) as exc:
+        scan(str(tmp_path))
+    assert str(exc.value) == '%s is not valid JSON: Expecting value: line 1 column 16 (char 15)' % p
+
+
+def test_scan_single_file_and_empty_dir(tmp_path):
+    with pytest.raises(CheckpointError) as exc:
+        scan(str(tmp_path))
+    assert str(exc.value) == '%s holds neither model.safetensors.index.json nor any *.safetensors file' % tmp_path
+    write_shard(tmp_path / 'model.safetensors', SHARD2)
+    assert scan(str(tmp_path)).total_bytes == 262144
