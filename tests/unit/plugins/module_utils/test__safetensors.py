@@ -58,7 +58,7 @@ def test_read_header_sizes_without_reading_data(tmp_path):
                                  'not a safetensors file or corrupt'),
     (struct.pack('<Q', 5) + b'{"a":', '{p} has an invalid header (not JSON): Expecting value: line 1 column 6 (char 5)'),
     (struct.pack('<Q', 2) + b'[]', '{p} has an invalid header: a JSON object was expected'),
-    (struct.pack('<Q', 13) + b'{"t": {"x":1}', '{p} has an invalid header entry for tensor t: {"x": 1}'),
+    (struct.pack('<Q', 14) + b'{"t": {"x":1}}', '{p} has an invalid header entry for tensor t: {"x": 1}'),
 ])
 def test_read_header_bad_files(tmp_path, content, message):
     p = tmp_path / 'bad.safetensors'
