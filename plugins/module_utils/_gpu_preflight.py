@@ -364,11 +364,12 @@ def socket_owners(inodes, proc='/proc'):
 
 
 def process_name(pid, proc='/proc'):
+    """The command name of pid, or None when it cannot be read (another PID namespace, gone)."""
     try:
         with open(os.path.join(proc, str(pid), 'comm')) as f:
             return f.read().strip()
     except (IOError, OSError):
-        return '?'
+        return None
 
 
 def port_conflict(host, port, service_name, proc='/proc'):
@@ -391,7 +392,7 @@ def port_conflict(host, port, service_name, proc='/proc'):
     if owners and all(belongs_to_service(p, service_name, proc) for p in owners):
         return None
     if owners:
-        who = ', '.join('PID %d (%s)' % (p, process_name(p, proc)) for p in sorted(owners))
+        who = ', '.join('PID %d (%s)' % (p, process_name(p, proc) or '?') for p in sorted(owners))
         return 'port %d is already in use by %s' % (port, who)
     return 'port %d is already in use by another process' % port
 
@@ -495,7 +496,7 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
             free = (g['memory_total_mib'] - g.get('memory_used_mib', 0) + own_mib) * MIB
             requested = int(math.ceil(g['memory_total_mib'] * MIB * util))
             if foreign:
-                who = ', '.join('PID %d (%s, %s MiB)' % (a['pid'], pname(a['pid']) if pname else a['process_name'],
+                who = ', '.join('PID %d (%s, %s MiB)' % (a['pid'], (pname and pname(a['pid'])) or a['process_name'],
                                                           a['used_memory_mib'] if a['used_memory_mib'] is not None else '?')
                                 for a in foreign)
                 text = 'GPU %s (%s) memory is held by %s' % (g['index'], g['name'], who)

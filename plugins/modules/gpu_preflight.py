@@ -419,6 +419,10 @@ def main():
     except (CheckpointError, PreflightError) as exc:
         module.fail_json(msg=str(exc), **result)
 
+    # Ansible shows these and returns them as the registered result's warnings
+    # (passing warnings= to exit_json is deprecated).
+    for text in result.pop('warnings'):
+        module.warn(text)
     for g in result['gpus']:
         g['processes'] = [dict(a, ours=belongs_to_service(a['pid'], service)) for a in apps if a['gpu_uuid'] == g.get('uuid')]
     result['driver_version'] = gpus[0].get('driver_version', '') if gpus else ''
