@@ -70,7 +70,7 @@ notes:
 seealso:
   - name: vLLM quantized KV cache
     description: How vLLM uses an FP8 KV cache.
-    link: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html
+    link: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/
 '''
 
 EXAMPLES = r'''
@@ -136,6 +136,11 @@ kv_cache_dtype_before:
   description:
     - What vLLM's C(--kv-cache-dtype auto) resolves to for the checkpoint before the change,
       V(fp8) for an FP8 KV cache, otherwise V(auto) (the model's dtype).
+    - It mirrors vLLM 0.32.0. vLLM reads config.json's top-level C(quantization_config), or
+      C(hf_quant_config.json) when there is none; for ModelOpt its C(kv_cache_scheme) /
+      C(kv_cache_quant_algo) decide. A compressed-tensors C(kv_cache_scheme), also one under
+      C(text_config), makes standard attention layers FP8, not MLA layers (DeepSeek-V3, Kimi).
+      A ModelOpt config only under C(text_config) does not change vLLM's choice.
   returned: always
   type: str
   sample: fp8

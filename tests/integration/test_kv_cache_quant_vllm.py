@@ -9,9 +9,11 @@ reads the original and the stripped copy the way it does at start-up: get_config
 falls back to hf_quant_config.json), the ModelArch convertor's quant-method normalization,
 resolve_kv_cache_dtype_string('auto'), the checkpoint's quantization config loader
 (ModelOptNvFp4Config / CompressedTensorsConfig .from_config), and the Attention layer's
-rule that a compressed-tensors kv_cache_scheme makes 'auto' FP8. The original must come
-out FP8 (so that the test can fail), the stripped copy must load and come out 'auto', and
-the module's kv_cache_dtype_before/after must agree with vLLM.
+rule that a compressed-tensors kv_cache_scheme makes 'auto' FP8. The original's quant
+loader must see the FP8 KV cache and vLLM must choose FP8 for it (so that the test can
+fail; a ModelOpt config only under text_config is the exception vLLM 0.32.0 makes), the
+stripped copy must load and come out 'auto', and the module's kv_cache_dtype_before/after
+must agree with vLLM. A nested hf_quant_config.json with the key deleted must be refused.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -112,11 +114,17 @@ COMPRESSED_TENSORS = {
     },
 }
 
-# name: (files, loader class vLLM must pick)
+KIMI_TEXT_MODELOPT = json.loads(json.dumps(KIMI_CONFIG))
+KIMI_TEXT_MODELOPT['text_config']['quantization_config'] = FLAT_MODELOPT['quantization_config']
+
+# name: (files, loader class vLLM must pick, vLLM's KV-cache dtype for the original under 'auto')
 CHECKPOINTS = {
-    'kimi-k2.5-hf-quant-config': ({'config.json': KIMI_CONFIG, 'hf_quant_config.json': HF_NESTED}, 'ModelOptNvFp4Config'),
-    'modelopt-flat-config': ({'config.json': FLAT_MODELOPT}, 'ModelOptNvFp4Config'),
-    'compressed-tensors': ({'config.json': COMPRESSED_TENSORS}, 'CompressedTensorsConfig'),
+    'kimi-k2.5-hf-quant-config': ({'config.json': KIMI_CONFIG, 'hf_quant_config.json': HF_NESTED},
+                                  'ModelOptNvFp4Config', 'fp8'),
+    'modelopt-flat-config': ({'config.json': FLAT_MODELOPT}, 'ModelOptNvFp4Config', 'fp8'),
+    'compressed-tensors': ({'config.json': COMPRESSED_TENSORS}, 'CompressedTensorsConfig', 'fp8'),
+    # vLLM 0.32.0 resolves 'auto' from the top-level quantization config only: the module must agree.
+    'kimi-text-config-modelopt': ({'config.json': KIMI_TEXT_MODELOPT}, 'ModelOptNvFp4Config', 'auto'),
 }
 
 
@@ -159,7 +167,7 @@ def judged(tmp_path_factory):
     """Strip a copy of every checkpoint with the module, then let vLLM read originals and copies at once."""
     tmp_path = tmp_path_factory.mktemp('kvq-vllm')
     results, paths = {}, []
-    for name, (files, dummy) in sorted(CHECKPOINTS.items()):
+    for name, (files, dummy, dummy_dtype) in sorted(CHECKPOINTS.items()):
         original = tmp_path / (name + '-original')
         write_checkpoint(original, files)
         stripped = tmp_path / (name + '-stripped')
@@ -179,11 +187,16 @@ def judged(tmp_path_factory):
 
 
 @pytest.mark.parametrize('name', sorted(CHECKPOINTS))
-def test_vllm_reads_the_original_as_fp8(judged, name):
+def test_vllm_reads_the_original_kv_cache_quantization(judged, name):
     result, original, dummy = judged[0][name]
     assert 'error' not in original, original
     assert original['loader'] == CHECKPOINTS[name][1]
-    assert vllm_dtype(original) == 'fp8'
+    # The checkpoint's quant loader sees the FP8 KV cache in every form.
+    if original['loader'] == 'CompressedTensorsConfig':
+        assert original['attention_kv_cache_scheme'] is True
+    else:
+        assert original['loader_kv_cache_quant_algo'] == 'FP8'
+    assert vllm_dtype(original) == CHECKPOINTS[name][2]
     assert result['kv_cache_dtype_before'] == vllm_dtype(original)
 
 
