@@ -10,6 +10,9 @@ with "The capital of France is Paris." (the coherence gate passes);
 ``tiny-chat-wrong`` has the same tokenizer and shape but was taught wrong
 answers ("... is Berlin."), so the gate must fail on it.
 
+Training runs in float32; the saved weights are bfloat16 and the answer is
+checked again in bfloat16, the dtype vLLM serves them in.
+
 Both are deterministic (fixed seeds, one thread) and cached under
 OUT/<hash of this file>/; a second run with the same script is a no-op.
 Run it with the vLLM venv's python (torch, transformers, tokenizers):
@@ -153,7 +156,6 @@ def train(tokenizer, answers, seed):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
     )
     model = LlamaForCausalLM(config)
     rows = [encode(tokenizer, c) for c in conversations(answers)]
@@ -173,6 +175,10 @@ def train(tokenizer, answers, seed):
         loss.backward()
         opt.step()
     loss = loss.detach()
+    # Shipped in bfloat16, like real checkpoints: vLLM's --dtype auto and the
+    # preflight's KV-cache arithmetic (2 x 1 x 64 x 2 B x 2 layers = 512 B/token) agree.
+    model = model.to(torch.bfloat16)
+    model.config.torch_dtype = "bfloat16"
     model.eval()
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
@@ -227,6 +233,11 @@ def make(out_root):
     if os.path.exists(target):
         shutil.rmtree(target)
     os.rename(work, target)
+    # Models of earlier versions of this script are never used again.
+    for name in os.listdir(out_root):
+        old = os.path.join(out_root, name)
+        if name != os.path.basename(target) and len(name) == 12 and os.path.exists(os.path.join(old, "DONE")):
+            shutil.rmtree(old)
     return target, True
 
 
