@@ -62,6 +62,7 @@ _REPLICATED = re.compile(
     r'|\.gate\.(?:weight|e_score_correction_bias)$'
     r'|(?:^|\.)(?:vision_tower|vision_model|mm_projector|multi_modal_projector|visual)\.'
 )
+_VISION = ('vision_tower', 'vision_model', 'visual', 'mm_projector', 'multi_modal_projector')
 _KV_PROJ = re.compile(r'\.(?:k_proj|v_proj)\.')
 _LAYER = re.compile(r'(?:^|\.)layers\.(\d+)\.')
 _EMBED = re.compile(r'embed_tokens\.|(?:^|\.)wte\.')
@@ -201,30 +202,43 @@ def weights_per_gpu(tensors, total_bytes, config, tp, pp):
     num_layers = int(tc.get('num_hidden_layers') or 0)
     kv_heads = tc.get('num_key_value_heads') or tc.get('num_attention_heads')
     kv_heads = None if is_mla(config) or not kv_heads else int(kv_heads)
+    if pp == 1:
+        return _weights_one_stage(tensors, total_bytes, config, tp, num_layers, kv_heads)
     stages = pp_partitions(num_layers, pp) if num_layers and pp > 1 else [(0, num_layers or 10 ** 9)]
+    stage_of = {}
+    for i, (s, e) in enumerate(stages):
+        for layer in range(s, min(e, s + 100000)):
+            stage_of[layer] = i
+    last = len(stages) - 1
     per_stage = [0] * len(stages)
     known = 0
     for name, nbytes in tensors.items():
-        if nbytes is None or _SKIP.search(name):
+        if nbytes is None:
             continue
         known += nbytes
-        m = _LAYER.search(name)
-        if m:
-            layer = int(m.group(1))
+        # Hot loop (280,000 tensors for Kimi-K2.5): string operations, a regex only off the expert path.
+        layer = None
+        at = name.find('layers.')
+        if at >= 0 and (at == 0 or name[at - 1] == '.') and not name.startswith(_VISION):
+            digits = name[at + 7:name.find('.', at + 7)]
+            if digits.isdigit():
+                layer = int(digits)
+        if layer is not None:
             if num_layers and layer >= num_layers:
-                continue
-            targets = [i for i, (s, e) in enumerate(stages) if s <= layer < e]
-        elif _EMBED.search(name):
-            targets = [0]
-        elif len(stages) > 1 and (name.startswith('lm_head') or name.endswith('norm.weight')):
-            targets = [len(stages) - 1]
-        elif len(stages) > 1:
-            targets = [0]
+                continue  # DeepSeek's MTP layer: vLLM does not load it
+            stage = stage_of.get(layer, last)
+        elif _EMBED.search(name) or last == 0:
+            stage = 0
+        elif name.startswith('lm_head') or '.lm_head.' in name or name.endswith('norm.weight'):
+            stage = last
         else:
-            targets = [0]
-        share = tensor_bytes_per_rank(name, nbytes, tp, kv_heads)
-        for t in targets:
-            per_stage[t] += share
+            stage = 0
+        if nbytes <= 4:
+            per_stage[stage] += nbytes
+        elif '.experts.' in name:
+            per_stage[stage] += -(-nbytes // tp)  # routed experts are sharded over the TP ranks
+        elif not _SKIP.search(name):
+            per_stage[stage] += tensor_bytes_per_rank(name, nbytes, tp, kv_heads)
     unknown = max(total_bytes - known, 0)
     estimated = unknown > 0
     if estimated:
@@ -232,6 +246,31 @@ def weights_per_gpu(tensors, total_bytes, config, tp, pp):
         extra = _ceil_div(unknown - replicated, tp * pp) + _ceil_div(replicated, pp)
         per_stage = [b + extra for b in per_stage]
     return max(per_stage), estimated
+
+
+def _weights_one_stage(tensors, total_bytes, config, tp, num_layers, kv_heads):
+    """weights_per_gpu without pipeline parallelism: the hot path, string tests only."""
+    nextn = int(text_config(config).get('num_nextn_predict_layers') or 0)
+    mtp = tuple('.layers.%d.' % i for i in range(num_layers, num_layers + nextn)) if num_layers else ()
+    per_gpu = 0
+    known = 0
+    for name, nbytes in tensors.items():
+        if nbytes is None:
+            continue
+        known += nbytes
+        if mtp and any(m in name for m in mtp):
+            continue  # DeepSeek's MTP layer: vLLM does not load it
+        if nbytes <= 4:
+            per_gpu += nbytes
+        elif '.experts.' in name:
+            per_gpu += -(-nbytes // tp)  # routed experts are sharded over the TP ranks
+        elif not _SKIP.search(name):
+            per_gpu += tensor_bytes_per_rank(name, nbytes, tp, kv_heads)
+    unknown = max(total_bytes - known, 0)
+    if unknown:
+        replicated = min(estimated_replicated_bytes(config), unknown) if known == 0 else 0
+        per_gpu += _ceil_div(unknown - replicated, tp) + replicated
+    return per_gpu, unknown > 0
 
 
 # --- KV cache --------------------------------------------------------------------

@@ -15,8 +15,10 @@ tensor data. Only the header is read, so a 540 GB checkpoint is sized in millise
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
+import gc
 import json
 import os
+import re
 import struct
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, read_json
@@ -27,8 +29,23 @@ SINGLE_NAME = 'model.safetensors'
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
+def _bad_entry(path, header):
+    """The message for the first header entry that does not describe a tensor."""
+    for name, info in header.items():
+        if name == '__metadata__':
+            continue
+        try:
+            begin, end = info['data_offsets']
+            if int(end) - int(begin) < 0:
+                return '%s has an invalid header entry for tensor %s: data_offsets end before they begin' % (path, name)
+            end - begin
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return '%s has an invalid header entry for tensor %s: %s' % (path, name, json.dumps(info)[:200])
+    return '%s has an invalid header' % path
+
+
 class Shard(object):
-    """One safetensors file's header: tensors {name: (dtype, shape, nbytes)} and sizes."""
+    """One safetensors file's header: tensors {name: nbytes} and sizes."""
 
     def __init__(self, path, tensors, header_bytes, data_bytes, file_bytes):
         self.path = path
@@ -65,20 +82,20 @@ def read_header(path):
         raise CheckpointError('%s has an invalid header: a JSON object was expected' % path)
     tensors = {}
     data_end = 0
-    for name, info in header.items():
-        if name == '__metadata__':
-            continue
-        try:
+    try:
+        # The hot loop of a 280,000-tensor checkpoint: keep it lean.
+        for name, info in header.items():
+            if name == '__metadata__':
+                continue
             begin, end = info['data_offsets']
-            begin, end = int(begin), int(end)
-            shape = [int(d) for d in info['shape']]
-            dtype = str(info['dtype'])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError('%s has an invalid header entry for tensor %s: %s' % (path, name, json.dumps(info)[:200]))
-        if end < begin:
-            raise CheckpointError('%s has an invalid header entry for tensor %s: data_offsets end before they begin' % (path, name))
-        tensors[name] = (dtype, shape, end - begin)
-        data_end = max(data_end, end)
+            nbytes = end - begin
+            if nbytes < 0:
+                raise ValueError(name)
+            tensors[name] = nbytes
+            if end > data_end:
+                data_end = end
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise CheckpointError(_bad_entry(path, header))
     expected = 8 + n + data_end
     if file_bytes < expected:
         raise CheckpointError('%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)' % (path, file_bytes, expected))
@@ -106,59 +123,119 @@ class Checkpoint(object):
 
 def scan(model_path):
     """Read a checkpoint's safetensors headers (or, without shards, its index)."""
+    # Parsing 280,000 header entries creates millions of short-lived objects; the cyclic
+    # garbage collector would rescan them again and again (2-3x the parse time). None
+    # of them form cycles, so it is paused for the scan.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _scan(model_path)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_NUMBERED = re.compile(r'^(.+)-(\d+)-of-(\d+)\.safetensors$')
+
+
+def complete_numbered_set(model_path):
+    """The shard files if the directory holds every one of a numbered set (model-00001-of-00119 ...), else None.
+
+    Then nothing the index could name is missing, and its weight_map (30 MB of JSON for
+    Kimi-K2.5, as long to parse as all the headers) need not be read.
+    """
+    sets = {}
+    for f in os.listdir(model_path):
+        m = _NUMBERED.match(f)
+        if m:
+            sets.setdefault((m.group(1), m.group(3)), set()).add(int(m.group(2)))
+    if len(sets) != 1:
+        return None
+    (prefix, total), numbers = sets.popitem()
+    if numbers != set(range(1, int(total) + 1)):
+        return None
+    return ['%s-%s-of-%s.safetensors' % (prefix, str(i).zfill(len(total)), total) for i in range(1, int(total) + 1)]
+
+
+def _scan(model_path):
     ckpt = Checkpoint()
     index_path = os.path.join(model_path, INDEX_NAME)
-    if os.path.exists(index_path):
-        index = read_json(index_path)
-        weight_map = index.get('weight_map')
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError('%s has no weight_map: not a safetensors index' % index_path)
-        meta = index.get('metadata') if isinstance(index.get('metadata'), dict) else {}
-        if meta.get('total_size') is not None:
-            try:
-                ckpt.index_total_size = int(meta['total_size'])
-            except (TypeError, ValueError):
-                raise CheckpointError('%s has a metadata.total_size that is not a number: %r' % (index_path, meta['total_size']))
-        shard_names = sorted(set(weight_map.values()))
-        present = [s for s in shard_names if os.path.exists(os.path.join(model_path, s))]
-        if not present:
-            # Planning before the download: the index alone.
-            if ckpt.index_total_size is None:
-                raise CheckpointError('%s names %d shards, none present, and has no metadata.total_size' % (index_path, len(shard_names)))
-            ckpt.source = 'index'
-            ckpt.tensors = dict((name, None) for name in weight_map)
-            ckpt.total_bytes = ckpt.index_total_size
-            ckpt.missing = shard_names
-            return ckpt
-        for name in shard_names:
+    complete = complete_numbered_set(model_path)
+    if complete is not None:
+        for name in complete:
             path = os.path.join(model_path, name)
-            if name not in present:
-                ckpt.missing.append(name)
-                ckpt.problems.append('%s is named in %s but missing' % (path, INDEX_NAME))
-                continue
             try:
                 shard = read_header(path)
             except CheckpointError as exc:
                 ckpt.problems.append(str(exc))
                 continue
             ckpt.shards.append(shard)
-            for tname, (dtype, shape, nbytes) in shard.tensors.items():
-                ckpt.tensors[tname] = nbytes
-        if ckpt.missing or ckpt.problems:
-            # Count what the index promises so the plan is for the whole model.
-            for tname, shard_name in weight_map.items():
-                ckpt.tensors.setdefault(tname, None)
-        ckpt.total_bytes = sum(b for b in ckpt.tensors.values() if b)
-        if (ckpt.missing or ckpt.problems) and ckpt.index_total_size:
-            ckpt.total_bytes = max(ckpt.total_bytes, ckpt.index_total_size)
+            ckpt.tensors.update(shard.tensors)
+        ckpt.total_bytes = sum(ckpt.tensors.values())
+        if ckpt.problems and os.path.exists(index_path):
+            return _scan_with_index(model_path, index_path)
         return ckpt
+    if os.path.exists(index_path):
+        return _scan_with_index(model_path, index_path)
+    return _scan_files(model_path)
+
+
+def _scan_with_index(model_path, index_path):
+    """The index says which shards make the model: report those missing or broken."""
+    ckpt = Checkpoint()
+    index = read_json(index_path)
+    weight_map = index.get('weight_map')
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError('%s has no weight_map: not a safetensors index' % index_path)
+    meta = index.get('metadata') if isinstance(index.get('metadata'), dict) else {}
+    if meta.get('total_size') is not None:
+        try:
+            ckpt.index_total_size = int(meta['total_size'])
+        except (TypeError, ValueError):
+            raise CheckpointError('%s has a metadata.total_size that is not a number: %r' % (index_path, meta['total_size']))
+    shard_names = sorted(set(weight_map.values()))
+    present = [s for s in shard_names if os.path.exists(os.path.join(model_path, s))]
+    if not present:
+        # Planning before the download: the index alone.
+        if ckpt.index_total_size is None:
+            raise CheckpointError('%s names %d shards, none present, and has no metadata.total_size' % (index_path, len(shard_names)))
+        ckpt.source = 'index'
+        ckpt.tensors = dict((name, None) for name in weight_map)
+        ckpt.total_bytes = ckpt.index_total_size
+        ckpt.missing = shard_names
+        return ckpt
+    for name in shard_names:
+        path = os.path.join(model_path, name)
+        if name not in present:
+            ckpt.missing.append(name)
+            ckpt.problems.append('%s is named in %s but missing' % (path, INDEX_NAME))
+            continue
+        try:
+            shard = read_header(path)
+        except CheckpointError as exc:
+            ckpt.problems.append(str(exc))
+            continue
+        ckpt.shards.append(shard)
+        ckpt.tensors.update(shard.tensors)
+    if ckpt.missing or ckpt.problems:
+        # Count what the index promises so the plan is for the whole model.
+        for tname, shard_name in weight_map.items():
+            ckpt.tensors.setdefault(tname, None)
+    ckpt.total_bytes = sum(b for b in ckpt.tensors.values() if b)
+    if (ckpt.missing or ckpt.problems) and ckpt.index_total_size:
+        ckpt.total_bytes = max(ckpt.total_bytes, ckpt.index_total_size)
+    return ckpt
+
+
+def _scan_files(model_path):
+    """No index: every *.safetensors file in the directory."""
+    ckpt = Checkpoint()
     files = sorted(f for f in os.listdir(model_path) if f.endswith('.safetensors'))
     if not files:
         raise CheckpointError('%s holds neither %s nor any *.safetensors file' % (model_path, INDEX_NAME))
     for name in files:
         shard = read_header(os.path.join(model_path, name))
         ckpt.shards.append(shard)
-        for tname, (dtype, shape, nbytes) in shard.tensors.items():
-            ckpt.tensors[tname] = nbytes
+        ckpt.tensors.update(shard.tensors)
     ckpt.total_bytes = sum(ckpt.tensors.values())
     return ckpt

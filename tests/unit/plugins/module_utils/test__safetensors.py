@@ -13,7 +13,7 @@ import struct
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import read_header, scan
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import complete_numbered_set, read_header, scan
 
 
 def header_bytes(tensors):
@@ -47,7 +47,7 @@ SHARD2 = {'lm_head.weight': ('BF16', [512, 256], 262144)}
 def test_read_header_sizes_without_reading_data(tmp_path):
     size = write_shard(tmp_path / 'a.safetensors', SHARD1)
     shard = read_header(str(tmp_path / 'a.safetensors'))
-    assert shard.tensors == dict((k, (v[0], v[1], v[2])) for k, v in SHARD1.items())
+    assert shard.tensors == dict((k, v[2]) for k, v in SHARD1.items())
     assert (shard.data_bytes, shard.file_bytes) == (262144 + 16384 + 2048 + 4, size)
 
 
@@ -149,3 +149,28 @@ def test_scan_single_file_and_empty_dir(tmp_path):
     assert str(exc.value) == '%s holds neither model.safetensors.index.json nor any *.safetensors file' % tmp_path
     write_shard(tmp_path / 'model.safetensors', SHARD2)
     assert scan(str(tmp_path)).total_bytes == 262144
+
+
+@pytest.mark.parametrize('files, expected', [
+    (['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'config.json'],
+     ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']),
+    (['model-00001-of-00002.safetensors'], None),
+    (['model-00001-of-00001.safetensors', 'other-00001-of-00001.safetensors'], None),
+    (['model.safetensors'], None),
+])
+def test_complete_numbered_set(tmp_path, files, expected):
+    for f in files:
+        (tmp_path / f).write_bytes(b'')
+    assert complete_numbered_set(str(tmp_path)) == expected
+
+
+def test_scan_complete_set_still_reports_a_truncated_shard(tmp_path):
+    write_index(tmp_path, total=TOTAL)
+    write_shard(tmp_path / 'model-00001-of-00002.safetensors', SHARD1)
+    p2 = tmp_path / 'model-00002-of-00002.safetensors'
+    head, size = header_bytes(SHARD2)
+    p2.write_bytes(head + b'\0' * 10)
+    ckpt = scan(str(tmp_path))
+    assert ckpt.problems == ['%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)'
+                             % (p2, len(head) + 10, len(head) + size)]
+    assert ckpt.total_bytes == TOTAL
