@@ -250,7 +250,8 @@ def weights_per_gpu(tensors, total_bytes, config, tp, pp):
 
 def _weights_one_stage(tensors, total_bytes, config, tp, num_layers, kv_heads):
     """weights_per_gpu without pipeline parallelism: the hot path, string tests only."""
-    nextn = int(text_config(config).get('num_nextn_predict_layers') or 0)
+    # Layers past num_hidden_layers are DeepSeek's MTP layers (num_nextn_predict_layers, 1 when unset).
+    nextn = max(int(text_config(config).get('num_nextn_predict_layers') or 0), 1)
     mtp = tuple('.layers.%d.' % i for i in range(num_layers, num_layers + nextn)) if num_layers else ()
     per_gpu = 0
     known = 0
