@@ -1,0 +1,82 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""playbooks/preflight.yml for real: ansible-playbook on an inventory of two local hosts.
+
+One plans Kimi-K2.5 (config, hf_quant_config.json with FP8 KV, index only) for eight
+RTX PRO 6000 given as preflight_gpus; the other sizes a tiny checkpoint for the CPU
+build. The plan of each host is printed, and hosts whose start would fail fail.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+PLAYBOOK = os.path.join(ROOT, 'playbooks', 'preflight.yml')
+KIMI_TEXT = {'model_type': 'deepseek_v3', 'num_hidden_layers': 61, 'hidden_size': 7168, 'kv_lora_rank': 512,
+             'qk_rope_head_dim': 64, 'q_lora_rank': 1536, 'n_routed_experts': 384, 'first_k_dense_replace': 1,
+             'num_attention_heads': 64, 'max_position_embeddings': 262144, 'torch_dtype': 'bfloat16'}
+RTX = {'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}
+
+
+def make_kimi(d):
+    d.mkdir()
+    (d / 'config.json').write_text(json.dumps({'model_type': 'kimi_k25', 'text_config': KIMI_TEXT}))
+    (d / 'hf_quant_config.json').write_text(json.dumps({
+        'producer': {'name': 'modelopt'},
+        'quantization': {'quant_algo': 'NVFP4', 'group_size': 16, 'kv_cache_quant_algo': 'FP8', 'exclude_modules': []}}))
+    (d / 'model.safetensors.index.json').write_text(json.dumps({
+        'metadata': {'total_size': 540 * 10 ** 9},
+        'weight_map': {'language_model.model.layers.0.mlp.experts.0.up_proj.weight': 'model-00001-of-00119.safetensors'}}))
+
+
+def make_tiny(d):
+    d.mkdir()
+    (d / 'config.json').write_text(json.dumps({'model_type': 'llama', 'num_hidden_layers': 2, 'num_attention_heads': 4,
+                                               'num_key_value_heads': 2, 'head_dim': 64, 'max_position_embeddings': 4096}))
+    header = json.dumps({'lm_head.weight': {'dtype': 'BF16', 'shape': [512, 256], 'data_offsets': [0, 262144]}}).encode()
+    with open(str(d / 'model.safetensors'), 'wb') as f:
+        f.write(len(header).to_bytes(8, 'little') + header)
+        f.truncate(8 + len(header) + 262144)
+
+
+def run_playbook(tmp_path, hosts):
+    inventory = tmp_path / 'hosts.json'
+    inventory.write_text(json.dumps({'vllm': {'hosts': hosts, 'vars': {
+        'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable}}}))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, '.build', 'collections'), ANSIBLE_NOCOLOR='1',
+               ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', str(inventory), PLAYBOOK],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, universal_newlines=True, timeout=300)
+    return proc.returncode, ' '.join(proc.stdout.split())
+
+
+@pytest.mark.parametrize('utilization, max_model_len, rc, expected', [
+    (0.95, 131072, 0, ['Verdict: FITS with max_model_len 131072', 'Strip the checkpoint FP8 KV cache: yes',
+                       'mla attention, 70272 bytes per token per GPU', 'GPU 7, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 0, 12.0']),
+    (0.9, 262144, 2, ['Verdict: DOES NOT FIT with max_model_len 262144',
+                      "Problem: To serve at least one request with the model''s max seq len (262144), (17.16 GiB KV cache is needed",
+                      'Remedy: set max_model_len to 250496 (fits at gpu_memory_utilization 0.9)',
+                      'Remedy: set gpu_memory_utilization to 0.91 (fits max_model_len 262144)']),
+])
+def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc, expected):
+    make_kimi(tmp_path / 'kimi')
+    make_tiny(tmp_path / 'tiny')
+    code, out = run_playbook(tmp_path, {
+        'kimi': {'vllm_kimi_model_path': str(tmp_path / 'kimi'), 'vllm_kimi_max_model_len': max_model_len,
+                 'vllm_kimi_gpu_memory_utilization': utilization, 'preflight_gpus': [RTX] * 8, 'vllm_kimi_port': 18431},
+        'tiny': {'vllm_kimi_model_path': str(tmp_path / 'tiny'), 'vllm_kimi_accelerator': 'cpu',
+                 'vllm_kimi_tensor_parallel_size': 1, 'vllm_kimi_kv_cache_memory_bytes': 1048576,
+                 'vllm_kimi_max_model_len': 1024, 'vllm_kimi_port': 18432},
+    })
+    assert code == rc, out
+    for text in expected + ['Verdict: FITS with max_model_len 1024', 'GPUs: none (accelerator cpu)']:
+        assert text in out
