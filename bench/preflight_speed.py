@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
@@ -144,7 +143,7 @@ def preflight(path, max_model_len=131072, util=0.95):
 def timed(fn, runs):
     """(result, wall seconds per run, CPU seconds per run): on a shared machine the CPU time is the fair figure."""
     walls, cpus, result = [], [], None
-    for _ in range(runs):
+    for dummy in range(runs):
         t0, c0 = time.perf_counter(), time.process_time()
         result = fn()
         walls.append(time.perf_counter() - t0)
@@ -158,7 +157,7 @@ def figures(walls, cpus):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     ap.add_argument('--runs', type=int, default=5)
     ap.add_argument('--keep', help='build into this directory and keep it')
     args = ap.parse_args()

@@ -474,15 +474,9 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
     resolved, source, note = dtype_info
     attention = 'mla' if is_mla(config) else 'standard'
     gpus_used = gpus[:tp * pp]
-    min_cc_major = None
-    for g in gpus_used:
-        try:
-            major = int(str(g.get('compute_capability', '')).split('.')[0])
-        except ValueError:
-            continue
-        min_cc_major = major if min_cc_major is None else min(min_cc_major, major)
+    majors = [str(g.get('compute_capability', '')).split('.', 1)[0] for g in gpus_used]
     strip = (not cpu and attention == 'mla' and resolved.startswith('fp8') and params.get('kv_cache_dtype') == 'auto'
-             and any(str(g.get('compute_capability', '')).split('.')[0] == '12' for g in gpus_used))
+             and '12' in majors)
     if note:
         warnings.append(note)
     if strip:
@@ -491,7 +485,7 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
                         'it must be stripped (strip_fp8_kv_cache); planned with %s' % (resolved, planned))
         resolved = planned
         source = '%s; stripped for MLA on compute capability 12.x, so %s' % (source, planned)
-    elif (not cpu and attention == 'mla' and resolved.startswith('fp8') and min_cc_major == 12):
+    elif not cpu and attention == 'mla' and resolved.startswith('fp8') and '12' in majors:
         warnings.append('kv_cache_dtype %s with MLA on compute capability 12.x needs a vLLM whose Triton MLA backend '
                         'supports an FP8 KV cache' % resolved)
     dtype_bytes = kv_dtype_bytes(resolved)
@@ -536,9 +530,10 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
             free = (g['memory_total_mib'] - g.get('memory_used_mib', 0) + own_mib) * MIB
             requested = int(math.ceil(g['memory_total_mib'] * MIB * util))
             if foreign:
-                who = ', '.join('PID %d (%s, %s MiB)' % (a['pid'], (pname and pname(a['pid'])) or a['process_name'],
-                                                          a['used_memory_mib'] if a['used_memory_mib'] is not None else '?')
-                                for a in foreign)
+                who = ', '.join(
+                    'PID %d (%s, %s MiB)' % (a['pid'], (pname and pname(a['pid'])) or a['process_name'],
+                                             a['used_memory_mib'] if a['used_memory_mib'] is not None else '?')
+                    for a in foreign)
                 text = 'GPU %s (%s) memory is held by %s' % (g['index'], g['name'], who)
                 if free < requested:
                     problems.append('%s: %s GiB free, vLLM needs %s GiB at gpu_memory_utilization %s; stop them (stale vLLM workers?)'

@@ -30,7 +30,7 @@ description:
     GPU memory held by other processes (named with PID and process name), a too small O(shm_path), and O(port) already in use."
   - The config is read from C(config.json), or its C(text_config) for multimodal checkpoints.
 author:
-  - llmserve.vllm contributors
+  - llmserve.vllm contributors (@llmserve)
 extends_documentation_fragment:
   - llmserve.vllm.attributes
   - llmserve.vllm.attributes.READ_ONLY
@@ -406,7 +406,7 @@ def main():
                 if not path or not os.path.exists(path):
                     raise PreflightError('%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
                                          'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH'))
-                gpus, apps = query_nvidia_smi(lambda argv: module.run_command(argv), path)
+                gpus, apps = query_nvidia_smi(module.run_command, path)
         host = {
             'belongs': lambda pid: belongs_to_service(pid, service),
             'name': process_name,
