@@ -45,7 +45,7 @@ def gpu_unit(tmp_path):
 
 
 def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
-    unit, _ = gpu_unit
+    unit = gpu_unit[0]
     assert exec_start(unit) == [
         '/opt/vllm-kimi/bin/vllm', 'serve', '/shared/kimi-k2.5-nvfp4',
         '--served-model-name', 'kimi-k2.5', '--host', '127.0.0.1', '--port', '8000',
@@ -57,14 +57,14 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
 
 
 def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit):
-    unit, _ = gpu_unit
+    unit = gpu_unit[0]
     lines = unit.splitlines()
     assert lines[0].startswith('#')
     for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=on-failure', 'TimeoutStartSec=3600',
                      'LimitNOFILE=1048576', 'DevicePolicy=closed', 'DeviceAllow=char-nvidia-frontend rw',
                      'DeviceAllow=char-nvidia-uvm rw', 'TemporaryFileSystem=/dev/shm:size=64G,mode=1777',
                      'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateUsers=no', 'CapabilityBoundingSet=',
-                     'ExecStartPre=+/usr/local/libexec/llmserve-shm-clean --min-age 60'):
+                     'ExecStartPre=+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60'):
         assert expected in lines
 
 
@@ -79,8 +79,8 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
 
 def test_extra_arguments_reach_vllm_unchanged(tmp_path):
     tricky = ['--override-generation-config', '{"temperature": 0.6}', '--chat-template', '/etc/tpl/$HOME%d.jinja']
-    unit, _ = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                     vllm_kimi_extra_args=tricky)
+    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                     vllm_kimi_extra_args=tricky)[0]
     line = [line for line in unit.splitlines() if line.startswith('ExecStart=')][0]
     assert '"/etc/tpl/$$HOME%%d.jinja"' in line
     assert '"{\\"temperature\\": 0.6}"' in line

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The built tarball installs with ansible-galaxy and its role works from a wider playbook by FQCN."""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import glob
+import json
+import os
+import socket
+import struct
+import subprocess
+import tarfile
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+BIN = os.path.join(REPO, '.venv', 'bin')
+
+WIDER_PLAYBOOK = '''---
+- name: Wider infrastructure play that plans an inference host
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Use the collection's role by its full name
+      ansible.builtin.import_role:
+        name: llmserve.vllm.vllm_kimi
+      vars:
+        vllm_kimi_accelerator: cpu
+        vllm_kimi_model_path: {model}
+        vllm_kimi_tensor_parallel_size: 1
+        vllm_kimi_kv_cache_memory_bytes: 1048576
+        vllm_kimi_max_model_len: auto
+        vllm_kimi_port: {port}
+'''
+
+
+def write_tiny_llama(path):
+    """A 1-layer GQA Llama config and a safetensors shard with a valid header."""
+    path.mkdir()
+    config = {'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'hidden_size': 128,
+              'num_hidden_layers': 1, 'num_attention_heads': 2, 'num_key_value_heads': 1, 'head_dim': 64,
+              'intermediate_size': 256, 'vocab_size': 64, 'max_position_embeddings': 4096, 'torch_dtype': 'float32'}
+    (path / 'config.json').write_text(json.dumps(config))
+    header = json.dumps({'model.embed_tokens.weight': {'dtype': 'F32', 'shape': [64, 128], 'data_offsets': [0, 32768]}})
+    header = header.encode() + b' ' * (-len(header) % 8)
+    (path / 'model.safetensors').write_bytes(struct.pack('<Q', len(header)) + header + b'\0' * 32768)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope='module')
+def installed(tmp_path_factory):
+    work = tmp_path_factory.mktemp('galaxy')
+    subprocess.run([os.path.join(BIN, 'ansible-galaxy'), 'collection', 'build', '--output-path', str(work), REPO],
+                   check=True, capture_output=True, text=True)
+    tarball = glob.glob(str(work / 'llmserve-vllm-*.tar.gz'))
+    assert len(tarball) == 1
+    subprocess.run([os.path.join(BIN, 'ansible-galaxy'), 'collection', 'install', tarball[0], '-p', str(work / 'collections')],
+                   check=True, capture_output=True, text=True)
+    return work, tarball[0]
+
+
+def test_tarball_ships_the_collection_and_not_the_test_harness(installed):
+    with tarfile.open(installed[1]) as archive:
+        names = set(archive.getnames())
+    for shipped in ('plugins/modules/gpu_preflight.py', 'plugins/modules/kv_cache_quant.py', 'plugins/modules/chat_check.py',
+                    'roles/vllm_kimi/tasks/main.yml', 'playbooks/deploy.yml', 'meta/runtime.yml', 'README.md'):
+        assert shipped in names
+    assert not [name for name in names if name.split('/')[0] in ('tests', 'molecule', '.venv', '.cache', '.build', 'bench', 'tools')]
+
+
+def test_role_runs_from_the_installed_collection_in_a_wider_playbook(installed, tmp_path):
+    work = installed[0]
+    model = tmp_path / 'model'
+    write_tiny_llama(model)
+    playbook = tmp_path / 'site.yml'
+    playbook.write_text(WIDER_PLAYBOOK.format(model=model, port=free_port()))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(work / 'collections'), ANSIBLE_STDOUT_CALLBACK='json',
+               ANSIBLE_CONFIG=os.devnull, ANSIBLE_PYTHON_INTERPRETER=os.path.join(BIN, 'python'))
+    # Outside the checkout, so that only the installed tarball can provide llmserve.vllm.
+    result = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local', '--check',
+                             '--tags', 'vllm_kimi_preflight', str(playbook)],
+                            cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tasks = json.loads(result.stdout)['plays'][0]['tasks']
+    preflight = [task['hosts']['localhost'] for task in tasks if task['task']['name'].startswith('Check GPUs, weights')]
+    assert len(preflight) == 1
+    # 1 MiB of KV cache / (2 x 1 KV head x 64 x 4 bytes x 1 layer) = 2048 tokens.
+    assert preflight[0]['kv_cache_bytes_per_token'] == 512
+    assert preflight[0]['kv_cache_tokens'] == 2048
+    assert preflight[0]['max_model_len'] == 2048
+    assert preflight[0]['changed'] is False

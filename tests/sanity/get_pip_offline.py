@@ -1,0 +1,6 @@
+# Offline stand-in for ansible-test's get-pip.py download: these machines reach PyPI
+# but not ci-files.testing.ansible.com. It bootstraps the pip bundled with Python and
+# is all that ansible-test needs from the real script.
+import ensurepip
+
+ensurepip.bootstrap()
