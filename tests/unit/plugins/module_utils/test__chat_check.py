@@ -41,6 +41,8 @@ def fixture(name):
 #   vllm-kv-cache-refused.log  --max-model-len 1024 --kv-cache-memory-bytes 262144 (refuses to start)
 #   vllm-started.log           --max-model-len 1024 --kv-cache-memory-bytes 4194304 (starts, answers)
 #   vllm-*.json                bodies of /v1/models, /v1/chat/completions, a 401, a 400 and a 404.
+# The logs had their carriage returns (tqdm's, and vLLM's CRLF line ends) removed for sanity's
+# line-endings test; test_journal_lines covers carriage returns.
 KV_REFUSAL = (
     "ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB KV cache is "
     "needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, "
