@@ -60,9 +60,9 @@ import sys
 
 def main():
     from vllm import LLM
-    path, kv_bytes, mml = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    path, kv_bytes, mml, kv_dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     LLM(model=path, skip_tokenizer_init=True, kv_cache_memory_bytes=kv_bytes, enforce_eager=True,
-        max_model_len=mml, max_num_seqs=4, max_num_batched_tokens=mml)
+        max_model_len=mml, kv_cache_dtype=kv_dtype, max_num_seqs=4, max_num_batched_tokens=mml)
     print('ENGINE-READY', flush=True)
 
 
@@ -73,11 +73,11 @@ if __name__ == '__main__':
 KV_SIZE = re.compile(r'CPU KV cache size: ([\d,]+) tokens')
 
 
-def vllm_kv_tokens(model, kv_bytes, max_model_len, tmp_path):
+def vllm_kv_tokens(model, kv_bytes, max_model_len, kv_dtype, tmp_path):
     script = tmp_path / 'serve.py'
     script.write_text(SERVE)
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND='nobind', HF_HUB_OFFLINE='1')
-    proc = subprocess.run([VLLM_PY, str(script), str(model), str(kv_bytes), str(max_model_len)],
+    proc = subprocess.run([VLLM_PY, str(script), str(model), str(kv_bytes), str(max_model_len), kv_dtype],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=600,
                           universal_newlines=True, check=False)
     m = KV_SIZE.search(proc.stdout)
@@ -85,10 +85,11 @@ def vllm_kv_tokens(model, kv_bytes, max_model_len, tmp_path):
     return int(m.group(1).replace(',', ''))
 
 
-def preflight(model, kv_bytes, max_model_len):
+def preflight(model, kv_bytes, max_model_len, kv_dtype):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_LOCALHOST_WARNING='0',
                ANSIBLE_INVENTORY_UNPARSED_WARNING='0')
-    args = 'model_path=%s accelerator=cpu kv_cache_memory_bytes=%d max_model_len=%d' % (model, kv_bytes, max_model_len)
+    args = ('model_path=%s accelerator=cpu kv_cache_memory_bytes=%d max_model_len=%d kv_cache_dtype=%s'
+            % (model, kv_bytes, max_model_len, kv_dtype))
     proc = subprocess.run([ANSIBLE, 'localhost', '-c', 'local', '-e', 'ansible_python_interpreter=' + sys.executable,
                            '-o', '-m', 'llmserve.vllm.gpu_preflight', '-a', args],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, universal_newlines=True, check=False)
@@ -110,23 +111,27 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-# (checkpoint, KV budget, max_model_len, bytes per token from the formula, attention)
+# (checkpoint, KV budget, max_model_len, --kv-cache-dtype, resolved dtype, bytes per token from the formula, attention)
 CASES = [
     # 2 x 2 KV heads x 64 x 2 B x 2 layers
-    ('llama', 50000000, 2048, 1024, 'standard'),
+    ('llama', 50000000, 2048, 'auto', 'bfloat16', 1024, 'standard'),
+    # fp8 halves it
+    ('llama', 50000000, 2048, 'fp8', 'fp8', 512, 'standard'),
     # 3 layers x (kv_lora_rank 64 + qk_rope_head_dim 32) x 2 B: not 2 x 4 heads x 32 x 2 x 3 = 1536
-    ('mla', 50000000, 2048, 576, 'mla'),
+    ('mla', 50000000, 2048, 'auto', 'bfloat16', 576, 'mla'),
 ]
 
 
-@pytest.mark.parametrize('kind, kv_bytes, max_model_len, per_token, attention', CASES)
-def test_kv_cache_tokens_match_vllm(checkpoints, tmp_path, kind, kv_bytes, max_model_len, per_token, attention):
-    predicted = preflight(checkpoints[kind], kv_bytes, max_model_len)
-    actual = vllm_kv_tokens(checkpoints[kind], kv_bytes, max_model_len, tmp_path)
+@pytest.mark.parametrize('kind, kv_bytes, max_model_len, kv_dtype, resolved, per_token, attention', CASES)
+def test_kv_cache_tokens_match_vllm(checkpoints, tmp_path, kind, kv_bytes, max_model_len, kv_dtype, resolved, per_token,
+                                    attention):
+    predicted = preflight(checkpoints[kind], kv_bytes, max_model_len, kv_dtype)
+    actual = vllm_kv_tokens(checkpoints[kind], kv_bytes, max_model_len, kv_dtype, tmp_path)
     error = abs(predicted['kv_cache_tokens'] - actual) / float(actual)
-    print('%s: predicted %d tokens, vLLM %d tokens, error %.4f%%' % (kind, predicted['kv_cache_tokens'], actual, error * 100))
+    print('%s %s: predicted %d tokens, vLLM %d tokens, error %.4f%%'
+          % (kind, kv_dtype, predicted['kv_cache_tokens'], actual, error * 100))
     assert predicted['attention'] == attention
     assert predicted['kv_cache_bytes_per_token'] == per_token
-    assert predicted['kv_cache_dtype'] == 'bfloat16'
+    assert predicted['kv_cache_dtype'] == resolved
     assert predicted['fits'] is True
     assert error <= 0.01
