@@ -5,6 +5,6 @@
 preflight-bench: tools
 	$(BIN)/python bench/preflight_speed.py --runs 5
 
-# The predicted KV-cache tokens against vLLM's logged "CPU KV cache size" (within 1%).
-preflight-vllm: tools vllm-venv
+# The predicted KV-cache tokens against vLLM's logged "CPU KV cache size" (within 1%); needs `make vllm-venv`.
+preflight-vllm: tools
 	$(BIN)/pytest -s tests/integration/test_gpu_preflight_vllm.py
