@@ -32,13 +32,13 @@ MIB = 1024 ** 2
 
 # Activations, non-torch memory and CUDA graphs per GPU, outside the weights and the KV
 # cache. vLLM measures these in determine_available_memory (v1/worker/gpu_worker.py):
-# the transient peak of a profile run at max_num_batched_tokens (8192 by default for
-# the OpenAI server on data-centre GPUs) including the sampler's dummy run over
-# max_num_seqs x vocab float32 logits (256 x 163840 x 4 B = 0.16 GiB per copy for
-# Kimi-K2.5, a few copies), non-torch memory grown since start (NCCL buffers, cuBLAS
-# workspaces, custom all-reduce buffers: about 0.5-1 GiB at TP 8) and, since
-# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, the CUDA-graph pool
-# (1-2 GiB for a 61-layer model). 5 GiB covers the sum with headroom.
+# the transient peak of a profile run at max_num_batched_tokens (8192 for `vllm serve`
+# on GPUs of 70 GiB or more, engine/arg_utils.py), which includes the sampler's dummy
+# run over max_num_seqs (1024 there) x vocabulary float32 logits (1024 x 163840 x 4 B =
+# 0.63 GiB per copy for Kimi-K2.5); non-torch memory grown since start (NCCL and custom
+# all-reduce buffers, cuBLAS workspaces: about 0.5-1 GiB at TP 8); and, since
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, the CUDA-graph pool estimate
+# (1-2 GiB for a 61-layer model). That sums to about 4-6 GiB; 5 GiB is the default.
 DEFAULT_RESERVE_BYTES = 5 * GIB
 
 # NCCL's shared-memory transport and vLLM's shared-memory message queues need /dev/shm

@@ -119,16 +119,19 @@ options:
   reserve_bytes_per_gpu:
     description:
       - "Memory per GPU outside weights and KV cache, that vLLM's C(determine_available_memory) profiles: the transient peak of
-        a forward pass at C(max_num_batched_tokens) (8192 by default in the OpenAI server on data-centre GPUs) including the
-        sampler's dummy run over C(max_num_seqs) × vocabulary float32 logits, non-torch memory grown since start (NCCL and
-        custom all-reduce buffers, cuBLAS workspaces, about 0.5 to 1 GiB at tensor parallel 8), and the CUDA-graph pool
-        estimate that C(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1) (the default) subtracts (1 to 2 GiB for a 61-layer model)."
-      - The default, 5 GiB, covers that sum for Kimi-K2.5 at tensor parallel 8 with headroom. Ignored when
-        O(kv_cache_memory_bytes) is given.
+        a forward pass at C(max_num_batched_tokens) (8192 for C(vllm serve) on GPUs of 70 GiB or more), which includes the
+        sampler's dummy run over C(max_num_seqs) (1024 there) × vocabulary float32 logits (0.63 GiB per copy for Kimi-K2.5's
+        163840 tokens); non-torch memory grown since start (NCCL and custom all-reduce buffers, cuBLAS workspaces, about
+        0.5 to 1 GiB at tensor parallel 8); and the CUDA-graph pool estimate that C(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)
+        (the default) subtracts (1 to 2 GiB for a 61-layer model)."
+      - The sum is about 4 to 6 GiB for Kimi-K2.5 at tensor parallel 8; the default is 5 GiB. Set it from a real start
+        (total × utilization − weights − the KV cache vLLM logged) for an exact plan. Ignored when O(kv_cache_memory_bytes) is given.
     type: int
     default: 5368709120
   block_size:
-    description: vLLM's KV-cache block size in tokens; the cache is allocated in whole blocks.
+    description:
+      - vLLM's KV-cache block size in tokens; the cache is allocated in whole blocks. 16 is vLLM's usual size on GPUs and its
+        CPU build's for MLA; the CPU build uses 128 for standard attention (a difference of at most 0.2% in RV(kv_cache_tokens)).
     type: int
     default: 16
   port:
@@ -156,6 +159,8 @@ options:
     type: int
     default: 1073741824
 notes:
+  - "Checked against vLLM 0.32.0 (CPU build): the predicted RV(kv_cache_tokens) for a grouped-query Llama (bf16 and fp8) and an
+    MLA DeepSeek-V3 are within 0.12% of vLLM's logged C(CPU KV cache size)."
   - Only the headers of the safetensors files are read, so a 540 GB checkpoint in 119 shards is analysed in milliseconds.
   - "On compute capability 12.x (RTX PRO 6000 Blackwell) vLLM's MLA backend could not use an FP8 KV cache; when the
     checkpoint asks for one there, RV(strip_fp8_kv_cache) is true and the plan assumes the model's dtype for the KV cache."
