@@ -390,3 +390,9 @@ def test_port_conflict_names_the_listener():
     finally:
         s.close()
     assert gp.port_conflict('127.0.0.1', port, None) is None
+
+
+def test_shm_size_reads_the_filesystem(tmp_path):
+    st = os.statvfs(str(tmp_path))
+    assert gp.shm_size(str(tmp_path)) == st.f_blocks * st.f_frsize
+    assert gp.shm_size(str(tmp_path / 'absent')) is None
