@@ -1,0 +1,163 @@
+# Copyright: (c) 2026, llmserve maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the deploy left on the sandbox host, checked from outside (testinfra over SSH)."""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import re
+
+import pytest
+import requests
+import testinfra.utils.ansible_runner
+import yaml
+
+__metaclass__ = type
+
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
+    os.environ["MOLECULE_INVENTORY_FILE"]).get_hosts("vllm")
+
+# The unit's sandboxing, as `systemctl show` reports it.
+HARDENING = [
+    ("User", "vllm"),
+    ("NoNewPrivileges", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("AmbientCapabilities", ""),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
+    ("ProtectProc", "invisible"),
+    ("RestrictNamespaces", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("UMask", "0077"),
+    ("DevicePolicy", "closed"),
+    ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_NETLINK AF_UNIX"),
+]
+
+
+ROLE_DEFAULTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "roles", "vllm_kimi", "defaults", "main.yml")
+
+
+@pytest.fixture(scope="module")
+def hostvars(host):
+    """The role's settings for this host: its defaults under the inventory's values."""
+    with open(ROLE_DEFAULTS) as f:
+        settings = yaml.safe_load(f)
+    settings.update(host.ansible.get_variables())
+    return settings
+
+
+@pytest.fixture(scope="module")
+def unit(hostvars):
+    return hostvars["vllm_kimi_service_name"]
+
+
+def show(host, unit, *props):
+    out = host.check_output("systemctl show %s %s", unit, " ".join("-p " + p for p in props))
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def journal_on_failure(host, unit):
+    return host.run("journalctl -u %s --no-pager -n 40", unit).stdout
+
+
+def test_unit_is_active_and_enabled(host, unit):
+    service = host.service(unit)
+    assert service.is_enabled, journal_on_failure(host, unit)
+    assert service.is_running, journal_on_failure(host, unit)
+
+
+def test_every_process_of_the_unit_runs_as_the_service_user(host, unit):
+    rows = [line.split() for line in host.check_output("ps -eo pid=,user=,unit=,comm=").splitlines()]
+    members = [row for row in rows if len(row) >= 3 and row[2] == unit + ".service"]
+    # The API server, its engine core and the engine's worker.
+    assert len(members) >= 3, rows
+    assert {row[1] for row in members} == {"vllm"}, members
+    main = show(host, unit, "MainPID")["MainPID"]
+    assert host.process.get(pid=int(main)).user == "vllm"
+
+
+@pytest.mark.parametrize("prop, expected", HARDENING)
+def test_unit_hardening_property(host, unit, prop, expected):
+    assert show(host, unit, prop)[prop] == expected
+
+
+def test_unit_exposure_is_rated_ok(host, unit):
+    out = host.check_output("systemd-analyze security %s --no-pager", unit)
+    score = float(re.search(r"Overall exposure level for \S+: ([0-9.]+) (\w+)", out).group(1))
+    assert score <= 2.0, out.splitlines()[-1]
+
+
+def test_api_port_listens_only_on_the_configured_address(host, hostvars):
+    port = hostvars["vllm_kimi_port"]
+    out = host.check_output("ss -ltnpH 'sport = :%s'", port)
+    addresses = sorted(line.split()[3] for line in out.splitlines())
+    assert addresses == ["%s:%s" % (hostvars["vllm_kimi_host"], port)], out
+    assert '"python' in out or "VLLM" in out, out
+
+
+def ask(hostvars, question, api_key):
+    headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+    return requests.post(
+        "http://127.0.0.1:%s/v1/chat/completions" % hostvars["vllm_kimi_port"],
+        json={"model": hostvars["vllm_kimi_served_model_name"], "temperature": 0, "max_tokens": 32,
+              "messages": [{"role": "user", "content": question}]},
+        headers=headers, timeout=30)
+
+
+def test_answer_is_coherent(hostvars):
+    # The sandbox shares this machine's network, so the test asks like a client would.
+    reply = ask(hostvars, hostvars["vllm_kimi_coherence_prompt"], hostvars["vllm_kimi_api_key"])
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()["choices"][0]["message"]["content"]
+    assert re.search(hostvars["vllm_kimi_coherence_expect"], answer), answer
+    assert answer == "The capital of France is Paris."
+
+
+def test_api_refuses_a_request_without_the_key(hostvars):
+    reply = ask(hostvars, hostvars["vllm_kimi_coherence_prompt"], None)
+    assert reply.status_code == 401, reply.text
+
+
+def test_api_key_is_not_in_any_command_line(host, hostvars):
+    key = hostvars["vllm_kimi_api_key"]
+    assert key, "the sandbox inventory must set a test key"
+    out = host.check_output("ps -eww -o user,pid,args")
+    assert "vllm.entrypoints" in out or "vllm serve" in out, out
+    assert key not in out
+    # /proc is what ps reads; check every cmdline directly as well.
+    cmdlines = host.check_output("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' || true")
+    assert key not in cmdlines
+
+
+def test_api_key_is_not_in_the_unit(host, hostvars, unit):
+    key = hostvars["vllm_kimi_api_key"]
+    unit_text = host.check_output("systemctl cat %s", unit)
+    assert "ExecStart=" in unit_text
+    assert key not in unit_text
+    assert key not in host.check_output("systemctl show %s", unit)
+    env_file = host.file("/etc/%s/environment" % unit)
+    assert (env_file.user, env_file.group, env_file.mode) == ("root", "root", 0o600)
+
+
+def test_unit_file_verifies(host, unit):
+    result = host.run("systemd-analyze verify /etc/systemd/system/%s.service", unit)
+    assert result.rc == 0, result.stderr
+
+
+def test_health_and_models_answer(hostvars):
+    base = "http://127.0.0.1:%s" % hostvars["vllm_kimi_port"]
+    assert requests.get(base + "/health", timeout=10).status_code == 200
+    models = requests.get(base + "/v1/models", timeout=10,
+                          headers={"Authorization": "Bearer " + hostvars["vllm_kimi_api_key"]}).json()
+    assert [m["id"] for m in models["data"]] == [hostvars["vllm_kimi_served_model_name"]], json.dumps(models)
