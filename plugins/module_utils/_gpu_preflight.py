@@ -475,16 +475,20 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
     attention = 'mla' if is_mla(config) else 'standard'
     gpus_used = gpus[:tp * pp]
     majors = [str(g.get('compute_capability', '')).split('.', 1)[0] for g in gpus_used]
-    strip = (not cpu and attention == 'mla' and resolved.startswith('fp8') and params.get('kv_cache_dtype') == 'auto'
-             and '12' in majors)
+    policy = params.get('fp8_kv_cache_policy') or 'auto'
+    fp8_from_checkpoint = resolved.startswith('fp8') and params.get('kv_cache_dtype') == 'auto'
+    strip = not cpu and attention == 'mla' and fp8_from_checkpoint and '12' in majors
+    stripped = fp8_from_checkpoint and (policy == 'strip' or (policy == 'auto' and strip))
     if note:
         warnings.append(note)
-    if strip:
+    if stripped:
         planned = model_dtype(config)
-        warnings.append('the checkpoint asks for an %s KV cache, which vLLM cannot use with MLA on compute capability 12.x: '
-                        'it must be stripped (strip_fp8_kv_cache); planned with %s' % (resolved, planned))
+        if strip:
+            warnings.append('the checkpoint asks for an %s KV cache, which vLLM cannot use with MLA on compute capability 12.x: '
+                            'it must be stripped (strip_fp8_kv_cache); planned with %s' % (resolved, planned))
         resolved = planned
-        source = '%s; stripped for MLA on compute capability 12.x, so %s' % (source, planned)
+        reason = 'for MLA on compute capability 12.x' if strip else '(fp8_kv_cache_policy strip)'
+        source = '%s; stripped %s, so %s' % (source, reason, planned)
     elif not cpu and attention == 'mla' and resolved.startswith('fp8') and '12' in majors:
         warnings.append('kv_cache_dtype %s with MLA on compute capability 12.x needs a vLLM whose Triton MLA backend '
                         'supports an FP8 KV cache' % resolved)
@@ -638,6 +642,7 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
         'max_model_len': chosen,
         'fits': fits,
         'strip_fp8_kv_cache': bool(strip),
+        'fp8_kv_cache_stripped': bool(stripped),
         'problems': problems,
         'remedies': remedies,
         'warnings': warnings,

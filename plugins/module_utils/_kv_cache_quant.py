@@ -550,3 +550,17 @@ def checkpoint_kv_cache_dtype(files, plans=None):
     for plan in plans or []:
         docs[plan.file.name] = plan.new_doc
     return kv_cache_dtype(docs.get(CONFIG_JSON), docs.get(HF_QUANT_CONFIG_JSON))
+
+
+def shipped_with_fp8_kv_cache(path):
+    """Whether the checkpoint as shipped asks for an FP8 KV cache that this module stripped.
+
+    Planners (the GPU preflight) must judge the checkpoint as shipped: judged from the
+    stripped files, the next run would decide to restore what the last one removed.
+    """
+    record = read_record(path)
+    if record is None:
+        return False
+    files = read_checkpoint(path)
+    plans = plan_restore(path, files, record)[0]
+    return checkpoint_kv_cache_dtype(files, plans) == 'fp8'

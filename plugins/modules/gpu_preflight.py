@@ -67,6 +67,16 @@ options:
     type: str
     default: auto
     choices: [auto, bfloat16, float16, half, float32, fp8, fp8_e4m3, fp8_e5m2]
+  fp8_kv_cache_policy:
+    description:
+      - What the deploy does with an FP8 KV cache that the checkpoint asks for; the plan (RV(kv_cache_dtype) and the
+        figures that follow from it) assumes this decision, returned as RV(fp8_kv_cache_stripped).
+      - V(auto) strips it only where RV(strip_fp8_kv_cache) says the GPU needs it, V(strip) always, V(keep) never.
+      - The checkpoint is judged as shipped, also after M(llmserve.vllm.kv_cache_quant) stripped it (its record beside
+        the checkpoint says what it was), so that repeated runs decide alike.
+    type: str
+    choices: [auto, strip, keep]
+    default: auto
   kv_cache_memory_bytes:
     description:
       - "Mirrors vLLM's C(--kv-cache-memory-bytes) (and C(VLLM_CPU_KVCACHE_SPACE) on the CPU build): the KV budget per GPU is
@@ -289,6 +299,13 @@ strip_fp8_kv_cache:
   returned: always
   type: bool
   sample: true
+fp8_kv_cache_stripped:
+  description:
+    - Whether the deploy should strip the checkpoint's FP8 KV cache (M(llmserve.vllm.kv_cache_quant) O(state=absent)), as
+      O(fp8_kv_cache_policy) decided; the KV-cache figures assume it.
+  returned: always
+  type: bool
+  sample: true
 problems:
   description: What would make vLLM's start fail; empty when none.
   returned: always
@@ -330,6 +347,11 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight impor
     process_name,
     query_nvidia_smi,
     shm_size,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
+    RECORD_NAME,
+    KvCacheQuantError,
+    shipped_with_fp8_kv_cache,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
 
@@ -386,6 +408,7 @@ def main():
             service_name=dict(type='str'),
             shm_path=dict(type='path', default='/dev/shm'),
             shm_min_bytes=dict(type='int', default=1073741824),
+            fp8_kv_cache_policy=dict(type='str', default='auto', choices=['auto', 'strip', 'keep']),
         ),
         required_if=[('accelerator', 'cpu', ['kv_cache_memory_bytes'])],
         supports_check_mode=True,
@@ -401,6 +424,11 @@ def main():
         config = load_config(p['model_path'])
         checkpoint = scan(p['model_path']) if p['weights_bytes_per_gpu'] is None else None
         dtype_info = resolve_kv_cache_dtype(p['kv_cache_dtype'], p['model_path'], config)
+        if p['kv_cache_dtype'] == 'auto' and shipped_with_fp8_kv_cache(p['model_path']):
+            # The decision concerns the checkpoint as shipped: judged from the stripped files,
+            # a second run would restore the FP8 KV cache that the first one removed.
+            dtype_info = ('fp8', 'the checkpoint as shipped asks for an FP8 KV cache (stripped earlier by '
+                          'llmserve.vllm.kv_cache_quant, see %s)' % RECORD_NAME, dtype_info[2])
         gpus, apps = [], []
         if p['accelerator'] == 'nvidia':
             if p['gpus']:
@@ -421,7 +449,7 @@ def main():
         if p['accelerator'] == 'cpu':
             host.pop('shm')
         result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host))
-    except (CheckpointError, PreflightError) as exc:
+    except (CheckpointError, KvCacheQuantError, PreflightError) as exc:
         module.fail_json(msg=str(exc), **result)
 
     # Ansible shows these and returns them as the registered result's warnings

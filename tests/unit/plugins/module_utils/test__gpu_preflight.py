@@ -303,6 +303,22 @@ def test_kimi_fp8_kv_on_hopper_is_kept(kimi):
     assert (r['strip_fp8_kv_cache'], r['kv_cache_dtype'], r['kv_cache_bytes_per_token'], r['fits']) == (False, 'fp8_e4m3', 35136, True)
 
 
+@pytest.mark.parametrize('policy, gpu, need, stripped, dtype, per_token', [
+    ('auto', 'rtx', True, True, 'bfloat16', 70272),
+    ('auto', 'h200', False, False, 'fp8_e4m3', 35136),
+    ('strip', 'h200', False, True, 'bfloat16', 70272),
+    ('keep', 'rtx', True, False, 'fp8_e4m3', 35136),
+])
+def test_fp8_kv_cache_policy_decides_the_strip_and_the_plan(kimi, policy, gpu, need, stripped, dtype, per_token):
+    config = json.load(open(os.path.join(kimi, 'config.json')))
+    card = dict(RTX_PRO_6000) if gpu == 'rtx' else dict(H200_0, memory_used_mib=0)
+    gpus = [dict(card, index=i, uuid='u%d' % i) for i in range(8)]
+    r = gp.plan(params(max_model_len=131072, gpu_memory_utilization=0.95, fp8_kv_cache_policy=policy), config,
+                scan(kimi), gpus, [], resolve_kv_cache_dtype('auto', kimi, config))
+    assert (r['strip_fp8_kv_cache'], r['fp8_kv_cache_stripped'], r['kv_cache_dtype'], r['kv_cache_bytes_per_token']) == (
+        need, stripped, dtype, per_token)
+
+
 def test_plan_names_processes_holding_gpu_memory():
     # Real capture: PID 578 holds 10758 MiB on GPU 0, PID 579 20998 MiB on GPU 1 (H200, 143771 MiB).
     gpus, apps = gp.parse_gpus(smi('query-gpu-busy.txt')), gp.parse_apps(smi('query-apps-busy.txt'))

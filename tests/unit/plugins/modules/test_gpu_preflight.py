@@ -167,3 +167,39 @@ def test_cpu_accelerator(tmp_path, model):
     assert rc == 0, r
     assert (r['gpus'], r['kv_cache_tokens'], r['max_model_len'], r['max_model_len_fit']) == ([], 1024, 1024, 1024)
     assert warning_texts(r) == ["max_model_len auto: 1024 tokens fit, below the model's 4096"]
+
+
+MLA_FP8 = {'model_type': 'deepseek_v3', 'num_hidden_layers': 3, 'kv_lora_rank': 64, 'qk_rope_head_dim': 32,
+           'num_attention_heads': 4, 'num_key_value_heads': 4, 'head_dim': 64, 'hidden_size': 256,
+           'max_position_embeddings': 4096, 'dtype': 'bfloat16'}
+HF_QUANT_FP8 = {'producer': {'name': 'modelopt', 'version': '0.29.0'},
+                'quantization': {'quant_algo': 'NVFP4', 'group_size': 16, 'kv_cache_quant_algo': 'FP8', 'exclude_modules': []}}
+
+
+@pytest.mark.parametrize('policy, stripped, dtypes, per_token', [
+    ('auto', True, ('bfloat16', 'bfloat16'), 576),
+    # ModelOpt's FP8 resolves to fp8_e4m3; the record only says "FP8", which vLLM's plain fp8 means too.
+    ('keep', False, ('fp8_e4m3', 'fp8'), 288),
+])
+def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripped, dtypes, per_token):
+    """After kv_cache_quant stripped the FP8 KV cache, the next preflight must decide the same (not restore it)."""
+    model = tmp_path / 'mla'
+    model.mkdir()
+    (model / 'config.json').write_text(json.dumps(MLA_FP8, indent=2) + '\n')
+    (model / 'hf_quant_config.json').write_text(json.dumps(HF_QUANT_FP8, indent=2) + '\n')
+    args = dict(model_path=str(model), tensor_parallel_size=1, gpus=RTX, weights_bytes_per_gpu=GIB,
+                kv_cache_memory_bytes=576 * 1024, max_model_len=512, fp8_kv_cache_policy=policy)
+    rc, before = run_module(tmp_path, args)
+    assert rc == 0, before
+    strip_args = tmp_path / 'strip.json'
+    strip_args.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': {'path': str(model), 'state': 'absent'}}))
+    subprocess.run([sys.executable, '-m', 'ansible_collections.llmserve.vllm.plugins.modules.kv_cache_quant', str(strip_args)],
+                   env=dict(os.environ, PYTHONPATH=collections_path()), cwd=str(tmp_path), check=True, capture_output=True)
+    assert json.loads((model / 'hf_quant_config.json').read_text())['quantization']['kv_cache_quant_algo'] is None
+    rc, after = run_module(tmp_path, args)
+    assert rc == 0, after
+    for result, dtype in zip((before, after), dtypes):
+        assert (result['strip_fp8_kv_cache'], result['fp8_kv_cache_stripped']) == (True, stripped)
+        assert (result['kv_cache_dtype'], result['kv_cache_bytes_per_token']) == (dtype, per_token)
+    assert after['kv_cache_dtype_source'].startswith('the checkpoint as shipped asks for an FP8 KV cache (stripped earlier '
+                                                     'by llmserve.vllm.kv_cache_quant, see .llmserve-kv-cache-quant.json)')
