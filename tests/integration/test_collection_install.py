@@ -35,6 +35,14 @@ WIDER_PLAYBOOK = '''---
         vllm_kimi_kv_cache_memory_bytes: 1048576
         vllm_kimi_max_model_len: auto
         vllm_kimi_port: {port}
+
+    - name: Keep the plan for the report
+      ansible.builtin.copy:
+        content: "{{{{ __vllm_kimi_preflight | to_json }}}}"
+        dest: {report}
+        mode: "0644"
+      check_mode: false
+      tags: [always]
 '''
 
 
@@ -63,7 +71,7 @@ def installed(tmp_path_factory):
                    check=True, capture_output=True, text=True)
     tarball = glob.glob(str(work / 'llmserve-vllm-*.tar.gz'))
     assert len(tarball) == 1
-    subprocess.run([os.path.join(BIN, 'ansible-galaxy'), 'collection', 'install', tarball[0], '-p', str(work / 'collections')],
+    subprocess.run([os.path.join(BIN, 'ansible-galaxy'), 'collection', 'install', '--force', tarball[0], '-p', str(work / 'collections')],
                    check=True, capture_output=True, text=True)
     return work, tarball[0]
 
@@ -82,19 +90,22 @@ def test_role_runs_from_the_installed_collection_in_a_wider_playbook(installed, 
     model = tmp_path / 'model'
     write_tiny_llama(model)
     playbook = tmp_path / 'site.yml'
-    playbook.write_text(WIDER_PLAYBOOK.format(model=model, port=free_port()))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(work / 'collections'), ANSIBLE_STDOUT_CALLBACK='json',
-               ANSIBLE_CONFIG=os.devnull, ANSIBLE_PYTHON_INTERPRETER=os.path.join(BIN, 'python'))
+    report = tmp_path / 'plan.json'
+    playbook.write_text(WIDER_PLAYBOOK.format(model=model, port=free_port(), report=report))
+    (tmp_path / 'ansible.cfg').write_text('[defaults]\n')
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(work / 'collections'),
+               ANSIBLE_CONFIG=str(tmp_path / 'ansible.cfg'), ANSIBLE_PYTHON_INTERPRETER=os.path.join(BIN, 'python'))
     # Outside the checkout, so that only the installed tarball can provide llmserve.vllm.
     result = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local', '--check',
                              '--tags', 'vllm_kimi_preflight', str(playbook)],
                             cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    tasks = json.loads(result.stdout)['plays'][0]['tasks']
-    preflight = [task['hosts']['localhost'] for task in tasks if task['task']['name'].startswith('Check GPUs, weights')]
-    assert len(preflight) == 1
-    # 1 MiB of KV cache / (2 x 1 KV head x 64 x 4 bytes x 1 layer) = 2048 tokens.
-    assert preflight[0]['kv_cache_bytes_per_token'] == 512
-    assert preflight[0]['kv_cache_tokens'] == 2048
-    assert preflight[0]['max_model_len'] == 2048
-    assert preflight[0]['changed'] is False
+    assert 'Ensure the systemd unit' not in result.stdout
+    plan = json.loads(report.read_text())
+    # vLLM downcasts a float32 checkpoint to its platform's first dtype, bfloat16: 1 MiB of KV cache / (2 x 1 KV head x 64 x 2 bytes x 1 layer)
+    # = 4096 tokens, which is also the model's max_position_embeddings.
+    assert plan['kv_cache_dtype'] == 'bfloat16'
+    assert plan['kv_cache_bytes_per_token'] == 256
+    assert plan['kv_cache_tokens'] == 4096
+    assert plan['max_model_len'] == 4096
+    assert plan['changed'] is False
