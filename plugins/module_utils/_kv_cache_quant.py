@@ -23,6 +23,11 @@ import re
 import time
 from json.decoder import scanstring
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+    kv_cache_quant_algo_string,
+    normalize_quant_method,
+)
+
 CONFIG_JSON = 'config.json'
 HF_QUANT_CONFIG_JSON = 'hf_quant_config.json'
 CONFIG_FILES = (CONFIG_JSON, HF_QUANT_CONFIG_JSON)
@@ -30,11 +35,6 @@ RECORD_NAME = '.llmserve-kv-cache-quant.json'
 RECORD_FORMAT = 1
 MODULE_NAME = 'llmserve.vllm.kv_cache_quant'
 KV_KEYS = ('kv_cache_scheme', 'kv_cache_quant_algo')
-
-# vllm/transformers_utils/model_arch_config_convertor.py (_normalize_quantization_config)
-_MODELOPT_FP8_ALGOS = ('FP8', 'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO')
-# vllm/utils/torch_utils.py (MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP)
-_MODELOPT_KV_DTYPES = {'fp8': 'fp8_e4m3', 'nvfp4': 'nvfp4'}
 
 _WS = re.compile(r'[ \t\n\r]*')
 
@@ -469,46 +469,7 @@ def plan_restore(path, files, record):
     return plans, warnings
 
 
-# What vLLM 0.32.0 makes of --kv-cache-dtype auto.
-
-def normalized_quant_method(quant_cfg):
-    """quant_method as vLLM normalizes it (ModelOpt producer -> modelopt / modelopt_fp4)."""
-    method = quant_cfg.get('quant_method', '')
-    producer = quant_cfg.get('producer')
-    producer_name = producer.get('name') if isinstance(producer, dict) else None
-    inner = quant_cfg.get('quantization')
-    legacy = isinstance(inner, dict) and 'modelopt_quant_config' in inner
-    if (producer_name == 'modelopt' or legacy) and isinstance(inner, dict):
-        algo = inner.get('quant_algo')
-        if algo is not None:
-            algo = str(algo).upper()
-            if algo in _MODELOPT_FP8_ALGOS:
-                method = 'modelopt'
-            elif algo == 'NVFP4':
-                method = 'modelopt_fp4'
-    if not isinstance(method, str):
-        return ''
-    return method.lower().replace('compressed_tensors', 'compressed-tensors')
-
-
-def modelopt_kv_cache_dtype(quant_cfg):
-    """Mirror of vLLM's get_kv_cache_quant_algo_string for a ModelOpt config."""
-    inner = quant_cfg.get('quantization', quant_cfg)
-    if not isinstance(inner, dict):
-        inner = {}
-    algo = (inner.get('kv_cache_scheme') or quant_cfg.get('kv_cache_scheme')
-            or inner.get('kv_cache_quant_algo') or quant_cfg.get('kv_cache_quant_algo'))
-    if isinstance(algo, dict):
-        if algo.get('dynamic') is False and algo.get('num_bits') == 8 and algo.get('type') == 'float':
-            algo = 'fp8'
-        elif algo.get('num_bits') == 4 and algo.get('type') == 'float':
-            algo = 'nvfp4'
-        else:
-            return 'auto'
-    if isinstance(algo, str):
-        return _MODELOPT_KV_DTYPES.get(algo.lower(), 'auto')
-    return None
-
+# What vLLM 0.32.0 makes of --kv-cache-dtype auto; the ModelOpt rules are _checkpoint's.
 
 def _uses_mla(config_doc):
     text = config_doc.get('text_config')
@@ -532,13 +493,13 @@ def kv_cache_dtype(config_doc, hf_quant_doc):
     if quant_cfg is None:
         quant_cfg = hf_quant_doc
     resolved = None
-    if isinstance(quant_cfg, dict) and normalized_quant_method(quant_cfg).startswith('modelopt'):
-        resolved = modelopt_kv_cache_dtype(quant_cfg)
+    if isinstance(quant_cfg, dict):
+        resolved = kv_cache_quant_algo_string(quant_cfg)
     if resolved is None:
         layer_cfg = quant_cfg
         if layer_cfg is None and isinstance(config_doc.get('text_config'), dict):
             layer_cfg = config_doc['text_config'].get('quantization_config')
-        if (isinstance(layer_cfg, dict) and normalized_quant_method(layer_cfg) == 'compressed-tensors'
+        if (isinstance(layer_cfg, dict) and normalize_quant_method(layer_cfg) == 'compressed-tensors'
                 and layer_cfg.get('kv_cache_scheme') is not None and not _uses_mla(config_doc)):
             resolved = 'fp8'
     return 'fp8' if resolved is not None and resolved.startswith('fp8') else 'auto'
