@@ -61,7 +61,7 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
     lines = unit.splitlines()
     assert lines[0].startswith('#')
     for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=on-failure', 'TimeoutStartSec=3600',
-                     'LimitNOFILE=1048576', 'DevicePolicy=closed', 'DeviceAllow=char-nvidia-frontend rw',
+                     'LimitNOFILE=1048576', 'DevicePolicy=closed', 'DeviceAllow=char-nvidia rw',
                      'DeviceAllow=char-nvidia-uvm rw', 'TemporaryFileSystem=/dev/shm:size=64G,mode=1777',
                      'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateUsers=no', 'CapabilityBoundingSet=',
                      'ExecStartPre=+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60'):
