@@ -63,7 +63,7 @@ def unit(hostvars):
 
 
 def show(host, unit, *props):
-    out = host.check_output("systemctl show %s %s", unit, " ".join("-p " + p for p in props))
+    out = host.check_output("systemctl show %s " + " ".join("-p " + p for p in props), unit)
     return dict(line.split("=", 1) for line in out.splitlines())
 
 
@@ -100,7 +100,7 @@ def test_unit_exposure_is_rated_ok(host, unit):
 
 def test_api_port_listens_only_on_the_configured_address(host, hostvars):
     port = hostvars["vllm_kimi_port"]
-    out = host.check_output("ss -ltnpH 'sport = :%s'", port)
+    out = host.check_output("ss -ltnpH sport = :%d" % int(port))
     addresses = sorted(line.split()[3] for line in out.splitlines())
     assert addresses == ["%s:%s" % (hostvars["vllm_kimi_host"], port)], out
     assert '"python' in out or "VLLM" in out, out
