@@ -42,7 +42,11 @@ ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
 
 
 def sh(argv, **kwargs):
-    return subprocess.run(argv, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    proc = subprocess.run(argv, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    if proc.returncode != 0:
+        raise SystemExit("%s failed (rc %d):\n%s" % (" ".join(argv), proc.returncode,
+                                                     proc.stdout.decode(errors="replace")[-3000:]))
+    return proc
 
 
 def write_inventory(directory, name, ssh_port, port):
@@ -107,7 +111,8 @@ def restart_once(inventory, name, host, settings):
                  "unit": settings["vllm_kimi_service_name"] + ".service"}
     ssh = ["ssh", "-p", str(host["ansible_port"]), "-i", host["ansible_ssh_private_key_file"]] + \
         host["ansible_ssh_common_args"].split() + ["root@127.0.0.1"]
-    sh(ssh + ["true"])  # connection warm, so its set-up is not counted
+    # Re-arm StartLimitBurst (3 starts in 30 min), which back-to-back restarts would exhaust.
+    sh(ssh + ["systemctl", "reset-failed", settings["vllm_kimi_service_name"]])
     tree = tempfile.mkdtemp(prefix="llmserve-bench-")
     try:
         t0 = time.time()
