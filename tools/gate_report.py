@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ask every host of an inventory's `vllm` group the coherence question and print the answer.
 
-    tools/gate_report.py -i inventories/sandbox
+    python3 tools/gate_report.py -i inventories/sandbox
 
 Runs llmserve.vllm.chat_check (the role's gate) ad hoc, so it also reports on a
 rerun of the deploy where nothing changed and the role's gate did not run.
