@@ -47,7 +47,7 @@ def gpu_unit(tmp_path):
 def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
     unit = gpu_unit[0]
     assert exec_start(unit) == [
-        '/opt/vllm-kimi/bin/vllm', 'serve', '/shared/kimi-k2.5-nvfp4',
+        '/opt/vllm-kimi/bin/vllm', 'serve', '--model', '/shared/kimi-k2.5-nvfp4',
         '--served-model-name', 'kimi-k2.5', '--host', '127.0.0.1', '--port', '8000',
         '--tensor-parallel-size', '8', '--pipeline-parallel-size', '1',
         '--max-model-len', '131072', '--gpu-memory-utilization', '0.95',
@@ -60,12 +60,20 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
     unit = gpu_unit[0]
     lines = unit.splitlines()
     assert lines[0].startswith('#')
-    for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=on-failure', 'TimeoutStartSec=3600',
+    for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=always', 'TimeoutStartSec=3600',
                      'LimitNOFILE=1048576', 'DevicePolicy=closed', 'DeviceAllow=char-nvidia rw',
                      'DeviceAllow=char-nvidia-uvm rw', 'TemporaryFileSystem=/dev/shm:size=64G,mode=1777',
-                     'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateUsers=no', 'CapabilityBoundingSet=',
-                     'ExecStartPre=+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60'):
+                     'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateUsers=no', 'CapabilityBoundingSet='):
         assert expected in lines
+    # With a private /dev/shm there is nothing stale to clean.
+    assert [line for line in lines if line.startswith('ExecStartPre=')] == []
+
+
+def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
+    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_private_shm=False)[0]
+    lines = unit.splitlines()
+    assert 'ExecStartPre=+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60' in lines
+    assert not [line for line in lines if line.startswith('TemporaryFileSystem=')]
 
 
 def test_api_key_lives_only_in_the_environment_file(gpu_unit):
