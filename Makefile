@@ -14,9 +14,16 @@ SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: test lint sanity units integration collection-link tools vllm-venv build clean
+.PHONY: test lint sanity units integration collection-link tools host-packages vllm-venv build clean
 
-tools: $(VENV)/.installed collection-link
+tools: host-packages $(VENV)/.installed collection-link
+
+# Debian packages for the sandbox host and the tools; installed only when one is missing.
+host-packages:
+	@missing=$$(for p in $$(cat tools/host-packages.txt); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
 
 $(VENV)/.installed: tests/requirements.txt
 	$(PYTHON) -m venv $(VENV)
