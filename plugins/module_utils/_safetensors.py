@@ -157,20 +157,24 @@ def complete_numbered_set(model_path):
     return ['%s-%s-of-%s.safetensors' % (prefix, str(i).zfill(len(total)), total) for i in range(1, int(total) + 1)]
 
 
+def _add_shard(ckpt, path):
+    """Add one shard's tensors to ckpt, or its problem when its header is broken."""
+    try:
+        shard = read_header(path)
+    except CheckpointError as exc:
+        ckpt.problems.append(str(exc))
+        return
+    ckpt.shards.append(shard)
+    ckpt.tensors.update(shard.tensors)
+
+
 def _scan(model_path):
     ckpt = Checkpoint()
     index_path = os.path.join(model_path, INDEX_NAME)
     complete = complete_numbered_set(model_path)
     if complete is not None:
         for name in complete:
-            path = os.path.join(model_path, name)
-            try:
-                shard = read_header(path)
-            except CheckpointError as exc:
-                ckpt.problems.append(str(exc))
-                continue
-            ckpt.shards.append(shard)
-            ckpt.tensors.update(shard.tensors)
+            _add_shard(ckpt, os.path.join(model_path, name))
         ckpt.total_bytes = sum(ckpt.tensors.values())
         if ckpt.problems and os.path.exists(index_path):
             return _scan_with_index(model_path, index_path)
@@ -210,13 +214,7 @@ def _scan_with_index(model_path, index_path):
             ckpt.missing.append(name)
             ckpt.problems.append('%s is named in %s but missing' % (path, INDEX_NAME))
             continue
-        try:
-            shard = read_header(path)
-        except CheckpointError as exc:
-            ckpt.problems.append(str(exc))
-            continue
-        ckpt.shards.append(shard)
-        ckpt.tensors.update(shard.tensors)
+        _add_shard(ckpt, path)
     if ckpt.missing or ckpt.problems:
         # Count what the index promises so the plan is for the whole model.
         for tname, shard_name in weight_map.items():
