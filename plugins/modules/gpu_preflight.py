@@ -301,7 +301,7 @@ strip_fp8_kv_cache:
   sample: true
 fp8_kv_cache_stripped:
   description:
-    - Whether the deploy should strip the checkpoint's FP8 KV cache (M(llmserve.vllm.kv_cache_quant) O(state=absent)), as
+    - Whether the deploy should strip the checkpoint's FP8 KV cache (O(llmserve.vllm.kv_cache_quant#module:state=absent)), as
       O(fp8_kv_cache_policy) decided; the KV-cache figures assume it.
   returned: always
   type: bool

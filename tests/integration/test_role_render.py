@@ -88,7 +88,7 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
 def test_extra_arguments_reach_vllm_unchanged(tmp_path):
     tricky = ['--override-generation-config', '{"temperature": 0.6}', '--chat-template', '/etc/tpl/$HOME%d.jinja']
     unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                     vllm_kimi_extra_args=tricky)[0]
+                  vllm_kimi_extra_args=tricky)[0]
     line = [line for line in unit.splitlines() if line.startswith('ExecStart=')][0]
     assert '"/etc/tpl/$$HOME%%d.jinja"' in line
     assert '"{\\"temperature\\": 0.6}"' in line
