@@ -18,11 +18,10 @@ recorded answers: this host has no systemd as PID 1. The sandbox tests use the r
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
+import functools
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -30,8 +29,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
+
 FIXTURES = os.path.join(os.path.dirname(__file__), '..', 'module_utils', 'fixtures', 'chat_check')
-MODULE = 'ansible_collections.llmserve.vllm.plugins.modules.chat_check'
 PARIS = 'The capital of France is Paris.'
 
 
@@ -131,24 +131,7 @@ def serve():
         server.stop()
 
 
-def collections_path():
-    import ansible_collections.llmserve.vllm as collection
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(collection.__path__[0]))))
-
-
-def run_module(tmp_path, args, path_prefix=None):
-    """Run the module like Ansible does; return (rc, result)."""
-    args_file = tmp_path / 'args.json'
-    args_file.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
-    env = dict(os.environ)
-    env['PYTHONPATH'] = collections_path()
-    env['no_proxy'] = env['NO_PROXY'] = '127.0.0.1,localhost'
-    if path_prefix:
-        env['PATH'] = '%s:%s' % (path_prefix, env.get('PATH', ''))
-    proc = subprocess.run([sys.executable, '-m', MODULE, str(args_file)], env=env, cwd=str(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120, check=False)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout.decode('utf-8'))
+run_module = functools.partial(module_runner.run_module, 'chat_check')
 
 
 FAST = {'interval': 0.1, 'timeout': 20}

@@ -11,35 +11,21 @@ real two-GPU H200 machine (fixtures/nvidia-smi, made with capture.sh there).
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
+import functools
 import json
 import os
 import stat
-import subprocess
-import sys
 
 import pytest
 
+from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMI = os.path.join(HERE, '..', 'module_utils', 'fixtures', 'nvidia-smi')
-MODULE = 'ansible_collections.llmserve.vllm.plugins.modules.gpu_preflight'
-ROOT = os.path.abspath(os.path.join(HERE, '..', '..', '..', '..'))
 GIB = 1024 ** 3
 
 
-def collections_path():
-    return os.path.join(ROOT, '.build', 'collections')
-
-
-def run_module(tmp_path, args, path_prefix=None):
-    args_file = tmp_path / 'args.json'
-    args_file.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
-    env = dict(os.environ, PYTHONPATH=collections_path())
-    if path_prefix:
-        env['PATH'] = '%s:%s' % (path_prefix, env.get('PATH', ''))
-    proc = subprocess.run([sys.executable, '-m', MODULE, str(args_file)], env=env, cwd=str(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120, check=False)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout.decode('utf-8'))
+run_module = functools.partial(module_runner.run_module, 'gpu_preflight')
 
 
 def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0):
@@ -191,10 +177,8 @@ def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripp
                 kv_cache_memory_bytes=576 * 1024, max_model_len=512, fp8_kv_cache_policy=policy)
     rc, before = run_module(tmp_path, args)
     assert rc == 0, before
-    strip_args = tmp_path / 'strip.json'
-    strip_args.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': {'path': str(model), 'state': 'absent'}}))
-    subprocess.run([sys.executable, '-m', 'ansible_collections.llmserve.vllm.plugins.modules.kv_cache_quant', str(strip_args)],
-                   env=dict(os.environ, PYTHONPATH=collections_path()), cwd=str(tmp_path), check=True, capture_output=True)
+    rc, strip_result = module_runner.run_module('kv_cache_quant', tmp_path, {'path': str(model), 'state': 'absent'})
+    assert (rc, strip_result['changed']) == (0, True), strip_result
     assert json.loads((model / 'hf_quant_config.json').read_text())['quantization']['kv_cache_quant_algo'] is None
     rc, after = run_module(tmp_path, args)
     assert rc == 0, after
