@@ -14,7 +14,7 @@ SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: test lint sanity units integration collection-link tools host-packages vllm-venv build clean
+.PHONY: test lint sanity units adversarial integration collection-link tools host-packages vllm-venv build clean
 
 tools: host-packages $(VENV)/.installed collection-link
 
@@ -66,6 +66,12 @@ sanity: tools
 units: tools
 	$(BIN)/pytest tests/unit
 
+# Bad input against every module (malformed values, non-regular files, hanging
+# commands, endless servers, secrets, concurrency, full disks): the totals of
+# outcomes end the run, and any outcome but a clean error or a correct success fails.
+adversarial: tools
+	$(BIN)/pytest tests/adversarial
+
 # Runs Ansible and vLLM for real: the modules on checkpoints the tests build,
 # vLLM's own loaders on the results, and its KV-cache sizing against ours.
 # The fault scenarios and chat_check's systemd tests need a deployed sandbox:
@@ -73,7 +79,7 @@ units: tools
 integration: tools vllm-venv
 	$(BIN)/pytest tests/integration --ignore=tests/integration/sandbox --ignore=tests/integration/test_chat_check_sandbox.py
 
-test: lint sanity units integration molecule
+test: lint sanity units adversarial integration molecule
 
 build: tools
 	$(BIN)/ansible-galaxy collection build --force --output-path .build
