@@ -14,6 +14,7 @@ __metaclass__ = type
 
 import json
 import os
+import stat
 
 CONFIG_NAME = 'config.json'
 HF_QUANT_CONFIG_NAME = 'hf_quant_config.json'
@@ -43,10 +44,23 @@ class CheckpointError(Exception):
     """A checkpoint file is missing or malformed; the message names file and cause."""
 
 
+def open_regular(path):
+    """Open path for reading in binary, refusing anything but a regular file.
+
+    A FIFO would block the open or the read for ever, a device can be endless; the
+    non-blocking open returns at once whatever path is, and fstat judges what was opened.
+    """
+    f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), 'rb')
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise CheckpointError('%s is not a regular file' % path)
+    return f
+
+
 def read_json(path):
     """Return the parsed JSON object in path, or raise CheckpointError naming it."""
     try:
-        with open(path, 'rb') as f:
+        with open_regular(path) as f:
             data = f.read()
     except (IOError, OSError) as exc:
         raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc))
@@ -56,6 +70,8 @@ def read_json(path):
         raise CheckpointError('%s is not UTF-8 text: %s' % (path, exc))
     except ValueError as exc:
         raise CheckpointError('%s is not valid JSON: %s' % (path, exc))
+    except RecursionError:
+        raise CheckpointError('%s is nested too deeply to be read as JSON' % path)
     if not isinstance(obj, dict):
         raise CheckpointError('%s does not hold a JSON object' % path)
     return obj
