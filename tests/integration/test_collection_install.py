@@ -85,7 +85,7 @@ def test_tarball_ships_the_collection_and_not_the_test_harness(installed):
     assert not [name for name in names if name.split('/')[0] in ('tests', 'molecule', '.venv', '.cache', '.build', 'bench', 'tools')]
 
 
-def test_role_runs_from_the_installed_collection_in_a_wider_playbook(installed, tmp_path):
+def run_wider_playbook(installed, tmp_path, *args):
     work = installed[0]
     model = tmp_path / 'model'
     write_tiny_llama(model)
@@ -93,14 +93,18 @@ def test_role_runs_from_the_installed_collection_in_a_wider_playbook(installed, 
     report = tmp_path / 'plan.json'
     playbook.write_text(WIDER_PLAYBOOK.format(model=model, port=free_port(), report=report))
     (tmp_path / 'ansible.cfg').write_text('[defaults]\n')
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(work / 'collections'),
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(work / 'collections'), ANSIBLE_NOCOLOR='1',
                ANSIBLE_CONFIG=str(tmp_path / 'ansible.cfg'), ANSIBLE_PYTHON_INTERPRETER=os.path.join(BIN, 'python'))
     # Outside the checkout, so that only the installed tarball can provide llmserve.vllm.
     result = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local', '--check',
-                             '--tags', 'vllm_kimi_preflight', str(playbook)],
-                            cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+                             str(playbook)] + list(args), cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                            check=False)
+    return result, report
+
+
+def test_role_runs_from_the_installed_collection_in_a_wider_playbook(installed, tmp_path):
+    result, report = run_wider_playbook(installed, tmp_path, '--tags', 'vllm_kimi_preflight')
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert 'Ensure the systemd unit' not in result.stdout
     plan = json.loads(report.read_text())
     # vLLM downcasts a float32 checkpoint to its platform's first dtype, bfloat16: 1 MiB of KV cache / (2 x 1 KV head x 64 x 2 bytes x 1 layer)
     # = 4096 tokens, which is also the model's max_position_embeddings.
@@ -109,3 +113,22 @@ def test_role_runs_from_the_installed_collection_in_a_wider_playbook(installed, 
     assert plan['kv_cache_tokens'] == 4096
     assert plan['max_model_len'] == 4096
     assert plan['changed'] is False
+
+
+# Each documented tag (README) with a task only that phase runs.
+PHASE_TASKS = {
+    'vllm_kimi_preflight': 'Show the serving plan the preflight derived',
+    'vllm_kimi_user': 'Ensure the non-root service user exists with its state directory as home',
+    'vllm_kimi_venv': 'Show the release the service will run',
+    'vllm_kimi_checkpoint': "Ensure the checkpoint's FP8 KV-cache quantization follows the policy",
+    'vllm_kimi_service': 'Ensure the systemd unit is installed',
+}
+
+
+@pytest.mark.parametrize('tag', sorted(PHASE_TASKS))
+def test_each_documented_tag_runs_its_phase_on_its_own(installed, tmp_path, tag):
+    result, report = run_wider_playbook(installed, tmp_path, '--tags', tag)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ran = [task for task in PHASE_TASKS.values() if 'TASK [llmserve.vllm.vllm_kimi : %s]' % task in result.stdout]
+    # The preflight's plan is what every later phase reads: it runs under every tag.
+    assert ran == sorted({PHASE_TASKS[tag], PHASE_TASKS['vllm_kimi_preflight']}, key=list(PHASE_TASKS.values()).index)

@@ -9,6 +9,7 @@ __metaclass__ = type
 
 import json
 import os
+import re
 import shlex
 import subprocess
 
@@ -46,14 +47,33 @@ def gpu_unit(tmp_path):
 
 def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
     unit = gpu_unit[0]
-    assert exec_start(unit) == [
-        '/opt/vllm-kimi/bin/vllm', 'serve', '--model', '/shared/kimi-k2.5-nvfp4',
+    argv = exec_start(unit)
+    assert re.match(r'^/opt/vllm-kimi/[0-9a-f]{12}/bin/vllm$', argv[0]), argv[0]
+    assert argv[1:] == [
+        'serve', '--model', '/shared/kimi-k2.5-nvfp4',
         '--served-model-name', 'kimi-k2.5', '--host', '127.0.0.1', '--port', '8000',
         '--tensor-parallel-size', '8', '--pipeline-parallel-size', '1',
         '--max-model-len', '131072', '--gpu-memory-utilization', '0.95',
         '--tool-call-parser', 'kimi_k2', '--reasoning-parser', 'kimi_k2', '--trust-remote-code',
     ]
     assert '--disable-log-requests' not in unit
+
+
+def test_each_venv_spec_has_a_release_of_its_own(tmp_path):
+    group_vars = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
+    programs = {}
+    for spec in ('vllm==0.33.0', 'vllm==0.33.1', 'vllm==0.33.0'):
+        out = tmp_path / str(len(programs)) / spec
+        out.mkdir(parents=True)
+        programs.setdefault(spec, set()).add(exec_start(render(out, group_vars, vllm_kimi_package_spec=spec)[0])[0])
+    assert [len(paths) for paths in programs.values()] == [1, 1]
+    assert programs['vllm==0.33.0'] != programs['vllm==0.33.1']
+
+
+def test_an_absolute_entrypoint_is_kept_as_given(tmp_path):
+    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                  vllm_kimi_entrypoint=['/usr/local/bin/vllm', 'serve'])[0]
+    assert exec_start(unit)[:2] == ['/usr/local/bin/vllm', 'serve']
 
 
 def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit):

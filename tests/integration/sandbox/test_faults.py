@@ -7,8 +7,6 @@
 2. `kill -9` of the engine: systemd brings the service back, the gate passes,
    and the restart's shared-memory cleaner removes a dead run's segments while
    a live process's segments stay.
-3. The model that answers wrongly: the deploy fails at the gate, naming the
-   answer and the reason; deploying the right model again passes.
 
 The tests run in file order; each leaves the service as the deploy made it.
 """
@@ -19,16 +17,13 @@ import re
 
 import pytest
 
-from sandbox_helpers import first_failure, task_results
+from sandbox_helpers import first_failure
 
 __metaclass__ = type
 
 PREFLIGHT_TASK = "Check GPUs, weights and KV cache against the requested context"
-GATE_TASK = "Wait until vLLM answers the coherence prompt correctly"
 # What tools/make_tiny_models.py taught the two models.
 RIGHT_ANSWER = "The capital of France is Paris."
-WRONG_ANSWER = "The capital of France is Berlin."
-WRONG_MODEL = "/srv/models/tiny-chat-wrong"
 # 2 x 1 KV head x 64 x 2 B x 2 layers = 512 B/token; the sandbox's 2 MiB hold 4096 tokens.
 MISFIT_MAX_MODEL_LEN = 8192
 
@@ -37,9 +32,9 @@ def snapshot(sandbox):
     """What a deploy could change: the files it writes and the running process."""
     unit_file = "/etc/systemd/system/%s.service" % sandbox.unit
     env_file = "/etc/%s/environment" % sandbox.unit
-    marker = "%s/.llmserve-venv-spec.json" % sandbox.vars["vllm_kimi_venv_path"]
-    files = sandbox.sh("sha256sum %s %s %s" % (unit_file, env_file, marker))
-    return files, sandbox.show("MainPID", "NRestarts", "ExecMainStartTimestampMonotonic", "ActiveState")
+    files = sandbox.sh("sha256sum %s %s" % (unit_file, env_file))
+    releases = sandbox.sh("ls -1 %s" % sandbox.vars["vllm_kimi_venv_root"])
+    return files, releases, sandbox.show("MainPID", "NRestarts", "ExecMainStartTimestampMonotonic", "ActiveState")
 
 
 def test_misfit_context_stops_in_the_preflight_before_anything_changes(sandbox):
@@ -109,29 +104,3 @@ def test_stale_shm_segment_of_the_dead_run_is_removed(engine_killed):
 @pytest.mark.parametrize("segment", [SHM_LIVE, SHM_YOUNG], ids=["held-open-by-a-live-process", "too-young"])
 def test_shm_segment_in_use_or_young_is_kept(engine_killed, segment):
     assert segment.rsplit("/", 1)[1] in engine_killed["shm"]
-
-
-@pytest.fixture(scope="module")
-def wrong_model_deploy(sandbox):
-    rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_path=%s" % WRONG_MODEL)
-    yield rc, output, report
-    # Leave the host as the converge made it, whatever the tests said.
-    sandbox.deploy()
-
-
-def test_wrong_model_fails_the_deploy_at_the_gate(sandbox, wrong_model_deploy):
-    rc, output, report = wrong_model_deploy
-    name, result = first_failure(report, sandbox.name)
-    assert rc == 2, output[-3000:]
-    assert name == GATE_TASK, result
-    assert result["answer"] == WRONG_ANSWER
-    assert result["msg"] == "The answer from %s at http://127.0.0.1:%s did not match %r: %r" % (
-        sandbox.vars["vllm_kimi_served_model_name"], sandbox.vars["vllm_kimi_port"],
-        sandbox.vars["vllm_kimi_coherence_expect"], WRONG_ANSWER)
-
-
-def test_right_model_passes_the_gate_again(sandbox, wrong_model_deploy):
-    rc, output, report = sandbox.deploy()
-    gates = [r for n, r in task_results(report, sandbox.name) if n == GATE_TASK]
-    assert rc == 0, output[-3000:]
-    assert [g["answer"] for g in gates] == [RIGHT_ANSWER]

