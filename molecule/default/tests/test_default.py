@@ -161,3 +161,32 @@ def test_health_and_models_answer(hostvars):
     models = requests.get(base + "/v1/models", timeout=10,
                           headers={"Authorization": "Bearer " + hostvars["vllm_kimi_api_key"]}).json()
     assert [m["id"] for m in models["data"]] == [hostvars["vllm_kimi_served_model_name"]], json.dumps(models)
+
+
+def test_unit_runs_the_checked_release(host, hostvars, unit):
+    main_pid = show(host, unit, "MainPID")["MainPID"]
+    program = host.check_output("readlink /proc/%s/exe", main_pid)
+    exec_start = host.check_output("systemctl show -p ExecStart --value %s", unit)
+    release = re.search(r"path=(%s/[0-9a-f]{12})/bin/" % re.escape(hostvars["vllm_kimi_venv_root"]), exec_start)
+    assert release, exec_start
+    marker = json.loads(host.file(release.group(1) + "/.llmserve-release.json").content_string)
+    assert marker["package"] == hostvars["vllm_kimi_package_spec"]
+    assert marker["vllm_version"] == hostvars["vllm_kimi_package_spec"].split("==")[1]
+    # The venv's python is a link to the system interpreter the release was built with.
+    assert program.startswith("/usr/bin/python3")
+
+
+def test_last_good_deployment_is_recorded_root_only_without_the_key(host, hostvars):
+    deployments = host.file("%s/deployments" % hostvars["vllm_kimi_state_dir"])
+    assert (deployments.user, deployments.group, deployments.mode) == ("root", "root", 0o700)
+    last_good = host.file(deployments.path + "/last-good")
+    assert last_good.is_symlink
+    record_file = host.file(last_good.path + "/record.json")
+    assert (record_file.user, record_file.mode) == ("root", 0o600)
+    record = json.loads(record_file.content_string)
+    assert record["gate"]["answer"] == "The capital of France is Paris."
+    assert record["model_path"] == hostvars["vllm_kimi_model_path"]
+    assert hostvars["vllm_kimi_api_key"] not in record_file.content_string
+    for name in ("unit", "environment"):
+        snapshot = host.file(last_good.path + "/" + name)
+        assert (snapshot.user, snapshot.mode) == ("root", 0o600)
