@@ -22,11 +22,11 @@ sandbox-up: models
 sandbox-down:
 	$(SANDBOX_TOOL) destroy $(DEMO_SANDBOX) >/dev/null
 
-# Deploys with the collection's playbook, then asks the gate's question again so
-# that a rerun with nothing to change still shows the answer.
+# Deploys with the collection's playbook, then asks the gate's question again
+# (playbooks/gate.yml) so that a rerun with nothing to change still shows the answer.
 demo: tools sandbox-up
 	$(BIN)/ansible-playbook -i inventories/sandbox playbooks/deploy.yml
-	$(BIN)/python tools/gate_report.py -i inventories/sandbox
+	$(BIN)/ansible-playbook -i inventories/sandbox playbooks/gate.yml
 
 # create -> converge -> idempotence -> verify (testinfra + the fault scenarios
 # of tests/integration/sandbox) -> destroy, on a sandbox of its own.
