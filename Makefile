@@ -78,7 +78,8 @@ adversarial: tools
 # The fault scenarios and chat_check's systemd tests need a deployed sandbox:
 # they run in molecule's verify step, on its sandbox.
 integration: tools vllm-venv
-	$(BIN)/pytest tests/integration --ignore=tests/integration/sandbox --ignore=tests/integration/test_chat_check_sandbox.py
+	$(BIN)/pytest tests/integration --ignore=tests/integration/sandbox --ignore=tests/integration/fleet \
+	  --ignore=tests/integration/test_chat_check_sandbox.py
 
 test: lint sanity units adversarial integration molecule
 

@@ -7,7 +7,7 @@ DEMO_SANDBOX := sandbox
 DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 
-.PHONY: models sandbox-up sandbox-down demo molecule bench-deploy
+.PHONY: models sandbox-up sandbox-down demo molecule molecule-fleet bench-deploy
 
 # Trained with the vLLM venv's torch/transformers; cached by the script's hash.
 models: vllm-venv
@@ -32,6 +32,11 @@ demo: tools sandbox-up
 # of tests/integration/sandbox) -> destroy, on a sandbox of its own.
 molecule: tools models
 	$(BIN)/molecule test
+
+# Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a
+# capacity floor, a change bad for one host, drain and undrain.
+molecule-fleet: tools models
+	$(BIN)/molecule test -s fleet
 
 # First deploy, no-op rerun, restart-to-coherent-answer: bench/deploy_figures.py.
 bench-deploy: tools models
