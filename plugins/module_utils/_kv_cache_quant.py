@@ -20,6 +20,7 @@ import copy
 import json
 import os
 import re
+import stat
 import time
 from json.decoder import scanstring
 
@@ -27,14 +28,24 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     kv_cache_quant_algo_string,
     normalize_quant_method,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
 
 CONFIG_JSON = 'config.json'
 HF_QUANT_CONFIG_JSON = 'hf_quant_config.json'
 CONFIG_FILES = (CONFIG_JSON, HF_QUANT_CONFIG_JSON)
 RECORD_NAME = '.llmserve-kv-cache-quant.json'
+LOCK_NAME = '.llmserve-kv-cache-quant.lock'
 RECORD_FORMAT = 1
 MODULE_NAME = 'llmserve.vllm.kv_cache_quant'
 KV_KEYS = ('kv_cache_scheme', 'kv_cache_quant_algo')
+# Where the KV-cache keys live: each section may also hold them in a nested ModelOpt 'quantization' object.
+KV_SECTIONS = {
+    CONFIG_JSON: (('quantization_config',), ('text_config', 'quantization_config')),
+    HF_QUANT_CONFIG_JSON: ((),),
+}
+# Real configs are kilobytes and a few levels deep; anything far beyond is not a config.
+MAX_FILE_BYTES = 16 << 20
+MAX_DEPTH = 64
 
 _WS = re.compile(r'[ \t\n\r]*')
 
@@ -68,26 +79,78 @@ def label(name, path):
     return '%s in %s' % (name, path)
 
 
+def too_deep(value):
+    """Whether ``value`` nests arrays and objects more than MAX_DEPTH levels (checked without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            pending.extend((child, depth + 1) for child in children)
+    return False
+
+
+def parse_json(text, where):
+    """Any JSON value, with the file named in every failure; deep nesting is refused, not a RecursionError."""
+    deep = KvCacheQuantError('%s nests arrays and objects more than %d levels deep' % (where, MAX_DEPTH))
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise deep
+    except ValueError as exc:
+        raise KvCacheQuantError('%s is not valid JSON: %s' % (where, exc))
+    if too_deep(value):
+        raise deep
+    return value
+
+
 def parse_document(text, where):
     """Parse a config file's text; it must hold a JSON object."""
     if not text.strip():
         raise KvCacheQuantError('%s is empty' % where)
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise KvCacheQuantError('%s is not valid JSON: %s' % (where, exc))
+    doc = parse_json(text, where)
     if not isinstance(doc, dict):
         raise KvCacheQuantError('%s must hold a JSON object, not %s' % (where, json_type(doc)))
     return doc
 
 
+def canonical(value):
+    """One text per JSON value, so that values compare equal even when they hold NaN."""
+    return json.dumps(value, sort_keys=True)
+
+
+def read_bytes(full, where):
+    """The bytes of a regular file of at most MAX_FILE_BYTES; a FIFO or device is refused, never waited on."""
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise KvCacheQuantError('%s is not a regular file (%s)' % (where, file_kind(info.st_mode)))
+        data = b''
+        # The size of a file that grows while it is read counts too.
+        size = info.st_size
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                return data
+            data += chunk
+            size = max(size, len(data))
+        raise KvCacheQuantError('%s has %d bytes, more than a config file may have (%d)'
+                                % (where, size, MAX_FILE_BYTES))
+    except OSError as exc:
+        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc))
+    finally:
+        os.close(fd)
+
+
 def read_text(full, where):
     """Read a file as UTF-8 text, with a message that says why it failed."""
-    try:
-        with open(full, 'rb') as handle:
-            data = handle.read()
-    except (IOError, OSError) as exc:
-        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc))
+    data = read_bytes(full, where)
     try:
         return data.decode('utf-8')
     except UnicodeDecodeError as exc:
@@ -111,10 +174,7 @@ def read_checkpoint(path):
 
     Returns a dict file name -> ConfigFile for the files that exist.
     """
-    if not os.path.lexists(path):
-        raise KvCacheQuantError('checkpoint directory %s does not exist' % path)
-    if not os.path.isdir(path):
-        raise KvCacheQuantError('checkpoint path %s is not a directory' % path)
+    check_directory(path)
     files = {}
     for name in CONFIG_FILES:
         full = os.path.join(path, name)
@@ -122,13 +182,25 @@ def read_checkpoint(path):
         if not os.path.lexists(full):
             continue
         link = os.readlink(full) if os.path.islink(full) else None
-        if link is not None and not os.path.exists(full):
+        if link is not None and not os.path.lexists(os.path.join(path, link)):
             raise KvCacheQuantError('%s is a broken symbolic link to %s' % (where, link))
         text = read_text(full, where)
         files[name] = ConfigFile(name, full, text, parse_document(text, where), link)
     if not files:
         raise KvCacheQuantError('no %s or %s in %s' % (CONFIG_JSON, HF_QUANT_CONFIG_JSON, path))
     return files
+
+
+def check_directory(path):
+    """The checkpoint path must be a directory; the message says what it is instead."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        if not os.path.lexists(path):
+            raise KvCacheQuantError('checkpoint directory %s does not exist' % path)
+        raise KvCacheQuantError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc))
+    if not stat.S_ISDIR(info.st_mode):
+        raise KvCacheQuantError('checkpoint path %s is not a directory' % path)
 
 
 def _section(doc, keys, where):
@@ -152,12 +224,8 @@ def find_kv_entries(name, doc, where):
     kv_cache_scheme / kv_cache_quant_algo at its top and under its ``quantization`` object
     (the nested ModelOpt form).
     """
-    if name == CONFIG_JSON:
-        prefixes = [('quantization_config',), ('text_config', 'quantization_config')]
-    else:
-        prefixes = [()]
     entries = []
-    for prefix in prefixes:
+    for prefix in KV_SECTIONS[name]:
         section = _section(doc, prefix, where) if prefix else doc
         if section is None:
             continue
@@ -170,6 +238,12 @@ def find_kv_entries(name, doc, where):
                 if key in inner:
                     entries.append((prefix + ('quantization', key), inner[key]))
     return entries
+
+
+def kv_key_paths(name):
+    """Every key path find_kv_entries() looks at in the config file ``name``."""
+    return set(section + inner + (key,) for section in KV_SECTIONS[name]
+               for inner in ((), ('quantization',)) for key in KV_KEYS)
 
 
 def classify(value):
@@ -248,14 +322,24 @@ def detect_indent(text):
     return '\t' if unit.startswith('\t') else ' ' * len(unit)
 
 
+def dumps(value, **options):
+    """json.dumps with non-ASCII text as it is, unless that text cannot be UTF-8 (a lone surrogate from a \\ud800 escape)."""
+    rendered = json.dumps(value, ensure_ascii=False, **options)
+    try:
+        rendered.encode('utf-8')
+    except UnicodeEncodeError:
+        rendered = json.dumps(value, **options)
+    return rendered
+
+
 def render_value(value, text, start):
     """JSON text for ``value`` placed at ``start`` of ``text``, in the document's style."""
     indent = detect_indent(text)
     if indent is None or not isinstance(value, (dict, list)) or not value:
-        return json.dumps(value, ensure_ascii=False)
+        return dumps(value)
     line_start = text.rfind('\n', 0, start) + 1
     lead = re.match(r'[ \t]*', text[line_start:start]).group(0)
-    rendered = json.dumps(value, indent=indent, separators=(',', ': '), ensure_ascii=False)
+    rendered = dumps(value, indent=indent, separators=(',', ': '))
     return rendered.replace('\n', '\n' + lead)
 
 
@@ -278,7 +362,7 @@ def apply_changes(text, doc, changes, where):
     new_text = text
     for start, end, replacement in sorted(spans, reverse=True):
         new_text = new_text[:start] + replacement + new_text[end:]
-    if json.loads(new_text) != new_doc:
+    if canonical(json.loads(new_text)) != canonical(new_doc):
         raise KvCacheQuantError('%s: the edited text does not parse to the planned values; nothing was changed' % where)
     return new_text, new_doc
 
@@ -356,30 +440,37 @@ def plan_strip(path, files, record, now=None):
     if record is not None:
         replaced = set((e['file'], e['key']) for e in new_entries)
         kept = [e for e in record['entries'] if (e['file'], e['key']) not in replaced]
-    return plans, new_record(kept + new_entries), warnings
+    return plans, new_record(path, kept + new_entries), warnings
 
 
-def new_record(entries):
+def new_record(path, entries):
     return {
         'format': RECORD_FORMAT,
         'module': MODULE_NAME,
         'note': ('KV-cache quantization values that %s state=absent replaced with null; '
                  'state=present puts them back and removes this file.' % MODULE_NAME),
+        'checkpoint': path,
         'entries': entries,
     }
 
 
 def render_record(record):
-    return json.dumps(record, indent=2, ensure_ascii=False) + '\n'
+    return dumps(record, indent=2) + '\n'
 
 
 def read_record(path):
     """The record beside the checkpoint, or None when there is none."""
     full = os.path.join(path, RECORD_NAME)
     where = label(RECORD_NAME, path)
-    if not os.path.lexists(full):
-        return None
-    record = parse_document(read_text(full, where), where)
+    try:
+        text = read_text(full, where)
+    except KvCacheQuantError:
+        # Also when a concurrent check-mode run saw it just before a restore removed it.
+        if not os.path.lexists(full):
+            return None
+        raise
+    record = parse_document(text, where)
+    _check_record_checkpoint(record.get('checkpoint', path), path, where)
     entries = record.get('entries')
     if not isinstance(entries, list):
         raise KvCacheQuantError('%s: entries must be a JSON array, not %s' % (where, json_type(entries)))
@@ -390,14 +481,31 @@ def read_record(path):
     return record
 
 
+def _check_record_checkpoint(recorded, path, where):
+    """A record copied from another checkpoint would restore that one's values here; records of earlier versions name none."""
+    if not isinstance(recorded, str):
+        raise KvCacheQuantError('%s: checkpoint must be a string, not %s' % (where, json_type(recorded)))
+    if recorded == path:
+        return
+    try:
+        if os.path.samefile(recorded, path):
+            return
+    except (OSError, ValueError):
+        pass
+    raise KvCacheQuantError('%s was written for %s, not for this checkpoint' % (where, recorded))
+
+
 def _entry_problem(entry):
     if not isinstance(entry, dict):
         return 'must be a JSON object, not %s' % json_type(entry)
-    if entry.get('file') not in CONFIG_FILES:
-        return 'names file %s; expected one of %s' % (compact(entry.get('file')), ', '.join(CONFIG_FILES))
+    name = entry.get('file')
+    if name not in CONFIG_FILES:
+        return 'names file %s; expected one of %s' % (compact(name), ', '.join(CONFIG_FILES))
     keys = entry.get('path')
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
         return 'has no path (a non-empty array of key names)'
+    if tuple(keys) not in kv_key_paths(name):
+        return 'has path %s, which is not a KV-cache quantization key this module strips' % compact(keys)
     if entry.get('key') != dotted(keys):
         return 'has key %s, which does not match its path %s' % (compact(entry.get('key')), compact(keys))
     if 'before' not in entry:
@@ -405,8 +513,8 @@ def _entry_problem(entry):
     before_text = entry.get('before_text')
     if before_text is not None:
         try:
-            same = isinstance(before_text, str) and json.loads(before_text) == entry['before']
-        except ValueError:
+            same = isinstance(before_text, str) and canonical(parse_json(before_text, '')) == canonical(entry['before'])
+        except KvCacheQuantError:
             same = False
         if not same:
             return 'has a before_text that is not the JSON text of its before value'
@@ -437,7 +545,7 @@ def plan_restore(path, files, record):
             warnings.append('%s: %s no longer exists; %s not restored'
                             % (where, entry['key'], compact(entry['before'])))
             continue
-        if current == entry['before']:
+        if canonical(current) == canonical(entry['before']):
             continue
         if current is not None:
             warnings.append('%s: %s is now %s, not null as stripped; left unchanged'
@@ -458,12 +566,12 @@ def plan_restore(path, files, record):
         relink = None
         link = next((c['symlink'] for c in changes if c['symlink']), None)
         if link is not None and config_file.link is None:
+            # The record says where the link pointed; a link goes back only to the very bytes restored.
             target = os.path.join(os.path.dirname(config_file.full), link)
             try:
-                with open(target, 'rb') as handle:
-                    if handle.read() == new_text.encode('utf-8'):
-                        relink = link
-            except (IOError, OSError):
+                if read_bytes(target, link) == new_text.encode('utf-8'):
+                    relink = link
+            except KvCacheQuantError:
                 relink = None
         plans.append(FilePlan(config_file, changes, new_text, new_doc, relink))
     return plans, warnings

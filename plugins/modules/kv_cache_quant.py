@@ -34,9 +34,23 @@ description:
     (C(snapshots/<rev>/config.json -> ../../blobs/<sha>), a blob that other revisions share), is replaced
     by a real file in that snapshot; the blob is never written.
   - O(state=absent) keeps a record beside the checkpoint, C(<path>/.llmserve-kv-cache-quant.json), a JSON
-    file a person can read, with the file, key, original value (and its exact text), the link the file was
-    and the time. O(state=present) puts those values back, byte for byte, turns a file that was a link back
-    into that link when the blob still holds the same bytes, and removes the record.
+    file a person can read, with the checkpoint it belongs to and, per change, the file, key, original value
+    (and its exact text), the link the file was and the time. O(state=present) puts those values back, byte
+    for byte, turns a file that was a link back into that link when the blob still holds the same bytes, and
+    removes the record. A record that names another checkpoint, or keys other than the KV-cache ones, is
+    refused.
+  - All changes of a run are one transaction. Every new file, backup and a copy of every file replaced are
+    first written under temporary names (C(.llmserve-kvq-*)) beside the files, so that a full disk or a
+    directory that cannot be written fails before anything changes; then they are renamed into place, the
+    record first (it goes last on O(state=present)). When a rename fails (an immutable file), the renames
+    done are undone; the files, the record and the backups are as they were, and no temporary file is left.
+    A run killed at any moment leaves each file wholly old or wholly new, the record still describing the
+    originals; the next run removes the temporary files it left, with a warning, and finishes the job.
+  - Runs on one checkpoint take turns. Outside check mode a run holds an exclusive lock (C(flock)) on
+    C(<path>/.llmserve-kv-cache-quant.lock), which it creates and removes again. Where that file cannot be
+    created (a read-only checkpoint) the run goes on without the lock; it can then change nothing anyway.
+  - Only regular files are read, of at most 16 MiB and 64 levels of nesting; a FIFO, device or directory in
+    place of a config file or the record is refused at once, never waited on.
 author:
   - llmserve.vllm contributors (@llmserve)
 options:
@@ -60,6 +74,12 @@ options:
       - Keep a timestamped copy of each config file before it is changed, next to it.
     type: bool
     default: false
+  lock_timeout:
+    description:
+      - How many seconds to wait for another run on the same checkpoint to release the lock
+        (C(<path>/.llmserve-kv-cache-quant.lock)) before failing with a message that names the lock file.
+    type: int
+    default: 60
 extends_documentation_fragment:
   - llmserve.vllm.attributes
   - llmserve.vllm.attributes.CHANGES_FILES
@@ -151,16 +171,23 @@ kv_cache_dtype_after:
   sample: auto
 '''
 
-import binascii
 import os
-import tempfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_native
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import (
+    DirectoryLock,
+    FileTransactionError,
+    Transaction,
+    remove_stale,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
+    LOCK_NAME,
+    MODULE_NAME,
     RECORD_NAME,
     KvCacheQuantError,
+    check_directory,
     checkpoint_kv_cache_dtype,
     label,
     plan_restore,
@@ -171,65 +198,67 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant impo
 )
 
 
-def _stage(where, directory, data=None, link=None):
-    """Put the new content (or a new link) under a temporary name in the file's own directory."""
-    try:
-        if link is not None:
-            # os.symlink refuses an existing name, so the random name cannot be raced.
-            staged = os.path.join(directory, '.llmserve-kvq-%s' % binascii.hexlify(os.urandom(8)).decode('ascii'))
-            os.symlink(link, staged)
-            return staged
-        handle, staged = tempfile.mkstemp(prefix='.llmserve-kvq-', dir=directory)
-        with os.fdopen(handle, 'wb') as out:
-            out.write(data)
-        return staged
-    except (IOError, OSError) as exc:
-        raise KvCacheQuantError('cannot write %s: %s (a temporary file in %s)'
-                                % (where, exc.strerror or exc, directory))
+def backup_name(full):
+    """The name AnsibleModule.backup_local gives a backup: basename.PID.YYYY-MM-DD@HH:MM:SS~."""
+    return '%s.%s.%s' % (full, os.getpid(), time.strftime('%Y-%m-%d@%H:%M:%S~', time.localtime()))
 
 
-def _remove(paths):
-    for staged in paths:
-        try:
-            os.unlink(staged)
-        except OSError:
-            pass
+def plan(path, state):
+    """(files, plans, new record or None, warnings, changed) for the checkpoint as it is now."""
+    files = read_checkpoint(path)
+    record = read_record(path)
+    if state == 'absent':
+        plans, new_record, warnings = plan_strip(path, files, record)
+        return files, plans, new_record, warnings, bool(plans)
+    if record is None:
+        return files, [], None, ['%s: no record of stripped KV-cache quantization, nothing to restore'
+                                 % label(RECORD_NAME, path)], False
+    plans, warnings = plan_restore(path, files, record)
+    return files, plans, None, warnings, True
 
 
-def _write(module, path, plans, record_path, record):
-    """Stage every file first, so that a directory we cannot write fails before anything changes."""
-    writes = []
+def write(path, plans, record, backup):
+    """Apply the plans all or nothing; the results with the backup files made.
+
+    The record goes in before the configs change and out after they are restored, so that
+    a run killed in between still knows the originals; a failure undoes both.
+    """
+    transaction = Transaction()
     results = [plan.result() for plan in plans]
-    try:
-        for plan in plans:
-            where = label(plan.file.name, path)
-            directory = os.path.dirname(plan.file.full)
-            if plan.relink is not None:
-                writes.append((plan.file.full, _stage(where, directory, link=plan.relink)))
-            else:
-                writes.append((plan.file.full, _stage(where, directory, data=plan.new_text.encode('utf-8'))))
-        if record is not None:
-            # The record goes first, so that an interrupted run still knows the originals.
-            writes.insert(0, (record_path, _stage(label(RECORD_NAME, path), path,
-                                                  data=render_record(record).encode('utf-8'))))
-        if module.params['backup']:
-            for plan, result in zip(plans, results):
-                try:
-                    result['backup_file'] = module.backup_local(plan.file.full)
-                except Exception as exc:
-                    raise KvCacheQuantError('cannot back up %s: %s'
-                                            % (label(plan.file.name, path), to_native(exc.__cause__ or exc)))
-    except KvCacheQuantError:
-        _remove([source for dest, source in writes])
-        raise
-    for dest, source in writes:
-        if os.path.islink(source):
-            os.rename(source, dest)
+    record_path = os.path.join(path, RECORD_NAME)
+    if backup:
+        for plan, result in zip(plans, results):
+            result['backup_file'] = backup_name(plan.file.full)
+            transaction.backup(plan.file.full, label(plan.file.name, path), result['backup_file'])
+    for plan in plans:
+        where = label(plan.file.name, path)
+        if plan.relink is not None:
+            transaction.replace(plan.file.full, where, link=plan.relink)
         else:
-            module.atomic_move(source, dest)
+            transaction.replace(plan.file.full, where, data=plan.new_text.encode('utf-8'))
+    if record is not None:
+        # Staged after the files, so that a directory that cannot be written is reported by their names.
+        transaction.replace(record_path, label(RECORD_NAME, path), data=render_record(record).encode('utf-8'), first=True)
     if record is None and os.path.lexists(record_path):
-        os.unlink(record_path)
+        transaction.remove(record_path, label(RECORD_NAME, path))
+    transaction.commit()
     return results
+
+
+def run(module, path, result):
+    """Plan, report and (outside check mode) write; the warnings to show."""
+    files, plans, new_record, warnings, changed = plan(path, module.params['state'])
+    result['kv_cache_dtype_before'] = checkpoint_kv_cache_dtype(files)
+    result['kv_cache_dtype_after'] = checkpoint_kv_cache_dtype(files, plans)
+    result['files'] = [plan.result() for plan in plans]
+    if module._diff and plans:
+        result['diff'] = [dict(before=plan.file.text, after=plan.new_text,
+                               before_header=plan.file.full, after_header=plan.file.full)
+                          for plan in plans]
+    if changed and not module.check_mode:
+        result['files'] = write(path, plans, new_record, module.params['backup'])
+    result['changed'] = changed
+    return warnings
 
 
 def main():
@@ -238,47 +267,28 @@ def main():
             path=dict(type='path', required=True),
             state=dict(type='str', default='absent', choices=['absent', 'present']),
             backup=dict(type='bool', default=False),
+            lock_timeout=dict(type='int', default=60),
         ),
         supports_check_mode=True,
     )
+    if module.params['lock_timeout'] < 0:
+        module.fail_json(msg='lock_timeout must not be negative, got %d' % module.params['lock_timeout'])
     path = os.path.abspath(module.params['path'])
-    record_path = os.path.join(path, RECORD_NAME)
-    result = dict(changed=False, path=path, files=[], record=record_path)
+    result = dict(changed=False, path=path, files=[], record=os.path.join(path, RECORD_NAME))
 
     try:
-        files = read_checkpoint(path)
-        record = read_record(path)
-        if module.params['state'] == 'absent':
-            plans, new_record, warnings = plan_strip(path, files, record)
-            changed = bool(plans)
+        check_directory(path)
+        if module.check_mode:
+            warnings = run(module, path, result)
         else:
-            new_record = None
-            if record is None:
-                plans = []
-                warnings = ['%s: no record of stripped KV-cache quantization, nothing to restore'
-                            % label(RECORD_NAME, path)]
-            else:
-                plans, warnings = plan_restore(path, files, record)
-            changed = record is not None
-    except KvCacheQuantError as exc:
+            with DirectoryLock(path, LOCK_NAME, module.params['lock_timeout'], MODULE_NAME) as lock:
+                warnings = ['removed %s, left by an interrupted run' % stale for stale in remove_stale(path)] if lock.held else []
+                warnings.extend(run(module, path, result))
+    except (KvCacheQuantError, FileTransactionError) as exc:
         module.fail_json(msg=str(exc), **result)
 
     for warning in warnings:
         module.warn(warning)
-    result['kv_cache_dtype_before'] = checkpoint_kv_cache_dtype(files)
-    result['kv_cache_dtype_after'] = checkpoint_kv_cache_dtype(files, plans)
-    result['changed'] = changed
-    result['files'] = [plan.result() for plan in plans]
-    if module._diff and plans:
-        result['diff'] = [dict(before=plan.file.text, after=plan.new_text,
-                               before_header=plan.file.full, after_header=plan.file.full)
-                          for plan in plans]
-
-    if changed and not module.check_mode:
-        try:
-            result['files'] = _write(module, path, plans, record_path, new_record)
-        except KvCacheQuantError as exc:
-            module.fail_json(msg=str(exc), **result)
     module.exit_json(**result)
 
 

@@ -241,7 +241,7 @@ def make_not_utf8(tmp_path):
      "hf_quant_config.json in {path} is not valid JSON: Expecting ',' delimiter: line 1 column 47 (char 46)"),
     ({'config.json': '{"quantization_config": {"kv_cache_scheme": "FP8"}}', 'hf_quant_config.json': '{"quantization": []}'},
      None, 'hf_quant_config.json in {path}: quantization must be a JSON object, not array'),
-    ({}, make_unreadable, 'cannot read config.json in {path}: Is a directory'),
+    ({}, make_unreadable, 'config.json in {path} is not a regular file (a directory)'),
     ({}, make_broken_link, 'config.json in {path} is a broken symbolic link to ../../blobs/gone'),
     ({}, make_not_utf8, "config.json in {path} is not UTF-8 text: 'utf-8' codec can't decode byte 0xff "
                         "in position 7: invalid start byte"),
@@ -325,7 +325,7 @@ def test_no_record_is_none(tmp_path):
 ])
 def test_plan_restore(tmp_path, config, warnings, restored):
     path = write(tmp_path, {'config.json': config})
-    plans, got_warnings = kvq.plan_restore(path, kvq.read_checkpoint(path), kvq.new_record([GOOD_ENTRY]))
+    plans, got_warnings = kvq.plan_restore(path, kvq.read_checkpoint(path), kvq.new_record(path, [GOOD_ENTRY]))
     assert got_warnings == [w.replace('{path}', path) for w in warnings]
     assert [p.new_text for p in plans] == ([restored] if restored else [])
 
@@ -333,7 +333,7 @@ def test_plan_restore(tmp_path, config, warnings, restored):
 def test_restore_of_a_missing_file_fails(tmp_path):
     path = write(tmp_path, {'hf_quant_config.json': HF_NESTED})
     with pytest.raises(kvq.KvCacheQuantError) as caught:
-        kvq.plan_restore(path, kvq.read_checkpoint(path), kvq.new_record([GOOD_ENTRY]))
+        kvq.plan_restore(path, kvq.read_checkpoint(path), kvq.new_record(path, [GOOD_ENTRY]))
     assert str(caught.value) == '.llmserve-kv-cache-quant.json in %s lists config.json in %s, which is missing' % (path, path)
 
 
@@ -347,7 +347,7 @@ def test_restore_relinks_only_to_an_identical_blob(tmp_path, blob, relink):
     snapshot = tmp_path / 'snapshots' / 'rev'
     snapshot.mkdir(parents=True)
     path = write(snapshot, {'config.json': '{"quantization_config": {"kv_cache_scheme": null}}'})
-    record = kvq.new_record([entry(symlink='../../blobs/abc')])
+    record = kvq.new_record(path, [entry(symlink='../../blobs/abc')])
     plans, dummy = kvq.plan_restore(path, kvq.read_checkpoint(path), record)
     assert [p.relink for p in plans] == [relink]
 

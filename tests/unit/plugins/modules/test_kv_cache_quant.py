@@ -9,7 +9,6 @@ __metaclass__ = type
 import errno
 import json
 import os
-import tempfile
 
 import pytest
 
@@ -190,17 +189,31 @@ def test_missing_directory_fails(tmp_path, capsys):
     assert result_of(capsys)['msg'] == 'checkpoint directory %s does not exist' % (tmp_path / 'missing')
 
 
-@pytest.mark.parametrize('code, cause', [(errno.EROFS, 'Read-only file system'), (errno.EACCES, 'Permission denied')])
+@pytest.mark.parametrize('code, cause', [(errno.EROFS, 'Read-only file system'), (errno.ENOSPC, 'No space left on device'),
+                                         (errno.EDQUOT, 'Disk quota exceeded')])
 def test_unwritable_directory_modifies_nothing(checkpoint, capsys, monkeypatch, code, cause):
-    def refuse(*args, **kwargs):
+    # Staging syncs each temporary file: where a full disk or a quota shows on NFS.
+    def refuse(fd):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(tempfile, 'mkstemp', refuse)
+    monkeypatch.setattr(os, 'fsync', refuse)
     before = snapshot(checkpoint)
     assert run({'path': str(checkpoint)}) == 1
     assert result_of(capsys)['msg'] == 'cannot write hf_quant_config.json in %s: %s (a temporary file in %s)' % (
         checkpoint, cause, checkpoint)
     assert snapshot(checkpoint) == before
+
+
+@pytest.mark.parametrize('check_mode', [False, True], ids=['real', 'check'])
+def test_temporary_files_of_an_interrupted_run_are_removed(checkpoint, capsys, check_mode):
+    stale = checkpoint / '.llmserve-kvq-0123456789abcdef'
+    stale.write_text('half')
+    assert run({'path': str(checkpoint)}, check_mode=check_mode) == 0
+    assert result_of(capsys)['changed'] is True
+    # Only a run that holds the lock may judge a temporary file stale.
+    assert stale.exists() is check_mode
+    assert warning_messages(None) == ([] if check_mode else ['removed %s, left by an interrupted run' % stale])
+    assert not (checkpoint / '.llmserve-kv-cache-quant.lock').exists()
 
 
 def test_record_is_not_written_through_a_link(checkpoint, capsys, tmp_path_factory):

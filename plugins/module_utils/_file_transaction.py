@@ -1,0 +1,338 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Change several files of one directory all or nothing, under a lock.
+
+This is PRIVATE to the collection. It can change at any time, without notice.
+
+A DirectoryLock serialises the runs that change one directory. A Transaction
+stages every new file, every backup and a copy of every file it replaces under
+a temporary name beside it first (a full disk or a directory that cannot be
+written fails there, before anything changes), then renames them into place in
+order; when a rename fails, the renames already done are undone and every
+temporary file is removed. Each file is always either wholly old or wholly new,
+also for a run killed with SIGKILL; what such a run leaves behind is only
+temporary files, which remove_stale() clears under the lock.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import binascii
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import time
+
+TEMP_PREFIX = '.llmserve-kvq-'
+LOCK_POLL_SECONDS = 0.1
+# The lock file cannot be created where nothing can be written; nobody changes such a directory.
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+FILE_KINDS = (
+    (stat.S_ISDIR, 'a directory'),
+    (stat.S_ISFIFO, 'a FIFO'),
+    (stat.S_ISCHR, 'a character device'),
+    (stat.S_ISBLK, 'a block device'),
+    (stat.S_ISSOCK, 'a socket'),
+)
+
+
+class FileTransactionError(Exception):
+    """A file cannot be locked, staged or replaced; the message names it and the cause."""
+
+
+def file_kind(mode):
+    """'a FIFO', 'a directory', ... for a mode that is not a regular file's."""
+    return next((kind for test, kind in FILE_KINDS if test(mode)), 'an unknown kind of file')
+
+
+def cause(exc):
+    return exc.strerror or str(exc)
+
+
+class DirectoryLock(object):
+    """An exclusive flock on ``directory/name``, created for the run and removed when released.
+
+    ``holder`` names the program in the message of a lock that stays taken for
+    ``timeout`` seconds. Where the lock file cannot be created (a read-only
+    directory) nothing is locked: nothing can change there.
+    """
+
+    def __init__(self, directory, name, timeout, holder, clock=time.monotonic, sleep=time.sleep):
+        self.path = os.path.join(directory, name)
+        self.timeout = timeout
+        self.holder = holder
+        self._clock = clock
+        self._sleep = sleep
+        self._fd = None
+
+    @property
+    def held(self):
+        return self._fd is not None
+
+    def __enter__(self):
+        deadline = self._clock() + self.timeout
+        while self._fd is None:
+            fd = self._open()
+            if fd is None:
+                return self
+            try:
+                self._fd = self._lock(fd, deadline)
+            except BaseException:
+                os.close(fd)
+                raise
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._fd is not None:
+            # Removed while held: a run that opened this file meanwhile sees it is gone and retries.
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self):
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno in UNWRITABLE:
+                return None
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                kind = 'a symbolic link' if exc.errno == errno.ELOOP else 'a directory'
+                raise FileTransactionError('cannot lock %s: not a regular file (%s)' % (self.path, kind))
+            raise FileTransactionError('cannot lock %s: %s' % (self.path, cause(exc)))
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise FileTransactionError('cannot lock %s: not a regular file (%s)' % (self.path, file_kind(mode)))
+        return fd
+
+    def _lock(self, fd, deadline):
+        """fd once it holds the lock on the file that is still at self.path, else None (open again)."""
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise FileTransactionError('cannot lock %s: %s' % (self.path, cause(exc)))
+            if self._clock() >= deadline:
+                raise FileTransactionError('cannot lock %s: another run of %s has held it for more than %s s'
+                                           % (self.path, self.holder, self.timeout))
+            self._sleep(LOCK_POLL_SECONDS)
+        held = os.fstat(fd)
+        try:
+            current = os.lstat(self.path)
+        except OSError:
+            current = None
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)
+        return None
+
+
+def temp_name(directory):
+    return os.path.join(directory, TEMP_PREFIX + binascii.hexlify(os.urandom(8)).decode('ascii'))
+
+
+def remove_stale(directory):
+    """Remove the temporary files a killed run left in ``directory``; call it only under the lock.
+
+    Returns the paths removed. What cannot be removed stays: the run's own writes will say why.
+    """
+    removed = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return removed
+    for name in names:
+        full = os.path.join(directory, name)
+        try:
+            if name.startswith(TEMP_PREFIX) and not stat.S_ISDIR(os.lstat(full).st_mode):
+                os.unlink(full)
+                removed.append(full)
+        except OSError:
+            pass
+    return removed
+
+
+class Transaction(object):
+    """Create, replace and remove files, each in its own directory, all or nothing.
+
+    ``replace``, ``backup`` and ``remove`` stage at once; when they cannot, they remove
+    everything staged so far and raise FileTransactionError. ``commit`` applies the
+    steps in the order they were added; when one fails it undoes the steps done,
+    removes every temporary file and raises FileTransactionError. ``abort`` removes
+    every temporary file of a transaction that is not committed.
+    """
+
+    def __init__(self):
+        self._temps = []
+        # (action, dest, where, staged, undo): 'replace' and 'create' rename staged to dest
+        # (undo: a copy of the original, None for a new file); 'remove' renames dest to undo.
+        self._steps = []
+
+    def replace(self, dest, where, data=None, link=None, first=False):
+        """Stage ``data`` (bytes) or a symbolic link to ``link`` for ``dest``, named ``where`` in messages.
+
+        ``first``: commit it before the steps added so far.
+        """
+        with self._staging():
+            original = _lstat(dest, where)
+            staged = self._stage('write', where, os.path.dirname(dest), data=data, link=link)
+            if link is None:
+                _take_attributes(staged, dest, original, where)
+            undo = self._copy('write', where, dest, original) if original is not None else None
+            self._steps.insert(0 if first else len(self._steps), ('replace', dest, where, staged, undo))
+
+    def backup(self, source, where, backup_path):
+        """A copy of ``source`` (of its content, for a symbolic link) at the new name ``backup_path``."""
+        with self._staging():
+            staged = self._copy('back up', where, source, _stat(source, where))
+            self._steps.append(('create', backup_path, backup_path, staged, None))
+
+    def remove(self, dest, where):
+        """Remove ``dest``: renamed onto a temporary name at commit, so that it can be put back."""
+        with self._staging():
+            undo = self._stage('write', where, os.path.dirname(dest), data=b'')
+            self._steps.append(('remove', dest, where, None, undo))
+
+    def commit(self):
+        done = []
+        try:
+            for step in self._steps:
+                action, dest, where, staged, undo = step
+                try:
+                    if action == 'remove':
+                        os.rename(dest, undo)
+                    else:
+                        os.rename(staged, dest)
+                except OSError as exc:
+                    raise FileTransactionError('cannot %s %s: %s%s' % (action, where, cause(exc), self._undo(done)))
+                done.append(step)
+        finally:
+            self.abort()
+
+    def abort(self):
+        for temp in self._temps:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+        self._temps = []
+
+    @contextlib.contextmanager
+    def _staging(self):
+        try:
+            yield
+        except FileTransactionError:
+            self.abort()
+            raise
+
+    def _undo(self, done):
+        """Undo the steps done, last first; returns the end of the failure's message."""
+        failures = []
+        for action, dest, where, staged, undo in reversed(done):
+            try:
+                if undo is None:
+                    os.unlink(dest)
+                else:
+                    os.rename(undo, dest)
+            except OSError as exc:
+                kept = ''
+                if undo is not None:
+                    # Kept, so that a person can put it back.
+                    self._temps.remove(undo)
+                    kept = ' (the original is %s)' % undo
+                failures.append('putting back %s failed: %s%s' % (where, cause(exc), kept))
+        if failures:
+            return '; ' + '; '.join(failures)
+        return '; nothing was changed'
+
+    def _stage(self, action, where, directory, data=None, link=None):
+        """A new temporary file holding ``data`` (or a symbolic link to ``link``) in ``directory``."""
+        staged = temp_name(directory)
+        try:
+            if link is not None:
+                # os.symlink refuses an existing name, so the random name cannot be raced.
+                os.symlink(link, staged)
+                self._temps.append(staged)
+                return staged
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self._temps.append(staged)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                # A full disk or a quota shows on some file systems (NFS) only here.
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise FileTransactionError('cannot %s %s: %s (a temporary file in %s)' % (action, where, cause(exc), directory))
+        return staged
+
+    def _copy(self, action, where, source, source_stat):
+        """A temporary copy of ``source`` as it is: a symbolic link stays a link; a file keeps its attributes."""
+        directory = os.path.dirname(source)
+        if stat.S_ISLNK(source_stat.st_mode):
+            return self._stage(action, where, directory, link=os.readlink(source))
+        try:
+            with open(source, 'rb') as handle:
+                data = handle.read()
+        except (IOError, OSError) as exc:
+            raise FileTransactionError('cannot read %s: %s' % (where, cause(exc)))
+        copy = self._stage(action, where, directory, data=data)
+        _take_attributes(copy, source, source_stat, where, keep_times=True)
+        return copy
+
+
+def _lstat(path, where):
+    """lstat of ``path``, None when there is nothing."""
+    try:
+        return os.lstat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise FileTransactionError('cannot read %s: %s' % (where, cause(exc)))
+
+
+def _stat(path, where):
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        raise FileTransactionError('cannot read %s: %s' % (where, cause(exc)))
+
+
+def _take_attributes(staged, dest, original, where, keep_times=False):
+    """Give ``staged`` the owner, mode and extended attributes (SELinux context) of ``dest``, as atomic_move does.
+
+    A new file (``original`` None) gets the mode the umask allows, as atomic_move gives it.
+    """
+    try:
+        if original is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(staged, 0o666 & ~umask)
+            return
+        target = os.stat(dest)
+        try:
+            os.chown(staged, target.st_uid, target.st_gid)
+        except OSError as exc:
+            # Only root may give a file away; as atomic_move, keep our own then.
+            if exc.errno != errno.EPERM:
+                raise
+        shutil.copystat(dest, staged)
+        if not keep_times:
+            now = time.time()
+            os.utime(staged, (now, now))
+    except OSError as exc:
+        raise FileTransactionError('cannot copy the attributes of %s: %s' % (where, cause(exc)))
