@@ -58,6 +58,8 @@ _EXPLAIN_PATTERNS = [re.compile(p) for p in (
     r'(?i)\boom[- ]kill',
     # The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
     r'(?:^|[\s\]:)])(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)',
+    # argparse refusing the command line: "api_server.py: error: unrecognized arguments: --x".
+    r'^[\w.\- ]+: error: ',
     # systemd's own account of the unit.
     r'Main process exited',
     r'Failed with result',
