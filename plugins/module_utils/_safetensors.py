@@ -17,11 +17,12 @@ __metaclass__ = type
 
 import gc
 import json
+import math
 import os
 import re
 import struct
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, read_json
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, open_regular, read_json
 
 INDEX_NAME = 'model.safetensors.index.json'
 SINGLE_NAME = 'model.safetensors'
@@ -29,19 +30,53 @@ SINGLE_NAME = 'model.safetensors'
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-def _bad_entry(path, header):
-    """The message for the first header entry that does not describe a tensor."""
-    for name, info in header.items():
-        if name == '__metadata__':
-            continue
-        try:
-            begin, end = info['data_offsets']
-            if int(end) - int(begin) < 0:
-                return '%s has an invalid header entry for tensor %s: data_offsets end before they begin' % (path, name)
-            end - begin
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return '%s has an invalid header entry for tensor %s: %s' % (path, name, json.dumps(info)[:200])
-    return '%s has an invalid header' % path
+# Bits per element of each safetensors dtype (safetensors/src/tensor.rs, Dtype::bitsize).
+DTYPE_BITS = {'F4': 4, 'F6_E2M3': 6, 'F6_E3M2': 6, 'BOOL': 8, 'U8': 8, 'I8': 8, 'F8_E5M2': 8, 'F8_E4M3': 8,
+              'F8_E8M0': 8, 'I16': 16, 'U16': 16, 'F16': 16, 'BF16': 16, 'I32': 32, 'U32': 32, 'F32': 32,
+              'I64': 64, 'U64': 64, 'F64': 64, 'C64': 64}
+# Offsets are u64 in safetensors.
+OFFSET_LIMIT = 2 ** 64
+# A byte count of one checkpoint, as vLLM's int64 arithmetic holds it.
+MAX_TOTAL_SIZE = 2 ** 63 - 1
+
+
+def _is_int(value):
+    """Whether value is a JSON integer: true and false are no offsets or dimensions, though bool is an int in Python."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value):
+    """A JSON value for a message, cut short."""
+    return json.dumps(value)[:200]
+
+
+def entry_problem(info):
+    """Why one header entry describes no tensor, or None when it does.
+
+    The checks safetensors makes before it loads: offsets within u64 and in order, a known
+    dtype, a shape of non-negative dimensions whose elements fill the offsets exactly.
+    """
+    if not isinstance(info, dict) or not all(k in info for k in ('dtype', 'shape', 'data_offsets')):
+        return _shown(info)
+    offsets = info['data_offsets']
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] < OFFSET_LIMIT):
+        return 'data_offsets %s are not two integers 0 <= begin <= end < 2**64' % _shown(offsets)
+    dtype = info['dtype']
+    bits = DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
+    if bits is None:
+        return 'dtype %s is not a safetensors dtype' % _shown(dtype)
+    shape = info['shape']
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        return 'shape %s is not a list of non-negative integers' % _shown(shape)
+    elements = 1
+    for d in shape:
+        elements *= d
+    nbytes = offsets[1] - offsets[0]
+    if elements * bits != nbytes * 8:
+        takes = '%d bytes' % (elements * bits // 8) if elements * bits % 8 == 0 else '%d bits' % (elements * bits)
+        return 'shape %s of %s takes %s, data_offsets %s hold %d' % (_shown(shape), dtype, takes, _shown(offsets), nbytes)
+    return None
 
 
 class Shard(object):
@@ -61,8 +96,8 @@ def read_header(path):
     Raises CheckpointError naming the file and what is wrong with it.
     """
     try:
-        file_bytes = os.path.getsize(path)
-        with open(path, 'rb') as f:
+        with open_regular(path) as f:
+            file_bytes = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise CheckpointError('%s is truncated: %d bytes, shorter than the 8-byte header length' % (path, len(head)))
@@ -78,24 +113,33 @@ def read_header(path):
         header = json.loads(raw.decode('utf-8'))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError('%s has an invalid header (not JSON): %s' % (path, exc))
+    except RecursionError:
+        raise CheckpointError('%s has an invalid header (nested too deeply)' % path)
     if not isinstance(header, dict):
         raise CheckpointError('%s has an invalid header: a JSON object was expected' % path)
     tensors = {}
     data_end = 0
-    try:
-        # The hot loop of a 280,000-tensor checkpoint: keep it lean.
-        for name, info in header.items():
-            if name == '__metadata__':
-                continue
+    # The hot loop of a 280,000-tensor checkpoint: entry_problem's checks, lean (JSON true and
+    # false pass as 1 and 0 here, where the sizes still agree); entry_problem words what fails.
+    for name, info in header.items():
+        if name == '__metadata__':
+            continue
+        try:
             begin, end = info['data_offsets']
-            nbytes = end - begin
-            if nbytes < 0:
-                raise ValueError(name)
-            tensors[name] = nbytes
-            if end > data_end:
-                data_end = end
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise CheckpointError(_bad_entry(path, header))
+            shape = info['shape']
+            elements = 1
+            for d in shape:
+                elements *= d
+            valid = (isinstance(begin, int) and isinstance(end, int) and isinstance(elements, int)
+                     and 0 <= begin <= end < OFFSET_LIMIT and min(shape, default=0) >= 0
+                     and elements * DTYPE_BITS[info['dtype']] == (end - begin) * 8)
+        except (KeyError, TypeError, ValueError):
+            valid = False
+        if not valid:
+            raise CheckpointError('%s has an invalid header entry for tensor %s: %s' % (path, name, entry_problem(info)))
+        tensors[name] = end - begin
+        if end > data_end:
+            data_end = end
     expected = 8 + n + data_end
     if file_bytes < expected:
         raise CheckpointError('%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)' % (path, file_bytes, expected))
@@ -193,10 +237,14 @@ def _scan_with_index(model_path, index_path):
         raise CheckpointError('%s has no weight_map: not a safetensors index' % index_path)
     meta = index.get('metadata') if isinstance(index.get('metadata'), dict) else {}
     if meta.get('total_size') is not None:
-        try:
-            ckpt.index_total_size = int(meta['total_size'])
-        except (TypeError, ValueError):
-            raise CheckpointError('%s has a metadata.total_size that is not a number: %r' % (index_path, meta['total_size']))
+        ckpt.index_total_size = _byte_count(meta['total_size'])
+        if ckpt.index_total_size is None:
+            raise CheckpointError('%s has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): %s'
+                                  % (index_path, _shown(meta['total_size'])))
+    for tname, shard_name in weight_map.items():
+        if not isinstance(shard_name, str):
+            raise CheckpointError('%s maps tensor %s to %s, where a shard file name was expected'
+                                  % (index_path, tname, _shown(shard_name)))
     shard_names = sorted(set(weight_map.values()))
     present = [s for s in shard_names if os.path.exists(os.path.join(model_path, s))]
     if not present:
@@ -223,6 +271,15 @@ def _scan_with_index(model_path, index_path):
     if (ckpt.missing or ckpt.problems) and ckpt.index_total_size:
         ckpt.total_bytes = max(ckpt.total_bytes, ckpt.index_total_size)
     return ckpt
+
+
+def _byte_count(value):
+    """value as an int when it is a whole number of bytes (some tools write total_size as a float), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if 0 <= value <= MAX_TOTAL_SIZE else None
 
 
 def _scan_files(model_path):

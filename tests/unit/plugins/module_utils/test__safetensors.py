@@ -8,12 +8,18 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
 import struct
 
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import complete_numbered_set, read_header, scan
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import (
+    complete_numbered_set,
+    entry_problem,
+    read_header,
+    scan,
+)
 
 
 def header_bytes(tensors):
@@ -59,6 +65,7 @@ def test_read_header_sizes_without_reading_data(tmp_path):
     (struct.pack('<Q', 5) + b'{"a":', '{p} has an invalid header (not JSON): Expecting value: line 1 column 6 (char 5)'),
     (struct.pack('<Q', 2) + b'[]', '{p} has an invalid header: a JSON object was expected'),
     (struct.pack('<Q', 14) + b'{"t": {"x":1}}', '{p} has an invalid header entry for tensor t: {"x": 1}'),
+    (struct.pack('<Q', 20000) + b'[' * 10000 + b']' * 10000, '{p} has an invalid header (nested too deeply)'),
 ])
 def test_read_header_bad_files(tmp_path, content, message):
     p = tmp_path / 'bad.safetensors'
@@ -66,6 +73,59 @@ def test_read_header_bad_files(tmp_path, content, message):
     with pytest.raises(CheckpointError) as exc:
         read_header(str(p))
     assert str(exc.value) == message.replace('{p}', str(p))
+
+
+def entry(dtype='BF16', shape=(4, 2), offsets=(0, 16)):
+    return {'dtype': dtype, 'shape': list(shape), 'data_offsets': list(offsets)}
+
+
+@pytest.mark.parametrize('info, problem', [
+    (entry(offsets=(-16, 0)), 'data_offsets [-16, 0] are not two integers 0 <= begin <= end < 2**64'),
+    (entry(offsets=(16, 0)), 'data_offsets [16, 0] are not two integers 0 <= begin <= end < 2**64'),
+    (entry(offsets=(False, True)), 'data_offsets [false, true] are not two integers 0 <= begin <= end < 2**64'),
+    (entry(offsets=(0, 16.0)), 'data_offsets [0, 16.0] are not two integers 0 <= begin <= end < 2**64'),
+    (entry(offsets=(0, 2 ** 64)), 'data_offsets [0, 18446744073709551616] are not two integers 0 <= begin <= end < 2**64'),
+    (entry(offsets=(0,)), 'data_offsets [0] are not two integers 0 <= begin <= end < 2**64'),
+    (dict(entry(), data_offsets='0-16'), 'data_offsets "0-16" are not two integers 0 <= begin <= end < 2**64'),
+    (entry(dtype='X99'), 'dtype "X99" is not a safetensors dtype'),
+    (entry(dtype=['BF16']), 'dtype ["BF16"] is not a safetensors dtype'),
+    (entry(shape=(-4, -2)), 'shape [-4, -2] is not a list of non-negative integers'),
+    (entry(shape=(4, 2.0)), 'shape [4, 2.0] is not a list of non-negative integers'),
+    (entry(shape=(4, True)), 'shape [4, true] is not a list of non-negative integers'),
+    (dict(entry(), shape={'a': 1}), 'shape {"a": 1} is not a list of non-negative integers'),
+    (entry(shape=(4, 4)), 'shape [4, 4] of BF16 takes 32 bytes, data_offsets [0, 16] hold 16'),
+    (entry(dtype='F4', shape=(3,), offsets=(0, 2)), 'shape [3] of F4 takes 12 bits, data_offsets [0, 2] hold 2'),
+    ({'dtype': 'BF16', 'shape': [1]}, '{"dtype": "BF16", "shape": [1]}'),
+    ('x' * 300, '"' + 'x' * 199),
+    (entry(), None),
+    (entry(dtype='F4', shape=(4,), offsets=(0, 2)), None),
+    (entry(dtype='F6_E2M3', shape=(4,), offsets=(0, 3)), None),
+    (entry(shape=(), offsets=(0, 2)), None),
+    (entry(shape=(0, 5), offsets=(7, 7)), None),
+])
+def test_entry_problem(info, problem):
+    assert entry_problem(info) == problem
+
+
+@pytest.mark.parametrize('info', [
+    entry(offsets=(-16, 0)), entry(offsets=(16, 0)), entry(offsets=(False, True)), entry(dtype='X99'),
+    entry(shape=(-4, -2)), entry(shape=(4, 4)), entry(shape=(4, 2.0)), entry(offsets=(0, float('inf'))),
+    {'shape': [4, 2], 'data_offsets': [0, 16]}, 'x', None,
+])
+def test_read_header_refuses_an_entry_safetensors_would_refuse(tmp_path, info):
+    p = tmp_path / 'bad.safetensors'
+    raw = json.dumps({'__metadata__': {'format': 'pt'}, 't': info}).encode('utf-8')
+    p.write_bytes(struct.pack('<Q', len(raw)) + raw + b'\0' * 64)
+    with pytest.raises(CheckpointError) as exc:
+        read_header(str(p))
+    assert str(exc.value) == '%s has an invalid header entry for tensor t: %s' % (p, entry_problem(info))
+
+
+def test_read_header_refuses_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(str(tmp_path / 'fifo.safetensors'))  # open() would block for ever on it
+    with pytest.raises(CheckpointError) as exc:
+        read_header(str(tmp_path / 'fifo.safetensors'))
+    assert str(exc.value) == '%s is not a regular file' % (tmp_path / 'fifo.safetensors')
 
 
 def test_read_header_truncated_data(tmp_path):
@@ -124,8 +184,20 @@ def test_scan_reports_missing_and_truncated_shards(tmp_path):
 @pytest.mark.parametrize('index, message', [
     ({'weight_map': {}}, '{p} has no weight_map: not a safetensors index'),
     ({'metadata': {'total_size': 'x'}, 'weight_map': {'a': 'b.safetensors'}},
-     "{p} has a metadata.total_size that is not a number: 'x'"),
+     '{p} has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): "x"'),
     ({'weight_map': {'a': 'b.safetensors'}}, '{p} names 1 shards, none present, and has no metadata.total_size'),
+    ({'weight_map': {'a': 5}}, '{p} maps tensor a to 5, where a shard file name was expected'),
+    ({'weight_map': {'a': 'b.safetensors', 'c': ['d']}}, '{p} maps tensor c to ["d"], where a shard file name was expected'),
+    ({'metadata': {'total_size': float('inf')}, 'weight_map': {'a': 'b.safetensors'}},
+     '{p} has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): Infinity'),
+    ({'metadata': {'total_size': -1}, 'weight_map': {'a': 'b.safetensors'}},
+     '{p} has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): -1'),
+    ({'metadata': {'total_size': True}, 'weight_map': {'a': 'b.safetensors'}},
+     '{p} has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): true'),
+    ({'metadata': {'total_size': 1.5}, 'weight_map': {'a': 'b.safetensors'}},
+     '{p} has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): 1.5'),
+    ({'metadata': {'total_size': 2 ** 63}, 'weight_map': {'a': 'b.safetensors'}},
+     '{p} has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): 9223372036854775808'),
 ])
 def test_scan_bad_index(tmp_path, index, message):
     p = tmp_path / 'model.safetensors.index.json'
@@ -133,6 +205,21 @@ def test_scan_bad_index(tmp_path, index, message):
     with pytest.raises(CheckpointError) as exc:
         scan(str(tmp_path))
     assert str(exc.value) == message.replace('{p}', str(p))
+
+
+def test_scan_index_total_size_written_as_a_float(tmp_path):
+    (tmp_path / 'model.safetensors.index.json').write_text(json.dumps(
+        {'metadata': {'total_size': 5.4e11}, 'weight_map': {'a': 'b.safetensors'}}))
+    assert scan(str(tmp_path)).total_bytes == 540000000000
+
+
+def test_scan_reports_a_shard_that_is_not_a_regular_file(tmp_path):
+    write_index(tmp_path, total=TOTAL)
+    write_shard(tmp_path / 'model-00001-of-00002.safetensors', SHARD1)
+    os.mkfifo(str(tmp_path / 'model-00002-of-00002.safetensors'))
+    ckpt = scan(str(tmp_path))
+    assert ckpt.problems == ['%s is not a regular file' % (tmp_path / 'model-00002-of-00002.safetensors')]
+    assert ckpt.total_bytes == TOTAL
 
 
 def test_scan_invalid_index_json(tmp_path):
