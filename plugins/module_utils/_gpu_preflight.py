@@ -15,17 +15,20 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
+import json
 import math
 import os
 import re
 import socket
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+    CONFIG_NAME,
     is_mla,
     kv_dtype_bytes,
     model_dtype,
     text_config,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -49,8 +52,13 @@ DEFAULT_SHM_MIN_BYTES = 1 * GIB
 
 DEFAULT_BLOCK_SIZE = 16
 
+# Config fields are int64 in vLLM (torch); larger ones are corrupt and would overflow the float arithmetic.
+MAX_CONFIG_INT = 2 ** 63 - 1
+
 NVIDIA_SMI_GPU_FIELDS = 'index,name,memory.total,memory.used,compute_cap,driver_version,uuid'
 NVIDIA_SMI_APP_FIELDS = 'pid,process_name,used_memory,gpu_uuid'
+# Larger figures are no GPU's (2**43 MiB is 8 EiB) and would overflow the float arithmetic of the plan.
+MAX_SMI_NUMBER = 2 ** 43
 
 # Tensors every tensor-parallel rank holds in full in vLLM's DeepSeek-V2/V3 code
 # (ReplicatedLinear / disable_tp=True): the fused q_a/kv_a down-projections, norms,
@@ -73,11 +81,48 @@ class PreflightError(Exception):
     """The preflight cannot answer (nvidia-smi missing, malformed input); the message says why."""
 
 
-def _int(value, what, line):
+def config_int(config, key, minimum=1, maximum=MAX_CONFIG_INT, missing=None):
+    """The integer field key of the language model's config (text_config of a multimodal one), or missing when
+    absent or null. Anything but a JSON integer from minimum to maximum raises PreflightError naming the field."""
+    value = text_config(config).get(key)
+    if value is None:
+        return missing
+    return checked_int(value, config_field(config, key), minimum, maximum)
+
+
+def checked_int(value, field, minimum=1, maximum=MAX_CONFIG_INT):
+    """value, the config.json field named field, when it is a JSON integer from minimum to maximum."""
+    # JSON true is no layer count, though bool is an int in Python.
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or not minimum <= value <= maximum:
+        bound = 'at most %d' % maximum if is_int and value > maximum else 'at least %d' % minimum
+        raise PreflightError('%s: %s is %s, where an integer of %s was expected'
+                             % (CONFIG_NAME, field, json.dumps(value)[:500], bound))
+    return value
+
+
+def config_field(config, key):
+    """How a message names the field key: text_config.key where the language model's config is text_config."""
+    return key if text_config(config) is config else 'text_config.' + key
+
+
+def _number(text):
+    """The integer nvidia-smi printed, or None for "[N/A]" and anything else that is no finite number."""
     try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        raise PreflightError('nvidia-smi printed %s %r where a number was expected, in line: %s' % (what, value, line))
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) else None
+
+
+def _int(text, what, line, minimum=0):
+    value = _number(text)
+    if value is None:
+        raise PreflightError('nvidia-smi printed %s %r where a number was expected, in line: %s' % (what, text, line))
+    if not minimum <= value <= MAX_SMI_NUMBER:
+        bound = 'at least %d' % minimum if value < minimum else 'at most %d' % MAX_SMI_NUMBER
+        raise PreflightError('nvidia-smi printed %s %r where a number of %s was expected, in line: %s' % (what, text, bound, line))
+    return value
 
 
 def parse_gpus(text):
@@ -94,7 +139,7 @@ def parse_gpus(text):
         gpus.append({
             'index': _int(cols[0], 'index', line),
             'name': cols[1],
-            'memory_total_mib': _int(cols[2], 'memory.total', line),
+            'memory_total_mib': _int(cols[2], 'memory.total', line, minimum=1),
             'memory_used_mib': _int(cols[3], 'memory.used', line),
             'compute_capability': cols[4],
             'driver_version': cols[5],
@@ -114,25 +159,28 @@ def parse_apps(text):
         if len(cols) != 4:
             raise PreflightError('nvidia-smi printed %d fields where 4 (%s) were expected, in line: %s'
                                  % (len(cols), NVIDIA_SMI_APP_FIELDS, line))
-        try:
-            used = int(float(cols[2]))
-        except ValueError:
-            used = None  # "[N/A]" or "[Insufficient Permissions]"
+        used = _number(cols[2])  # None for "[N/A]" or "[Insufficient Permissions]"
+        if used is not None and not 0 <= used <= MAX_SMI_NUMBER:
+            used = None
         apps.append({'pid': _int(cols[0], 'pid', line), 'process_name': cols[1],
                      'used_memory_mib': used, 'gpu_uuid': cols[3]})
     return apps
 
 
-def query_nvidia_smi(run_command, nvidia_smi):
-    """Run nvidia-smi twice through run_command(argv) -> (rc, stdout, stderr); return (gpus, apps)."""
+def query_nvidia_smi(run, nvidia_smi):
+    """Run nvidia-smi twice through run(argv) -> (rc, stdout, stderr), _command.run with a deadline; return (gpus, apps)."""
     results = []
     for query in ('--query-gpu=' + NVIDIA_SMI_GPU_FIELDS, '--query-compute-apps=' + NVIDIA_SMI_APP_FIELDS):
         argv = [nvidia_smi, query, '--format=csv,noheader,nounits']
         try:
-            rc, out, err = run_command(argv)
+            rc, out, err = run(argv)
         except OSError as exc:
             raise PreflightError('cannot run %s: %s (is the NVIDIA driver installed? set nvidia_smi_path)'
                                  % (nvidia_smi, exc.strerror or exc))
+        except CommandTimeout as exc:
+            raise PreflightError('%s: is the NVIDIA driver hung? (nvidia_smi_timeout sets the deadline)' % exc)
+        if rc < 0:
+            raise PreflightError('%s was killed by signal %d' % (' '.join(argv), -rc))
         if rc != 0:
             said = (err or '').strip() or (out or '').strip() or 'no output'
             raise PreflightError('%s failed with exit code %d: %s' % (' '.join(argv), rc, said))
@@ -178,16 +226,12 @@ def estimated_replicated_bytes(config):
     The q_a/kv_a down-projections (BF16 in NVFP4 and FP8 checkpoints alike) and the
     router gates; norms are negligible.
     """
-    tc = text_config(config)
     if not is_mla(config):
         return 0
-    hidden = int(tc.get('hidden_size') or 0)
-    layers = int(tc.get('num_hidden_layers') or 0)
-    q_lora = int(tc.get('q_lora_rank') or 0)
-    kv_lora = int(tc.get('kv_lora_rank') or 0)
-    rope = int(tc.get('qk_rope_head_dim') or 0)
-    experts = int(tc.get('n_routed_experts') or 0)
-    dense = int(tc.get('first_k_dense_replace') or 0)
+    hidden, layers, q_lora, kv_lora, rope, experts, dense = (
+        config_int(config, key, minimum=0, missing=0) for key in (
+            'hidden_size', 'num_hidden_layers', 'q_lora_rank', 'kv_lora_rank', 'qk_rope_head_dim', 'n_routed_experts',
+            'first_k_dense_replace'))
     return layers * hidden * (q_lora + kv_lora + rope) * 2 + max(layers - dense, 0) * experts * hidden * 2
 
 
@@ -198,10 +242,9 @@ def weights_per_gpu(tensors, total_bytes, config, tp, pp):
     past num_hidden_layers (DeepSeek's MTP layer) are not loaded by vLLM and not
     counted. Returns (bytes, estimated) where estimated says sizes were missing.
     """
-    tc = text_config(config)
-    num_layers = int(tc.get('num_hidden_layers') or 0)
-    kv_heads = tc.get('num_key_value_heads') or tc.get('num_attention_heads')
-    kv_heads = None if is_mla(config) or not kv_heads else int(kv_heads)
+    num_layers = config_int(config, 'num_hidden_layers', missing=0)
+    kv_heads = None if is_mla(config) else (config_int(config, 'num_key_value_heads')
+                                            or config_int(config, 'num_attention_heads'))
     if pp == 1:
         return _weights_one_stage(tensors, total_bytes, config, tp, num_layers, kv_heads)
     stages = pp_partitions(num_layers, pp) if num_layers and pp > 1 else [(0, num_layers or 10 ** 9)]
@@ -250,8 +293,9 @@ def weights_per_gpu(tensors, total_bytes, config, tp, pp):
 
 def _weights_one_stage(tensors, total_bytes, config, tp, num_layers, kv_heads):
     """weights_per_gpu without pipeline parallelism: the hot path, string tests only."""
-    # Layers past num_hidden_layers are DeepSeek's MTP layers (num_nextn_predict_layers, 1 when unset).
-    nextn = max(int(text_config(config).get('num_nextn_predict_layers') or 0), 1)
+    # Layers past num_hidden_layers are DeepSeek's MTP layers (num_nextn_predict_layers, 1 when unset; more MTP
+    # layers than decoder layers is no config, and a tuple that long would not fit in memory).
+    nextn = max(config_int(config, 'num_nextn_predict_layers', minimum=0, maximum=num_layers, missing=0), 1)
     mtp = tuple('.layers.%d.' % i for i in range(num_layers, num_layers + nextn)) if num_layers else ()
     per_gpu = 0
     known = 0
@@ -285,28 +329,34 @@ def kv_bytes_per_token(config, dtype_bytes, tp):
     and grouped-query attention split KV heads across ranks, each holding ceil(kv/TP).
     DeepSeek configs carry head_dim and num_key_value_heads too: MLA wins.
     """
-    tc = text_config(config)
-    layers = int(tc.get('num_hidden_layers') or 0)
-    if layers <= 0:
-        raise PreflightError('config.json has no num_hidden_layers: cannot size the KV cache')
+    def required(key):
+        value = config_int(config, key)
+        if value is None:
+            raise PreflightError('%s has no %s: cannot size the KV cache' % (CONFIG_NAME, config_field(config, key)))
+        return value
+
+    layers = required('num_hidden_layers')
     if is_mla(config):
-        head = int(tc.get('kv_lora_rank') or 0) + int(tc.get('qk_rope_head_dim') or 0)
-        return layers * head * dtype_bytes, 'mla'
-    heads = int(tc.get('num_attention_heads') or 0)
-    kv = int(tc.get('num_key_value_heads') or heads)
-    head_dim = tc.get('head_dim') or (int(tc.get('hidden_size') or 0) // heads if heads else 0)
+        return layers * (required('kv_lora_rank') + required('qk_rope_head_dim')) * dtype_bytes, 'mla'
+    heads = config_int(config, 'num_attention_heads')
+    kv = config_int(config, 'num_key_value_heads', missing=heads)
+    head_dim = config_int(config, 'head_dim')
+    if head_dim is None:
+        hidden = config_int(config, 'hidden_size')
+        head_dim = hidden // heads if hidden and heads else None
     if not kv or not head_dim:
-        raise PreflightError('config.json lacks num_attention_heads/num_key_value_heads/head_dim: cannot size the KV cache')
-    return 2 * _ceil_div(kv, tp) * int(head_dim) * dtype_bytes * layers, 'standard'
+        raise PreflightError('%s lacks num_attention_heads/num_key_value_heads/head_dim: cannot size the KV cache' % CONFIG_NAME)
+    return 2 * _ceil_div(kv, tp) * head_dim * dtype_bytes * layers, 'standard'
 
 
 def derived_max_model_len(config):
     """The longest context the model's config allows (vLLM's derived max_model_len, simplified)."""
-    tc = text_config(config)
     for key in ('max_position_embeddings', 'n_positions', 'max_seq_len', 'seq_length', 'max_sequence_length'):
-        value = tc.get(key) or config.get(key)
-        if value:
-            return int(value)
+        value = config_int(config, key)
+        if value is None and config.get(key) is not None:
+            value = checked_int(config[key], key)
+        if value is not None:
+            return value
     return None
 
 
@@ -339,12 +389,18 @@ def utilization_for(needed_kv, weights, reserve, total):
 # --- host checks ----------------------------------------------------------------
 
 
-def proc_cgroup(pid, proc='/proc'):
+def read_proc(path):
+    """The text of a /proc file, or None when it cannot be read; bytes that are not UTF-8 (a process may give
+    itself any name) are replaced, so that they can be returned as JSON."""
     try:
-        with open(os.path.join(proc, str(pid), 'cgroup')) as f:
-            return f.read()
+        with open(path, 'rb') as f:
+            return f.read().decode('utf-8', 'replace')
     except (IOError, OSError):
-        return ''
+        return None
+
+
+def proc_cgroup(pid, proc='/proc'):
+    return read_proc(os.path.join(proc, str(pid), 'cgroup')) or ''
 
 
 def belongs_to_service(pid, service_name, proc='/proc'):
@@ -364,13 +420,11 @@ def listening_inodes(port, proc='/proc'):
     inodes = set()
     found_table = False
     for table in ('tcp', 'tcp6'):
-        try:
-            with open(os.path.join(proc, 'net', table)) as f:
-                lines = f.read().splitlines()[1:]
-        except (IOError, OSError):
+        text = read_proc(os.path.join(proc, 'net', table))
+        if text is None:
             continue
         found_table = True
-        for line in lines:
+        for line in text.splitlines()[1:]:
             cols = line.split()
             if len(cols) < 10 or cols[3] != '0A':
                 continue
@@ -405,11 +459,8 @@ def socket_owners(inodes, proc='/proc'):
 
 def process_name(pid, proc='/proc'):
     """The command name of pid, or None when it cannot be read (another PID namespace, gone)."""
-    try:
-        with open(os.path.join(proc, str(pid), 'comm')) as f:
-            return f.read().strip()
-    except (IOError, OSError):
-        return None
+    name = read_proc(os.path.join(proc, str(pid), 'comm'))
+    return name.strip() if name is not None else None
 
 
 def port_conflict(host, port, service_name, proc='/proc'):
@@ -442,9 +493,9 @@ def shm_size(path):
     try:
         st = os.statvfs(path)
     except OSError as exc:
-        if exc.errno == errno.ENOENT:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
-        raise
+        raise PreflightError('cannot read the size of %s: %s' % (path, exc.strerror or exc))
     return st.f_blocks * st.f_frsize
 
 
@@ -497,6 +548,10 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
         raise PreflightError('kv_cache_dtype %s: its size per element is not known to the preflight' % resolved)
 
     per_token, attention = kv_bytes_per_token(config, dtype_bytes, tp)
+    layers = config_int(config, 'num_hidden_layers')
+    if pp > layers:
+        raise PreflightError('pipeline_parallel_size %d exceeds the %d layers of the model (%s in %s): a pipeline stage '
+                             'would hold no layer' % (pp, layers, config_field(config, 'num_hidden_layers'), CONFIG_NAME))
 
     # Weights.
     if params.get('weights_bytes_per_gpu') is not None or checkpoint is None:
@@ -567,6 +622,10 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
             remedies.append('set gpu_memory_utilization to at least %.2f' % u)
         remedies.append('spread the model over more GPUs (tensor_parallel_size x pipeline_parallel_size)')
     tokens = tokens_for(budget, per_token, block)
+    if tokens == 0 and (explicit is not None or budget > 0):
+        # Without this, a budget short of one block would "fit" a context of 0 tokens.
+        problems.append('No context length fits: the KV cache budget of %d bytes per GPU holds not one block of %d tokens '
+                        '(%d bytes)' % (budget, block, per_token * block))
 
     # Context length.
     model_max = derived_max_model_len(config)
@@ -586,7 +645,7 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
                             % (requested_len, model_max))
             remedies.append('set max_model_len to %d or less' % min(model_max, fit))
         needed = _ceil_div(requested_len, block) * block * per_token
-        if needed > budget and budget > 0:
+        if needed > budget and tokens > 0:
             requested_fits = False
             msg = misfit_message(requested_len, needed, budget, fit).strip()
             if fit > 0:

@@ -112,7 +112,8 @@ options:
   fail_on_misfit:
     description:
       - Fail when the requested O(max_model_len) does not fit, or when RV(problems) lists anything else that breaks a start.
-      - With V(false) the module never fails on these; RV(max_model_len) is then the largest length that fits.
+      - With V(false) the module does not fail on these; RV(max_model_len) is then the largest length that fits. It still
+        fails when no context length fits at all (not one KV-cache block, or no GPU), since there is no length to start with.
     type: bool
     default: true
   accelerator:
@@ -126,6 +127,12 @@ options:
     description: The nvidia-smi program, a name looked up on E(PATH) or an absolute path.
     type: str
     default: nvidia-smi
+  nvidia_smi_timeout:
+    description:
+      - Seconds each of the two nvidia-smi queries may take (1 to 86400). A wedged NVIDIA driver hangs nvidia-smi; past the
+        deadline it is killed and the module fails, naming the query and the deadline. Output beyond 16 MiB is refused too.
+    type: int
+    default: 30
   reserve_bytes_per_gpu:
     description:
       - "Memory per GPU outside weights and KV cache, that vLLM's C(determine_available_memory) profiles: the transient peak of
@@ -330,10 +337,12 @@ warnings:
     - per-GPU weights estimated from model.safetensors.index.json without per-tensor sizes (shards not downloaded)
 '''
 
+import functools
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     CheckpointError,
     load_config,
@@ -356,27 +365,65 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant impo
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
 
 
+# Integers vLLM holds as int64; larger ones would also overflow the plan's float arithmetic.
+MAX_INT = 2 ** 63 - 1
+# Integer options and their least values (the optional ones are checked when given).
+INT_OPTIONS = (('tensor_parallel_size', 1), ('pipeline_parallel_size', 1), ('block_size', 1), ('kv_cache_memory_bytes', 0),
+               ('weights_bytes_per_gpu', 0), ('reserve_bytes_per_gpu', 0), ('shm_min_bytes', 0))
+# selectors cannot wait much longer than a day, and no nvidia-smi needs that long.
+MAX_NVIDIA_SMI_TIMEOUT = 86400
+
+
+def int_error(name, value, minimum, maximum=MAX_INT):
+    """The message for an integer option outside minimum..maximum, or None. AnsibleModule lets booleans through as ints."""
+    if isinstance(value, bool):
+        return '%s must be an integer, got %s' % (name, value)
+    if value < minimum:
+        return '%s must be at least %d, got %d' % (name, minimum, value)
+    if value > maximum:
+        return '%s must be at most %d, got %d' % (name, maximum, value)
+    return None
+
+
+def max_model_len_error(p):
+    """Check max_model_len (an integer or auto) and make it an int; the message when it is neither, or None."""
+    mml = p['max_model_len']
+    if mml in ('auto', -1, '-1'):
+        return None
+    try:
+        value = int(mml)
+    except (TypeError, ValueError, OverflowError):
+        return 'max_model_len must be an integer or auto, got %r' % (mml,)
+    if value < 1 or str(value) != str(mml).strip():
+        return 'max_model_len must be a positive integer or auto, got %r' % (mml,)
+    p['max_model_len'] = value
+    return int_error('max_model_len', value, 1)
+
+
 def check_params(p):
     """Ranges argument_spec cannot express; returns an error message or None."""
-    for key in ('tensor_parallel_size', 'pipeline_parallel_size', 'block_size'):
-        if p[key] < 1:
-            return '%s must be at least 1, got %d' % (key, p[key])
-    if not 0 < p['gpu_memory_utilization'] <= 1:
-        return 'gpu_memory_utilization must be in (0, 1], got %s' % p['gpu_memory_utilization']
-    mml = p['max_model_len']
-    if mml not in ('auto', -1, '-1'):
-        try:
-            value = int(mml)
-        except (TypeError, ValueError):
-            return 'max_model_len must be an integer or auto, got %r' % (mml,)
-        if value < 1 or str(value) != str(mml).strip():
-            return 'max_model_len must be a positive integer or auto, got %r' % (mml,)
-        p['max_model_len'] = value
-    for key in ('kv_cache_memory_bytes', 'weights_bytes_per_gpu', 'reserve_bytes_per_gpu', 'shm_min_bytes'):
-        if p.get(key) is not None and p[key] < 0:
-            return '%s must not be negative, got %d' % (key, p[key])
+    errors = [int_error(key, p[key], minimum) for key, minimum in INT_OPTIONS if p.get(key) is not None]
+    errors.append(int_error('nvidia_smi_timeout', p['nvidia_smi_timeout'], 1, MAX_NVIDIA_SMI_TIMEOUT))
+    for i, gpu in enumerate(p['gpus'] or []):
+        errors.append(int_error('gpus[%d].memory_total_mib' % i, gpu['memory_total_mib'], 1))
+        errors.append(int_error('gpus[%d].memory_used_mib' % i, gpu['memory_used_mib'], 0))
     if p['port'] is not None and not 0 < p['port'] < 65536:
-        return 'port must be between 1 and 65535, got %d' % p['port']
+        errors.append('port must be between 1 and 65535, got %d' % p['port'])
+    if not 0 < p['gpu_memory_utilization'] <= 1:
+        errors.append('gpu_memory_utilization must be in (0, 1], got %s' % p['gpu_memory_utilization'])
+    for key in ('model_path', 'shm_path', 'nvidia_smi_path'):
+        if '\0' in p[key]:
+            errors.append('%s must not contain a NUL character' % key)
+    errors.append(max_model_len_error(p))
+    return next((e for e in errors if e), None)
+
+
+def model_path_error(path):
+    """The message when model_path is no directory, or None."""
+    if not os.path.exists(path):
+        return 'model_path %s does not exist' % path
+    if not os.path.isdir(path):
+        return 'model_path %s is not a directory' % path
     return None
 
 
@@ -401,6 +448,7 @@ def main():
             fail_on_misfit=dict(type='bool', default=True),
             accelerator=dict(type='str', default='nvidia', choices=['nvidia', 'cpu']),
             nvidia_smi_path=dict(type='str', default='nvidia-smi'),
+            nvidia_smi_timeout=dict(type='int', default=30),
             reserve_bytes_per_gpu=dict(type='int', default=5368709120),
             block_size=dict(type='int', default=16),
             port=dict(type='int'),
@@ -414,7 +462,7 @@ def main():
         supports_check_mode=True,
     )
     p = dict(module.params)
-    error = check_params(p)
+    error = check_params(p) or model_path_error(p['model_path'])
     if error:
         module.fail_json(msg=error)
 
@@ -439,7 +487,7 @@ def main():
                 if not path or not os.path.exists(path):
                     raise PreflightError('%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
                                          'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH'))
-                gpus, apps = query_nvidia_smi(module.run_command, path)
+                gpus, apps = query_nvidia_smi(functools.partial(command.run, timeout=p['nvidia_smi_timeout']), path)
         host = {
             'belongs': lambda pid: belongs_to_service(pid, service),
             'name': process_name,
@@ -449,7 +497,7 @@ def main():
         if p['accelerator'] == 'cpu':
             host.pop('shm')
         result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host))
-    except (CheckpointError, KvCacheQuantError, PreflightError) as exc:
+    except (CheckpointError, command.CommandError, KvCacheQuantError, PreflightError) as exc:
         module.fail_json(msg=str(exc), **result)
 
     # Ansible shows these and returns them as the registered result's warnings
@@ -459,7 +507,8 @@ def main():
     for g in result['gpus']:
         g['processes'] = [dict(a, ours=belongs_to_service(a['pid'], service)) for a in apps if a['gpu_uuid'] == g.get('uuid')]
     result['driver_version'] = gpus[0].get('driver_version', '') if gpus else ''
-    if result['problems'] and p['fail_on_misfit']:
+    # No context length at all is no plan to start vLLM with, whatever fail_on_misfit says.
+    if result['problems'] and (p['fail_on_misfit'] or result['max_model_len_fit'] == 0):
         msg = ' '.join(x if x.endswith('.') else x + '.' for x in result['problems'])
         if result['remedies']:
             msg += ' Remedies: ' + '; '.join(result['remedies']) + '.'

@@ -15,6 +15,7 @@ import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _gpu_preflight as gp
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import resolve_kv_cache_dtype
+from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
 
 SMI = os.path.join(os.path.dirname(__file__), 'fixtures', 'nvidia-smi')
@@ -51,8 +52,9 @@ def test_parse_apps_real_captures(fixture, expected):
     assert gp.parse_apps(smi(fixture)) == expected
 
 
-def test_parse_apps_unreadable_memory():
-    assert gp.parse_apps('42, vllm, [N/A], GPU-x\n') == [
+@pytest.mark.parametrize('used', ['[N/A]', '[Insufficient Permissions]', '1e400', 'nan', '-5'])
+def test_parse_apps_unreadable_memory(used):
+    assert gp.parse_apps('42, vllm, %s, GPU-x\n' % used) == [
         {'pid': 42, 'process_name': 'vllm', 'used_memory_mib': None, 'gpu_uuid': 'GPU-x'}]
 
 
@@ -65,6 +67,18 @@ def test_parse_apps_unreadable_memory():
     (gp.parse_apps, 'x, python3, 1, GPU-x\n', "nvidia-smi printed pid 'x' where a number was expected, in line: x, python3, 1, GPU-x"),
     (gp.parse_apps, '1, python3\n',
      'nvidia-smi printed 2 fields where 4 (pid,process_name,used_memory,gpu_uuid) were expected, in line: 1, python3'),
+    # A zero total would divide the plan by zero; an overflowing one is no number; neither is a GPU.
+    (gp.parse_gpus, '0, H200, 0, 0, 9.0, 580, GPU-x\n',
+     "nvidia-smi printed memory.total '0' where a number of at least 1 was expected, in line: 0, H200, 0, 0, 9.0, 580, GPU-x"),
+    (gp.parse_gpus, '0, H200, 1e400, 0, 9.0, 580, GPU-x\n',
+     "nvidia-smi printed memory.total '1e400' where a number was expected, in line: 0, H200, 1e400, 0, 9.0, 580, GPU-x"),
+    (gp.parse_gpus, '0, H200, 1e300, 0, 9.0, 580, GPU-x\n',
+     "nvidia-smi printed memory.total '1e300' where a number of at most 8796093022208 was expected, in line: "
+     "0, H200, 1e300, 0, 9.0, 580, GPU-x"),
+    (gp.parse_gpus, '0, H200, 143771, -1, 9.0, 580, GPU-x\n',
+     "nvidia-smi printed memory.used '-1' where a number of at least 0 was expected, in line: 0, H200, 143771, -1, 9.0, 580, GPU-x"),
+    (gp.parse_gpus, 'nan, H200, 143771, 0, 9.0, 580, GPU-x\n',
+     "nvidia-smi printed index 'nan' where a number was expected, in line: nan, H200, 143771, 0, 9.0, 580, GPU-x"),
 ])
 def test_parse_bad_output(parser, text, message):
     with pytest.raises(gp.PreflightError) as exc:
@@ -106,6 +120,12 @@ def test_query_nvidia_smi_real_captures():
      '--format=csv,noheader,nounits failed with exit code 9: NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver.'),
     (OSError(2, 'No such file or directory'),
      'cannot run /usr/bin/nvidia-smi: No such file or directory (is the NVIDIA driver installed? set nvidia_smi_path)'),
+    (CommandTimeout('/usr/bin/nvidia-smi --query-gpu=... did not finish within 30 seconds and was killed'),
+     '/usr/bin/nvidia-smi --query-gpu=... did not finish within 30 seconds and was killed: is the NVIDIA driver hung? '
+     '(nvidia_smi_timeout sets the deadline)'),
+    ((-9, '', ''),
+     '/usr/bin/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
+     '--format=csv,noheader,nounits was killed by signal 9'),
 ])
 def test_query_nvidia_smi_failures(gpu_answer, message):
     run, calls = fake_smi(gpu_answer, (0, '', ''))
@@ -146,10 +166,59 @@ def test_kv_bytes_per_token(config, dtype_bytes, tp, expected):
     assert gp.kv_bytes_per_token(config, dtype_bytes, tp) == expected
 
 
-def test_kv_bytes_per_token_needs_layers():
+MLA_LAYOUT = {'model_type': 'deepseek_v3', 'num_hidden_layers': 3, 'kv_lora_rank': 64, 'qk_rope_head_dim': 32}
+
+
+@pytest.mark.parametrize('config, message', [
+    ({'model_type': 'llama'}, 'config.json has no num_hidden_layers: cannot size the KV cache'),
+    ({'text_config': {'model_type': 'llama'}}, 'config.json has no text_config.num_hidden_layers: cannot size the KV cache'),
+    # MLA without its latent: the cache would be 0 bytes a token, and "fit" with 0 tokens.
+    (dict(MLA_LAYOUT, kv_lora_rank=None), 'config.json has no kv_lora_rank: cannot size the KV cache'),
+    (dict(MLA_LAYOUT, qk_rope_head_dim=None), 'config.json has no qk_rope_head_dim: cannot size the KV cache'),
+    (dict(MLA_LAYOUT, kv_lora_rank=-64), 'config.json: kv_lora_rank is -64, where an integer of at least 1 was expected'),
+    (dict(LLAMA, head_dim=-64), 'config.json: head_dim is -64, where an integer of at least 1 was expected'),
+    (dict(LLAMA, head_dim=0), 'config.json: head_dim is 0, where an integer of at least 1 was expected'),
+    (dict(LLAMA, num_hidden_layers='abc'), 'config.json: num_hidden_layers is "abc", where an integer of at least 1 was expected'),
+    (dict(LLAMA, num_hidden_layers=float('inf')),
+     'config.json: num_hidden_layers is Infinity, where an integer of at least 1 was expected'),
+    (dict(LLAMA, num_hidden_layers=True), 'config.json: num_hidden_layers is true, where an integer of at least 1 was expected'),
+    (dict(LLAMA, num_hidden_layers=2.0), 'config.json: num_hidden_layers is 2.0, where an integer of at least 1 was expected'),
+    (dict(LLAMA, num_hidden_layers=2 ** 63),
+     'config.json: num_hidden_layers is 9223372036854775808, where an integer of at most 9223372036854775807 was expected'),
+    (dict(LLAMA, num_key_value_heads=0), 'config.json: num_key_value_heads is 0, where an integer of at least 1 was expected'),
+    (dict(LLAMA, head_dim=None, num_attention_heads=[4]),
+     'config.json: num_attention_heads is [4], where an integer of at least 1 was expected'),
+    (dict(LLAMA, head_dim=None, hidden_size=None),
+     'config.json lacks num_attention_heads/num_key_value_heads/head_dim: cannot size the KV cache'),
+    ({'text_config': dict(LLAMA, head_dim='x' * 1000)},
+     'config.json: text_config.head_dim is "%s, where an integer of at least 1 was expected' % ('x' * 499)),
+])
+def test_kv_bytes_per_token_refuses_a_bad_layout(config, message):
     with pytest.raises(gp.PreflightError) as exc:
-        gp.kv_bytes_per_token({'model_type': 'llama'}, 2, 1)
-    assert str(exc.value) == 'config.json has no num_hidden_layers: cannot size the KV cache'
+        gp.kv_bytes_per_token(config, 2, 1)
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize('config, expected', [
+    (LLAMA, 4096),
+    ({'text_config': {'max_position_embeddings': 2048}, 'max_position_embeddings': 4096}, 2048),
+    # vLLM reads the top-level config too.
+    ({'text_config': {}, 'max_position_embeddings': 4096}, 4096),
+    ({'max_position_embeddings': None}, None),
+])
+def test_derived_max_model_len(config, expected):
+    assert gp.derived_max_model_len(config) == expected
+
+
+@pytest.mark.parametrize('config, message', [
+    (dict(LLAMA, max_position_embeddings=-5),
+     'config.json: max_position_embeddings is -5, where an integer of at least 1 was expected'),
+    ({'text_config': {}, 'seq_length': '4k'}, 'config.json: seq_length is "4k", where an integer of at least 1 was expected'),
+])
+def test_derived_max_model_len_refuses_a_bad_length(config, message):
+    with pytest.raises(gp.PreflightError) as exc:
+        gp.derived_max_model_len(config)
+    assert str(exc.value) == message
 
 
 # --- weights --------------------------------------------------------------------
@@ -201,6 +270,19 @@ def test_weights_per_gpu_gqa_kv_heads_fewer_than_tp():
     tensors = {'model.layers.0.self_attn.k_proj.weight': 1600, 'model.layers.0.self_attn.q_proj.weight': 6400}
     # 8 ranks share 2 KV heads: each holds one head (1600 / 2); q_proj splits 8 ways.
     assert gp.weights_per_gpu(tensors, 8000, cfg, 8, 1) == (800 + 800, False)
+
+
+@pytest.mark.parametrize('config, message', [
+    # One more MTP layer than decoder layers: no config, and a tuple of 10**18 prefixes would not fit in memory.
+    (dict(MLA_CFG, num_nextn_predict_layers=10 ** 18),
+     'config.json: num_nextn_predict_layers is 1000000000000000000, where an integer of at most 2 was expected'),
+    (dict(MLA_CFG, num_nextn_predict_layers='1'),
+     'config.json: num_nextn_predict_layers is "1", where an integer of at least 0 was expected'),
+])
+def test_weights_per_gpu_refuses_a_bad_config(config, message):
+    with pytest.raises(gp.PreflightError) as exc:
+        gp.weights_per_gpu(MLA_TENSORS, sum(MLA_TENSORS.values()), config, 1, 1)
+    assert str(exc.value) == message
 
 
 def test_weights_per_gpu_from_index_estimates_replicated():
@@ -377,6 +459,29 @@ def test_plan_explicit_budget_too_small_names_the_budget_remedy():
                              'set kv_cache_memory_bytes to at least 4194304 (fits max_model_len 4096)']
 
 
+@pytest.mark.parametrize('kw, problem', [
+    # 1 byte of budget, 16-token blocks of 1024 B: not one block, so not one token.
+    (dict(kv_cache_memory_bytes=1), 'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of '
+                                    '16 tokens (16384 bytes)'),
+    (dict(kv_cache_memory_bytes=0, max_model_len=1024),
+     'No context length fits: the KV cache budget of 0 bytes per GPU holds not one block of 16 tokens (16384 bytes)'),
+    (dict(kv_cache_memory_bytes=1, fail_on_misfit=False),
+     'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of 16 tokens (16384 bytes)'),
+])
+def test_plan_never_fits_zero_tokens(kw, problem):
+    r = gp.plan(params(accelerator='cpu', tensor_parallel_size=1, **kw), LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
+    assert (r['kv_cache_tokens'], r['max_model_len_fit'], r['fits'], r['problems']) == (0, 0, False, [problem])
+    assert r['remedies'] == []
+
+
+def test_plan_needs_a_layer_per_pipeline_stage():
+    with pytest.raises(gp.PreflightError) as exc:
+        gp.plan(params(accelerator='cpu', kv_cache_memory_bytes=GIB, tensor_parallel_size=1, pipeline_parallel_size=3),
+                LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
+    assert str(exc.value) == ('pipeline_parallel_size 3 exceeds the 2 layers of the model (num_hidden_layers in config.json): '
+                              'a pipeline stage would hold no layer')
+
+
 # --- host facts ---------------------------------------------------------------------
 
 
@@ -412,3 +517,14 @@ def test_shm_size_reads_the_filesystem(tmp_path):
     st = os.statvfs(str(tmp_path))
     assert gp.shm_size(str(tmp_path)) == st.f_blocks * st.f_frsize
     assert gp.shm_size(str(tmp_path / 'absent')) is None
+    (tmp_path / 'file').write_text('')
+    assert gp.shm_size(str(tmp_path / 'file' / 'shm')) is None
+
+
+def test_process_names_that_are_not_utf8_are_replaced(tmp_path):
+    # A process names itself as it likes (prctl PR_SET_NAME): the name must still go back as JSON.
+    (tmp_path / '42').mkdir()
+    (tmp_path / '42' / 'comm').write_bytes(b'py\xff\xfe\n')
+    (tmp_path / '42' / 'cgroup').write_bytes(b'0::/system.slice/vllm\xff.service\n')
+    assert gp.process_name(42, str(tmp_path)) == u'py\ufffd\ufffd'
+    assert gp.belongs_to_service(42, u'vllm\ufffd', str(tmp_path)) is True

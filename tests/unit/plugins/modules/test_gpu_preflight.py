@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import stat
+import time
 
 import pytest
 
@@ -28,15 +29,15 @@ GIB = 1024 ** 3
 run_module = functools.partial(module_runner.run_module, 'gpu_preflight')
 
 
-def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0):
-    """A nvidia-smi that answers the two queries with the captured output."""
+def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0, before=':'):
+    """A nvidia-smi that answers the two queries with the captured output, after the shell command before."""
     bindir = tmp_path / 'bin'
     bindir.mkdir()
     script = bindir / 'nvidia-smi'
-    script.write_text('#!/bin/sh\ncase "$1" in\n'
+    script.write_text('#!/bin/sh\n%s\ncase "$1" in\n'
                       '  --query-gpu=*) cat "%s/%s.txt"; exit %d;;\n'
                       '  --query-compute-apps=*) cat "%s/%s.txt";;\n'
-                      'esac\n' % (SMI, gpu, rc, SMI, apps))
+                      'esac\n' % (before, SMI, gpu, rc, SMI, apps))
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(bindir)
 
@@ -111,6 +112,17 @@ def test_failing_nvidia_smi(tmp_path, model):
                         'to query.' % (tmp_path / 'bin'))
 
 
+def test_a_hung_nvidia_smi_is_killed_at_the_deadline(tmp_path, model):
+    """A wedged driver hangs nvidia-smi in the kernel: the preflight must fail at nvidia_smi_timeout, not wait with it."""
+    start = time.monotonic()
+    rc, r = run_module(tmp_path, dict(model_path=model, nvidia_smi_timeout=2), fake_nvidia_smi(tmp_path, before='sleep 60'))
+    assert time.monotonic() - start < 30
+    assert rc == 1
+    assert r['msg'] == ('%s/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
+                        '--format=csv,noheader,nounits did not finish within 2 seconds and was killed: is the NVIDIA driver '
+                        'hung? (nvidia_smi_timeout sets the deadline)' % (tmp_path / 'bin'))
+
+
 RTX = [{'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}]
 # ceil(0.9 x 97887 MiB) - 5 GiB reserve - 1 MiB: leaves exactly 1 MiB of KV budget, 1024 tokens of 1024 B.
 TIGHT = -(-97887 * 1024 * 1024 * 9 // 10) - 5 * GIB - 1048576
@@ -146,6 +158,29 @@ def test_misfit_without_failing_picks_the_length_that_fits(tmp_path, model):
                                       fail_on_misfit=False))
     assert rc == 0
     assert (r['max_model_len'], r['max_model_len_fit'], r['fits'], r['problems']) == (1024, 1024, False, [])
+
+
+NOTHING_FITS = ('No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of 16 tokens '
+                '(16384 bytes).')
+
+
+@pytest.mark.parametrize('config, args, message', [
+    # The KV cache would take 0 or fewer bytes a token: it "fit" with kv_cache_tokens 0.
+    ({'model_type': 'deepseek_v3', 'num_hidden_layers': 2, 'max_position_embeddings': 4096}, {},
+     'config.json has no kv_lora_rank: cannot size the KV cache'),
+    (dict(LLAMA, head_dim=-64), {}, 'config.json: head_dim is -64, where an integer of at least 1 was expected'),
+    # A budget short of one block: auto chose max_model_len 0 and the module succeeded.
+    (LLAMA, dict(kv_cache_memory_bytes=1), NOTHING_FITS),
+    (LLAMA, dict(kv_cache_memory_bytes=1, fail_on_misfit=False), NOTHING_FITS),
+    (LLAMA, dict(kv_cache_memory_bytes=1, max_model_len=16), NOTHING_FITS),
+])
+def test_nothing_fits_is_never_a_fit(tmp_path, model, config, args, message):
+    with open(os.path.join(model, 'config.json'), 'w') as f:
+        json.dump(config, f)
+    args = dict(dict(model_path=model, accelerator='cpu', kv_cache_memory_bytes=GIB, max_model_len='auto'), **args)
+    rc, r = run_module(tmp_path, args)
+    assert (rc, r['msg']) == (1, message)
+    assert r.get('fits', False) is False
 
 
 def test_cpu_accelerator(tmp_path, model):
