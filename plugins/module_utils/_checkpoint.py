@@ -50,11 +50,11 @@ def open_regular(path):
     A FIFO would block the open or the read for ever, a device can be endless; the
     non-blocking open returns at once whatever path is, and fstat judges what was opened.
     """
-    f = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), 'rb')
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        f.close()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         raise CheckpointError('%s is not a regular file' % path)
-    return f
+    return os.fdopen(fd, 'rb')
 
 
 def read_json(path):
