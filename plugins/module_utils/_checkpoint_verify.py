@@ -1,0 +1,383 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""A checkpoint directory checked file by file against the Hub's manifest of its revision.
+
+PRIVATE to the collection: this is not a public API; it may change without notice.
+
+Every file of the manifest must be there with its size and digest; safetensors
+headers must parse and their data end the file; the safetensors index must name
+only shards that are there; nothing else may be there. The config files that
+llmserve.vllm.kv_cache_quant rewrote pass when putting back the values its record
+keeps gives the manifest's bytes. Digests are computed by a pool of threads and
+kept in a cache (_digest.DigestCache), so a rerun on an unchanged checkpoint reads
+no shard.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import fnmatch
+import gc
+import hashlib
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, read_json
+from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestError, describe_mode, digest_of_bytes, hash_file
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import name_problem
+from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
+    RECORD_NAME,
+    KvCacheQuantError,
+    apply_changes,
+    compact,
+    get_path,
+    read_checkpoint,
+    read_record,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import INDEX_NAME, read_header
+
+MISSING = 'missing'
+TRUNCATED = 'truncated'
+OVERSIZED = 'oversized'
+DIGEST_MISMATCH = 'digest_mismatch'
+EXTRA_FILE = 'extra_file'
+BAD_SAFETENSORS_HEADER = 'bad_safetensors_header'
+BAD_SAFETENSORS_INDEX = 'bad_safetensors_index'
+INDEX_NAMES_MISSING_SHARD = 'index_names_missing_shard'
+UNREADABLE = 'unreadable'
+
+# What huggingface_hub's local_dir mode writes beside the files (download metadata, locks, tree listings).
+DEFAULT_IGNORE = ('.cache/huggingface/**',)
+# Names of cached facts other than digests.
+HEADER_FACT = 'safetensors_header_problem'
+INDEX_FACT = 'index_shards'
+
+
+class VerifyError(Exception):
+    """The check cannot run at all (no checkpoint directory); the message says why."""
+
+
+def problem(name, kind, detail):
+    return {'file': name, 'kind': kind, 'detail': detail}
+
+
+def ignored(name, patterns):
+    """Whether ``name`` (relative, '/'-separated) matches one of the shell patterns; '*' also matches '/'."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def default_threads():
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def check_directory(path):
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        if not os.path.lexists(path):
+            raise VerifyError('checkpoint directory %s does not exist' % path)
+        raise VerifyError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc))
+    if not stat.S_ISDIR(info.st_mode):
+        raise VerifyError('checkpoint path %s is %s, not a directory' % (path, describe_mode(info.st_mode)))
+
+
+def list_files(root, patterns):
+    """{relative name: os.lstat_result} of everything but directories under ``root``, ignored names left out.
+
+    Links to directories are followed once (a directory reached twice is a loop).
+    """
+    found = {}
+    visited = set()
+    for top, dirs, files in os.walk(root, followlinks=True):
+        info = os.stat(top)
+        if (info.st_dev, info.st_ino) in visited:
+            dirs[:] = []
+            continue
+        visited.add((info.st_dev, info.st_ino))
+        rel_top = os.path.relpath(top, root)
+        prefix = '' if rel_top == '.' else rel_top.replace(os.sep, '/') + '/'
+        dirs[:] = [d for d in dirs if not ignored(prefix + d + '/', patterns)]
+        for name in files:
+            rel = prefix + name
+            if ignored(rel, patterns):
+                continue
+            try:
+                found[rel] = os.lstat(os.path.join(top, name))
+            except FileNotFoundError:
+                pass  # removed since the listing (a temporary file of a running download)
+    return found
+
+
+class FileCheck(object):
+    """What checking one file found: problems, the digest of its content, bytes read, whether the cache answered."""
+
+    def __init__(self, name):
+        self.name = name
+        self.problems = []
+        self.digest = None
+        self.hashed_bytes = 0
+        self.cache_hit = False
+
+
+def _stat_problem(full, name):
+    """(os.stat_result, None) for a regular file, else (None, problem)."""
+    try:
+        info = os.stat(full)
+    except OSError as exc:
+        if os.path.islink(full):
+            return None, problem(name, MISSING, 'a broken symbolic link to %s' % os.readlink(full))
+        if not os.path.lexists(full):
+            return None, problem(name, MISSING, 'not in the checkpoint')
+        return None, problem(name, UNREADABLE, 'cannot read it: %s' % (exc.strerror or exc))
+    if not stat.S_ISREG(info.st_mode):
+        return None, problem(name, UNREADABLE, '%s, not a regular file' % describe_mode(info.st_mode))
+    return info, None
+
+
+def _size_problem(name, size, expected):
+    if size < expected:
+        return problem(name, TRUNCATED, '%d bytes, the manifest says %d (%d missing: an interrupted download?)'
+                       % (size, expected, expected - size))
+    if size > expected:
+        return problem(name, OVERSIZED, '%d bytes, the manifest says %d (%d more)' % (size, expected, size - expected))
+    return None
+
+
+def header_problem(full):
+    """Why a safetensors file is not one safetensors can load, or None.
+
+    safetensors requires the tensors' data to follow the header without gaps or
+    overlaps and to end exactly at the end of the file.
+    """
+    try:
+        shard = read_header(full)
+    except CheckpointError as exc:
+        return str(exc)
+    extra = shard.file_bytes - shard.header_bytes - shard.data_bytes
+    if extra:
+        return ('%s has %d bytes after the tensor data its header describes; safetensors requires the data to end the file'
+                % (full, extra))
+    covered = sum(shard.tensors.values())
+    if covered != shard.data_bytes:
+        return ('%s: its tensors take %d bytes but their offsets span %d; safetensors requires them to follow one another'
+                % (full, covered, shard.data_bytes))
+    return None
+
+
+def check_file(root, entry, cache, size_may_differ=False):
+    """Check one manifest file: present, regular, size, digest and, for safetensors, the header.
+
+    ``size_may_differ``: a config file kv_cache_quant rewrote, judged after the pool.
+    """
+    check = FileCheck(entry.name)
+    full = os.path.join(root, entry.name)
+    info, found = _stat_problem(full, entry.name)
+    if found:
+        check.problems.append(found)
+        return check
+    found = _size_problem(entry.name, info.st_size, entry.size)
+    if found and not size_may_differ:
+        check.problems.append(found)
+        return check
+    check.digest = cache.get(full, info, entry.algorithm) if cache else None
+    if check.digest is not None:
+        check.cache_hit = True
+    else:
+        try:
+            digests, info = hash_file(full, [entry.algorithm])
+        except DigestError as exc:
+            check.problems.append(problem(entry.name, UNREADABLE, str(exc)))
+            return check
+        check.digest = digests[entry.algorithm]
+        check.hashed_bytes = info.st_size
+        if cache:
+            cache.put(full, info, {entry.algorithm: check.digest})
+    if check.digest != entry.digest and not size_may_differ:
+        check.problems.append(problem(entry.name, DIGEST_MISMATCH, '%s %s, the manifest says %s'
+                                      % (entry.algorithm, check.digest, entry.digest)))
+    if entry.name.endswith('.safetensors'):
+        found = _cached_fact(cache, full, info, HEADER_FACT, header_problem)
+        if found:
+            check.problems.append(problem(entry.name, BAD_SAFETENSORS_HEADER, found))
+    return check
+
+
+def _cached_fact(cache, full, info, fact, compute):
+    """compute(full), remembered in the cache for these very bytes ('' stands for None)."""
+    value = cache.get(full, info, fact) if cache else None
+    if value is None:
+        value = compute(full)
+        if cache:
+            cache.put(full, info, {fact: value if value is not None else ''})
+    return value or None
+
+
+def original_config_bytes(path, name, record):
+    """The bytes of config file ``name`` as they were before kv_cache_quant stripped it, rebuilt from its record.
+
+    Raises KvCacheQuantError when the file is not what the record says it left.
+    """
+    config = read_checkpoint(path).get(name)
+    if config is None:
+        raise KvCacheQuantError('%s is missing' % name)
+    changes = []
+    for entry in record['entries']:
+        if entry['file'] != name:
+            continue
+        keys = tuple(entry['path'])
+        try:
+            current = get_path(config.doc, keys)
+        except KeyError:
+            raise KvCacheQuantError('%s, which its record says it set to null, is no longer there' % entry['key'])
+        if current is not None:
+            raise KvCacheQuantError('%s is %s, where its record says it set null' % (entry['key'], compact(current)))
+        changes.append({'keys': keys, 'after': entry['before'], 'after_text': entry.get('before_text')})
+    text = apply_changes(config.text, config.doc, changes, name)[0]
+    return text.encode('utf-8')
+
+
+class Report(object):
+    """The outcome of one check."""
+
+    def __init__(self):
+        self.problems = []
+        self.rewritten = []
+        self.files = 0
+        self.bytes = 0
+        self.cache_hits = 0
+        self.hashed_bytes = 0
+        self.fingerprint = None
+
+    @property
+    def ok(self):
+        return not self.problems
+
+
+def fingerprint(digests):
+    """SHA-256 over the sorted (name, algorithm, digest) triples: equal on every node that holds the same bytes."""
+    hasher = hashlib.sha256()
+    for name, algorithm, digest in sorted(digests):
+        hasher.update(('%s\0%s:%s\n' % (name, algorithm, digest)).encode('utf-8'))
+    return hasher.hexdigest()
+
+
+class _Record(object):
+    """kv_cache_quant's record beside the checkpoint: the files it rewrote, or the problem reading it."""
+
+    def __init__(self, path):
+        self.doc = None
+        self.problem = None
+        try:
+            self.doc = read_record(path)
+        except KvCacheQuantError as exc:
+            self.problem = problem(RECORD_NAME, UNREADABLE, str(exc))
+        self.files = set(entry['file'] for entry in self.doc['entries']) if self.doc else set()
+
+
+def _judge_rewritten(path, entry, check, record, report):
+    """A config file that differs from the manifest and that kv_cache_quant's record lists: the digest to fingerprint, or None."""
+    if check.problems or check.digest == entry.digest:
+        report.problems.extend(check.problems)
+        return entry.digest if not check.problems else None
+    try:
+        original = original_config_bytes(path, entry.name, record.doc)
+    except KvCacheQuantError as exc:
+        report.problems.append(problem(entry.name, DIGEST_MISMATCH, '%s %s, the manifest says %s; %s lists it as rewritten, '
+                                       'but %s' % (entry.algorithm, check.digest, entry.digest, RECORD_NAME, exc)))
+        return None
+    restored = digest_of_bytes(original, entry.algorithm)
+    if len(original) != entry.size or restored != entry.digest:
+        detail = ('with the values %s recorded put back: %d bytes, %s %s; the manifest says %d bytes, %s '
+                  '(changed after kv_cache_quant rewrote it)'
+                  % (RECORD_NAME, len(original), entry.algorithm, restored, entry.size, entry.digest))
+        report.problems.append(problem(entry.name, DIGEST_MISMATCH, detail))
+        return None
+    report.rewritten.append(entry.name)
+    return check.digest
+
+
+def _check_index(path, expected, checks, cache, report):
+    """The safetensors index may only name shards that are there."""
+    if INDEX_NAME not in expected or checks[INDEX_NAME].problems:
+        return
+    full = os.path.join(path, INDEX_NAME)
+
+    def shard_names(index_path):
+        try:
+            weight_map = read_json(index_path).get('weight_map')
+        except CheckpointError as exc:
+            return str(exc)
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            return '%s has no weight_map of tensor names to shard files' % index_path
+        return sorted(set(weight_map.values()))
+
+    shards = _cached_fact(cache, full, os.stat(full), INDEX_FACT, shard_names)
+    if isinstance(shards, str):
+        report.problems.append(problem(INDEX_NAME, BAD_SAFETENSORS_INDEX, shards))
+        return
+    reported_missing = set(p['file'] for p in report.problems if p['kind'] == MISSING)
+    for shard in shards or ():
+        unsafe = name_problem(shard)
+        if unsafe:
+            report.problems.append(problem(INDEX_NAME, BAD_SAFETENSORS_INDEX, 'its weight_map names shard %s, which %s'
+                                           % (compact(shard), unsafe)))
+        elif shard not in reported_missing and not os.path.isfile(os.path.join(path, shard)):
+            report.problems.append(problem(shard, INDEX_NAMES_MISSING_SHARD,
+                                           '%s maps tensors to it, but it is not in the checkpoint' % INDEX_NAME))
+
+
+def verify(path, manifest, patterns=DEFAULT_IGNORE, threads=1, cache=None):
+    """Check the checkpoint at ``path`` against ``manifest``; a Report."""
+    check_directory(path)
+    # Parsing the safetensors headers of a big checkpoint makes millions of short-lived
+    # objects and no cycles: the cyclic collector would only rescan them (see _safetensors.scan).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _verify(path, manifest, patterns, threads, cache)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _verify(path, manifest, patterns, threads, cache):
+    report = Report()
+    on_disk = list_files(path, patterns)
+    expected = dict((name, entry) for name, entry in manifest.files.items() if not ignored(name, patterns))
+    # Read even when an ignore pattern hides it: it is what makes a rewritten config pass.
+    record = _Record(path) if os.path.lexists(os.path.join(path, RECORD_NAME)) else None
+    if record is not None and record.problem:
+        report.problems.append(record.problem)
+    rewritable = record.files if record is not None else set()
+    # Largest first, so that no big file starts last while the other threads idle.
+    order = sorted(expected.values(), key=lambda e: (-e.size, e.name))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        checks = dict(zip([e.name for e in order],
+                          pool.map(lambda e: check_file(path, e, cache, e.name in rewritable), order)))
+    digests = []
+    for name, entry in sorted(expected.items()):
+        check = checks[name]
+        report.files += 1
+        report.bytes += entry.size
+        report.hashed_bytes += check.hashed_bytes
+        report.cache_hits += check.cache_hit
+        if name in rewritable:
+            digest = _judge_rewritten(path, entry, check, record, report)
+        else:
+            report.problems.extend(check.problems)
+            digest = entry.digest
+        digests.append((name, entry.algorithm, digest))
+    _check_index(path, expected, checks, cache, report)
+    for name in sorted(set(on_disk) - set(manifest.files) - set([RECORD_NAME])):
+        mode = on_disk[name].st_mode
+        what = '' if stat.S_ISREG(mode) else ' (%s)' % describe_mode(mode)
+        report.problems.append(problem(name, EXTRA_FILE, 'in the checkpoint%s but not in the manifest of revision %s'
+                                       % (what, manifest.revision)))
+    report.problems.sort(key=lambda p: (p['file'], p['kind']))
+    if report.ok:
+        report.fingerprint = fingerprint(digests)
+    return report

@@ -1,0 +1,268 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The Hugging Face Hub's list of a revision's files, read and checked.
+
+PRIVATE to the collection: this is not a public API; it may change without notice.
+
+``GET {endpoint}/api/models/{repo_id}/revision/{commit}?blobs=true`` (what
+``huggingface_hub.model_info(repo_id, revision=commit, files_metadata=True)`` fetches)
+answers ``{"sha": commit, "siblings": [{"rfilename", "size", "blobId", "lfs": {"sha256",
+"size", "pointerSize"}}]}``. ``lfs`` is there for files kept in Git LFS (the weights):
+their ``blobId`` is the git blob of the LFS pointer, so their content is ``lfs.sha256``.
+For the others ``blobId`` is the git blob SHA-1 of the content,
+``sha1(b"blob <size>\\0" + content)``.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import re
+import time
+
+from http.client import HTTPException
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote
+
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, open_regular
+from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
+from ansible_collections.llmserve.vllm.plugins.module_utils._digest import GIT_SHA1, SHA256
+
+DEFAULT_ENDPOINT = 'https://huggingface.co'
+# Kimi-K2.5's model info is about 60 kB; anything near this is not a model info.
+MAX_MANIFEST_BYTES = 64 << 20
+READ_CHUNK = 1 << 16
+
+_COMMIT = re.compile(r'^[0-9a-f]{40}$')
+_HEX40 = re.compile(r'^[0-9a-fA-F]{40}$')
+_HEX64 = re.compile(r'^[0-9a-fA-F]{64}$')
+# huggingface_hub's validate_repo_id: an optional namespace and a name of word characters, '-' and '.'.
+_REPO_ID = re.compile(r'^(?:[A-Za-z0-9_][\w.-]*/)?[A-Za-z0-9_][\w.-]{0,95}$', re.ASCII)
+
+
+class ManifestError(Exception):
+    """The manifest cannot be had or read; the message names where it came from and why."""
+
+
+class ManifestFile(object):
+    """One file of the revision: its size and the digest its content must have."""
+
+    def __init__(self, name, size, algorithm, digest):
+        self.name = name
+        self.size = size
+        self.algorithm = algorithm
+        self.digest = digest
+
+
+class Manifest(object):
+    """A revision's commit and its files {rfilename: ManifestFile}."""
+
+    def __init__(self, revision, files):
+        self.revision = revision
+        self.files = files
+
+
+def _shown(value):
+    """A JSON value for a message, cut short."""
+    return json.dumps(value)[:120]
+
+
+def revision_problem(revision, allow_unpinned=False, repo_id=None):
+    """Why ``revision`` cannot be used, or None.
+
+    A branch or tag can move between the runs on two nodes (or between the fetch and
+    the check), and then nodes serve different weights under the same name.
+    """
+    if _COMMIT.match(revision):
+        return None
+    if _HEX40.match(revision):
+        return 'revision %s must be written in lowercase, as the Hub writes commits' % revision
+    if allow_unpinned:
+        return None if revision.strip() else 'revision must not be empty'
+    repo = repo_id or 'REPO'
+    return ('revision %s is not a commit: a branch or tag can move, and then nodes fetch different files. '
+            'Give the full 40-hex commit it points to now: `hf models info %s --revision %s --expand sha --json`, '
+            'huggingface_hub.model_info(%r, revision=%r).sha, or the commit history on the repository\'s '
+            'web page (Files and versions, History); allow_unpinned_revision=true accepts a branch or tag anyway'
+            % (_shown(revision), repo, revision, repo, revision))
+
+
+def repo_id_problem(repo_id):
+    """Why ``repo_id`` is no Hub repository id, or None."""
+    if _REPO_ID.match(repo_id) and '..' not in repo_id and '--' not in repo_id and not repo_id.endswith(('.', '-')):
+        return None
+    return ("repo_id %s is not a Hub repository id: NAMESPACE/NAME of letters, digits, '_', '-' and '.' "
+            "(for example moonshotai/Kimi-K2.5)" % _shown(repo_id))
+
+
+def endpoint_problem(endpoint):
+    if re.match(r'^https?://[^/\s?#]+(/[^\s?#]*)?$', endpoint):
+        return None
+    return 'endpoint %s is not an http:// or https:// URL' % _shown(endpoint)
+
+
+def model_info_url(endpoint, repo_id, revision):
+    """The model-info URL of one revision with its blob metadata."""
+    return '%s/api/models/%s/revision/%s?blobs=true' % (endpoint.rstrip('/'), repo_id, quote(revision, safe=''))
+
+
+def name_problem(name):
+    """Why a file name from the Hub cannot be a file inside the checkpoint directory, or None."""
+    if not isinstance(name, str) or not name:
+        return 'is not a non-empty string'
+    if '\0' in name:
+        return 'holds a NUL character'
+    parts = name.split('/')
+    if name.startswith('/') or any(part in ('', '.', '..') for part in parts):
+        return 'is not a relative path inside the checkpoint'
+    return None
+
+
+def _byte_count(value):
+    # A JSON true is an int to Python, and no size.
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _file_entry(sibling, where, position):
+    """ManifestFile of one sibling; raises ManifestError naming it."""
+    if not isinstance(sibling, dict):
+        raise ManifestError('%s: siblings[%d] is %s, not an object' % (where, position, _shown(sibling)))
+    name = sibling.get('rfilename')
+    problem = name_problem(name)
+    if problem:
+        raise ManifestError('%s: siblings[%d].rfilename %s %s' % (where, position, _shown(name), problem))
+    if 'size' not in sibling or ('blobId' not in sibling and not sibling.get('lfs')):
+        raise ManifestError('%s: %s has no size and blobId: the manifest must be the model info with blob metadata '
+                            '(?blobs=true, files_metadata=True)' % (where, name))
+    size = _byte_count(sibling['size'])
+    if size is None:
+        raise ManifestError('%s: %s has size %s, not a byte count' % (where, name, _shown(sibling['size'])))
+    lfs = sibling.get('lfs')
+    if lfs is not None:
+        digest = lfs.get('sha256') if isinstance(lfs, dict) else None
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise ManifestError('%s: %s has lfs %s without a sha256 of 64 hex digits' % (where, name, _shown(lfs)))
+        if 'size' in lfs and lfs['size'] != size:
+            raise ManifestError('%s: %s has size %s but lfs.size %s' % (where, name, size, _shown(lfs['size'])))
+        return ManifestFile(name, size, SHA256, digest.lower())
+    digest = sibling['blobId']
+    if not isinstance(digest, str) or not _HEX40.match(digest):
+        raise ManifestError('%s: %s has blobId %s, not a git blob id of 40 hex digits' % (where, name, _shown(digest)))
+    return ManifestFile(name, size, GIT_SHA1, digest.lower())
+
+
+def parse_manifest(data, where):
+    """The Manifest in ``data`` (bytes of model-info JSON); ``where`` names its source in messages."""
+    try:
+        doc = json.loads(data.decode('utf-8'))
+    except UnicodeDecodeError as exc:
+        raise ManifestError('%s is not UTF-8 text: %s' % (where, exc))
+    except ValueError as exc:
+        raise ManifestError('%s is not valid JSON: %s' % (where, exc))
+    except RecursionError:
+        raise ManifestError('%s is nested too deeply to be read as JSON' % where)
+    if not isinstance(doc, dict):
+        raise ManifestError('%s does not hold a JSON object (the Hub\'s model info)' % where)
+    revision = doc.get('sha')
+    if not isinstance(revision, str) or not _HEX40.match(revision):
+        raise ManifestError('%s has sha %s, not the 40-hex commit of the revision it describes' % (where, _shown(revision)))
+    siblings = doc.get('siblings')
+    if not isinstance(siblings, list):
+        raise ManifestError('%s has siblings %s, not the list of the revision\'s files' % (where, _shown(siblings)))
+    files = {}
+    for position, sibling in enumerate(siblings):
+        entry = _file_entry(sibling, where, position)
+        if entry.name in files:
+            raise ManifestError('%s lists %s twice' % (where, entry.name))
+        files[entry.name] = entry
+    return Manifest(revision.lower(), files)
+
+
+def read_manifest_file(path):
+    """The Manifest in a file saved from the Hub (air-gapped sites)."""
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(MAX_MANIFEST_BYTES + 1)
+    except CheckpointError as exc:
+        raise ManifestError('manifest %s' % exc)
+    except (IOError, OSError) as exc:
+        raise ManifestError('cannot read manifest %s: %s' % (path, exc.strerror or exc))
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError('manifest %s is larger than %d bytes: not a model info' % (path, MAX_MANIFEST_BYTES))
+    return parse_manifest(data, 'manifest %s' % path)
+
+
+def _mask(text, token):
+    return text.replace(token, '********') if token else text
+
+
+def _read_limited(response, limit):
+    """The body, at most ``limit`` bytes; None when it has more."""
+    read = getattr(response, 'read1', None) or response.read
+    body = b''
+    while len(body) <= limit:
+        chunk = read(READ_CHUNK)
+        if not chunk:
+            return body
+        body += chunk
+    return None
+
+
+def _status_problem(status, headers, body, url, repo_id, revision, token):
+    """The message for a model-info answer other than 200."""
+    hub_says = (headers.get('X-Error-Message') if headers is not None else None) or ''
+    if not hub_says:
+        hub_says = body[:200].decode('utf-8', 'replace').strip()
+    detail = ' (the Hub says: %s)' % _mask(hub_says, token)[:300] if hub_says else ''
+    if status == 401:
+        cause = ('the token was refused' if token else
+                 'the repository is private or gated and needs a token (token, or HF_TOKEN on the host)')
+    elif status == 403:
+        cause = 'the token has no access to %s (a gated repository: accept its conditions on the Hub with this account)' % repo_id
+    elif status == 404:
+        cause = 'no repository %s, or no revision %s in it' % (repo_id, revision)
+    elif status in (301, 302, 303, 307, 308):
+        cause = ('a redirect to %s, which is not followed (the token would go along): '
+                 'was the repository renamed? Use its new name' % (headers.get('Location') if headers is not None else '?'))
+    else:
+        cause = 'the Hub did not give the model info'
+    return '%s answered HTTP %d: %s%s' % (url, status, cause, detail)
+
+
+def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate_certs=True):
+    """The Manifest of one revision, fetched from the Hub (or a mirror) within ``timeout`` seconds."""
+    url = model_info_url(endpoint, repo_id, revision)
+    headers = {'Accept': 'application/json'}
+    if token:
+        headers['Authorization'] = 'Bearer %s' % token
+    started = time.monotonic()
+    try:
+        with deadline(timeout):
+            try:
+                response = open_url(url, headers=headers, method='GET', timeout=timeout, validate_certs=validate_certs,
+                                    follow_redirects='none', decompress=False)
+            except HTTPError as exc:
+                response = exc
+            try:
+                status, answer_headers = response.getcode(), response.headers
+                body = _read_limited(response, MAX_MANIFEST_BYTES)
+            finally:
+                response.close()
+    except DeadlinePassed:
+        raise ManifestError('%s gave no complete answer within %d s' % (url, timeout))
+    except (URLError, HTTPException, OSError, ValueError) as exc:
+        reason = getattr(exc, 'reason', None) or exc
+        raise ManifestError('cannot fetch %s: %s (after %.1f s)' % (url, _mask(str(reason), token), time.monotonic() - started))
+    if body is None:
+        raise ManifestError('%s answered more than %d bytes: not a model info' % (url, MAX_MANIFEST_BYTES))
+    if status != 200:
+        raise ManifestError(_status_problem(status, answer_headers, body, url, repo_id, revision, token))
+    manifest = parse_manifest(body, url)
+    if _COMMIT.match(revision) and manifest.revision != revision:
+        raise ManifestError('%s describes commit %s, not %s' % (url, manifest.revision, revision))
+    return manifest

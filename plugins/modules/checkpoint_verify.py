@@ -1,0 +1,347 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+---
+module: checkpoint_verify
+short_description: Verify a model checkpoint file by file against the Hugging Face Hub's manifest of a revision
+version_added: 0.1.0
+description:
+  - Checks every file of a checkpoint directory against the Hub's own description of one revision of the
+    repository, the model info with blob metadata (C(GET /api/models/REPO/revision/COMMIT?blobs=true)).
+    Each file must be there, with the size the manifest gives and its digest (the SHA-256 for Git LFS files,
+    the weights; the git blob SHA-1 for the others).
+  - Safetensors headers must parse and the tensor data must end exactly at the end of each file; the
+    C(model.safetensors.index.json) weight map must name only shards that are there; a file in the
+    directory that the manifest does not list is a problem too.
+  - "Each problem names the file and its kind: V(missing), V(truncated) (smaller than the manifest says),
+    V(oversized), V(digest_mismatch), V(extra_file), V(bad_safetensors_header), V(bad_safetensors_index),
+    V(index_names_missing_shard), V(unreadable) (a FIFO, a device, a read error)."
+  - Config files that M(llmserve.vllm.kv_cache_quant) rewrote pass when putting back the values its record
+    (C(.llmserve-kv-cache-quant.json) beside the checkpoint) keeps gives exactly the manifest's bytes; they
+    are listed in RV(rewritten_by_kv_cache_quant), not reported as corrupt.
+  - The module fails, with the problems in its result, unless the checkpoint matches. It never changes the
+    checkpoint.
+  - Files are hashed in parallel by O(threads) threads. With O(cache_dir), what was read is remembered per
+    file (path, size, modification time, inode), so a rerun on an unchanged checkpoint reads no shard.
+author:
+  - llmserve.vllm contributors (@llmserve)
+extends_documentation_fragment:
+  - llmserve.vllm.attributes
+  - llmserve.vllm.attributes.READ_ONLY
+options:
+  path:
+    description:
+      - The checkpoint directory, the one that holds C(config.json) and the weights.
+    type: path
+    required: true
+  manifest:
+    description:
+      - >-
+        A file that holds the Hub's model info of the revision with blob metadata, for sites that cannot
+        reach the Hub. Save it where the Hub is reachable, for example with
+        C(curl -H "Authorization: Bearer $HF_TOKEN" https://huggingface.co/api/models/REPO/revision/COMMIT?blobs=true).
+      - Exactly one of O(manifest) and O(repo_id) is required.
+    type: path
+  repo_id:
+    description:
+      - The Hub repository, V(NAMESPACE/NAME); the manifest is fetched from O(endpoint).
+    type: str
+  revision:
+    description:
+      - The full 40-hex commit of the revision. Required with O(repo_id).
+      - A branch or tag is refused (it can move between the runs on two nodes), unless
+        O(allow_unpinned_revision=true). Find the commit with
+        C(hf models info REPO --revision main --expand sha --json), C(huggingface_hub.model_info(REPO).sha),
+        or on the repository's web page (Files and versions, History).
+      - With O(manifest), the manifest's commit must be this one.
+    type: str
+  allow_unpinned_revision:
+    description:
+      - Accept a branch or tag as O(revision); the commit it points to is returned in RV(revision).
+    type: bool
+    default: false
+  endpoint:
+    description:
+      - The Hub or a mirror of it.
+      - Defaults to the environment variable E(HF_ENDPOINT) on the host, else V(https://huggingface.co).
+    type: str
+  token:
+    description:
+      - A Hub access token, for private and gated repositories. Sent as a bearer token, never shown.
+      - Defaults to the environment variable E(HF_TOKEN) on the host.
+    type: str
+  timeout:
+    description:
+      - Seconds the whole exchange that fetches the manifest may take.
+    type: int
+    default: 60
+  validate_certs:
+    description:
+      - Whether the TLS certificate of O(endpoint) is checked.
+    type: bool
+    default: true
+  cache_dir:
+    description:
+      - A directory for the digest cache, C(checkpoint-digests.json), created readable by its owner only.
+        Without it every file is read on every run.
+      - The cache trusts a file whose size, modification time and inode are unchanged; to read everything
+        again, remove the cache file. A cache file that another user owns or may write is not used.
+      - The cache is not written in check mode.
+    type: path
+  threads:
+    description:
+      - How many files are hashed at once. Defaults to the number of CPUs, at most 8.
+    type: int
+  ignore:
+    description:
+      - Shell-style patterns of paths, relative to O(path), that are neither checked nor counted as extra
+        files. C(*) also matches C(/).
+      - The default leaves out what C(huggingface_hub) writes into a local directory it downloads to.
+    type: list
+    elements: str
+    default: ['.cache/huggingface/**']
+notes:
+  - Hashing a 540 GB checkpoint takes minutes even on fast disks; run the task with C(async) and C(poll) so
+    that the connection does not time out (see the examples).
+seealso:
+  - module: llmserve.vllm.kv_cache_quant
+  - name: Hub API, model info
+    description: The endpoint the manifest comes from.
+    link: https://huggingface.co/docs/hub/api#get-apimodelsrepoid-or-apimodelsrepoidrevisionrevision
+'''
+
+EXAMPLES = r'''
+- name: Ensure the checkpoint is exactly the pinned revision of the Hub repository
+  llmserve.vllm.checkpoint_verify:
+    path: /models/Kimi-K2.5-NVFP4
+    repo_id: nvidia/Kimi-K2.5-NVFP4
+    revision: 0123456789abcdef0123456789abcdef01234567
+    cache_dir: /var/lib/llmserve/verify-cache
+  # Reading 540 GB takes minutes: run it in the background and poll.
+  async: 7200
+  poll: 15
+  register: __verify
+
+- name: Ensure every node holds the same bytes
+  ansible.builtin.assert:
+    that: >-
+      ansible_play_hosts | map('extract', hostvars, ['__verify', 'fingerprint']) | unique | length == 1
+  run_once: true
+
+- name: Ensure an air-gapped copy matches the manifest saved from the Hub
+  llmserve.vllm.checkpoint_verify:
+    path: /models/Kimi-K2.5-NVFP4
+    manifest: /srv/manifests/Kimi-K2.5-NVFP4.json
+    revision: 0123456789abcdef0123456789abcdef01234567
+    ignore:
+      - .cache/huggingface/**
+      - original/**
+'''
+
+RETURN = r'''
+ok:
+  description: Whether the checkpoint matches the manifest (the module fails otherwise).
+  returned: always
+  type: bool
+  sample: true
+problems:
+  description: What does not match, one entry per problem, sorted by file.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    file:
+      description: The file, relative to O(path).
+      returned: always
+      type: str
+      sample: model-00002-of-00119.safetensors
+    kind:
+      description:
+        - V(missing), V(truncated), V(oversized), V(digest_mismatch), V(extra_file), V(bad_safetensors_header),
+          V(bad_safetensors_index), V(index_names_missing_shard) or V(unreadable).
+      returned: always
+      type: str
+      sample: truncated
+    detail:
+      description: The figures or the cause.
+      returned: always
+      type: str
+      sample: '2147483648 bytes, the manifest says 4718592000 (2571108352 missing: an interrupted download?)'
+  sample: []
+files:
+  description: How many files of the manifest were checked (those O(ignore) leaves out are not).
+  returned: when the manifest was read
+  type: int
+  sample: 130
+bytes:
+  description: Their size in bytes, as the manifest gives it.
+  returned: when the manifest was read
+  type: int
+  sample: 593720000000
+fingerprint:
+  description:
+    - SHA-256 over the sorted list of (file, digest) of the checkpoint as verified; the same on every node
+      that holds the same bytes, so a play can compare nodes and replicas.
+    - For a file that kv_cache_quant rewrote, the digest of its bytes as they are now.
+  returned: when RV(ok)
+  type: str
+  sample: 5d41402abc4b2a76b9719d911017c592a1e6f0c2b3e8c8f0d1f6a3e2b7c9d0e1
+revision:
+  description: The commit the manifest describes.
+  returned: when the manifest was read
+  type: str
+  sample: 0123456789abcdef0123456789abcdef01234567
+rewritten_by_kv_cache_quant:
+  description: Config files that differ from the manifest only by what M(llmserve.vllm.kv_cache_quant) recorded.
+  returned: when the manifest was read
+  type: list
+  elements: str
+  sample: [hf_quant_config.json]
+cache_hits:
+  description: How many files' digests came from the cache instead of being read.
+  returned: when the manifest was read
+  type: int
+  sample: 130
+hashed_bytes:
+  description: How many bytes were read to compute digests in this run (0 on a rerun with an unchanged checkpoint).
+  returned: when the manifest was read
+  type: int
+  sample: 0
+elapsed:
+  description: Seconds the module took.
+  returned: always
+  type: float
+  sample: 0.21
+'''
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule, env_fallback
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
+    DEFAULT_IGNORE,
+    VerifyError,
+    check_directory,
+    default_threads,
+    verify,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+    DEFAULT_ENDPOINT,
+    ManifestError,
+    endpoint_problem,
+    fetch_manifest,
+    read_manifest_file,
+    repo_id_problem,
+    revision_problem,
+)
+
+# Problems named in the failure message; all of them are in the result.
+SHOWN_PROBLEMS = 3
+
+
+def input_problem(params):
+    """What is wrong with the options that the argument spec cannot say, or None."""
+    if params['threads'] is not None and params['threads'] < 1:
+        return 'threads must be at least 1, got %d' % params['threads']
+    if params['timeout'] <= 0:
+        return 'timeout must be a positive number of seconds, got %d' % params['timeout']
+    if params['revision'] is not None:
+        found = revision_problem(params['revision'], params['allow_unpinned_revision'], params['repo_id'])
+        if found:
+            return found
+    if params['repo_id'] is not None:
+        return repo_id_problem(params['repo_id']) or endpoint_problem(params['endpoint'] or DEFAULT_ENDPOINT)
+    return None
+
+
+def load_manifest(params):
+    if params['manifest'] is not None:
+        manifest = read_manifest_file(params['manifest'])
+        wanted = params['revision']
+        if wanted is not None and revision_problem(wanted) is None and manifest.revision != wanted:
+            raise ManifestError('manifest %s describes commit %s, not revision %s' % (params['manifest'], manifest.revision, wanted))
+        return manifest
+    return fetch_manifest(params['endpoint'] or DEFAULT_ENDPOINT, params['repo_id'], params['revision'],
+                          token=params['token'], timeout=params['timeout'], validate_certs=params['validate_certs'])
+
+
+def failure_message(path, source, report):
+    shown = '; '.join('%s: %s (%s)' % (p['file'], p['kind'], p['detail']) for p in report.problems[:SHOWN_PROBLEMS])
+    more = len(report.problems) - SHOWN_PROBLEMS
+    return ('checkpoint %s does not match %s: %d problem%s: %s%s'
+            % (path, source, len(report.problems), '' if len(report.problems) == 1 else 's', shown,
+               '; and %d more in problems' % more if more > 0 else ''))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type='path', required=True),
+            manifest=dict(type='path'),
+            repo_id=dict(type='str'),
+            revision=dict(type='str'),
+            allow_unpinned_revision=dict(type='bool', default=False),
+            endpoint=dict(type='str', fallback=(env_fallback, ['HF_ENDPOINT'])),
+            token=dict(type='str', no_log=True, fallback=(env_fallback, ['HF_TOKEN'])),
+            timeout=dict(type='int', default=60),
+            validate_certs=dict(type='bool', default=True),
+            cache_dir=dict(type='path'),
+            threads=dict(type='int'),
+            ignore=dict(type='list', elements='str', default=list(DEFAULT_IGNORE)),
+        ),
+        mutually_exclusive=[('manifest', 'repo_id')],
+        required_one_of=[('manifest', 'repo_id')],
+        required_by={'repo_id': 'revision'},
+        supports_check_mode=True,
+    )
+    started = time.monotonic()
+    params = module.params
+    path = os.path.abspath(params['path'])
+    result = dict(changed=False, ok=False, problems=[])
+
+    def fail(msg):
+        result['elapsed'] = round(time.monotonic() - started, 3)
+        module.fail_json(msg=msg, **result)
+
+    problem = input_problem(params)
+    if problem:
+        fail(problem)
+    try:
+        check_directory(path)
+        manifest = load_manifest(params)
+    except (VerifyError, ManifestError) as exc:
+        fail(str(exc))
+    cache = DigestCache(params['cache_dir']) if params['cache_dir'] else None
+    if cache:
+        cache.load()
+    try:
+        report = verify(path, manifest, params['ignore'], params['threads'] or default_threads(), cache)
+    except VerifyError as exc:
+        fail(str(exc))
+    warnings = list(cache.warnings) if cache else []
+    if cache and not module.check_mode:
+        warnings.append(cache.save(path))
+    for warning in warnings:
+        if warning:
+            module.warn(warning)
+    result.update(ok=report.ok, problems=report.problems, files=report.files, bytes=report.bytes,
+                  revision=manifest.revision, rewritten_by_kv_cache_quant=report.rewritten,
+                  cache_hits=report.cache_hits, hashed_bytes=report.hashed_bytes)
+    if not report.ok:
+        fail(failure_message(path, 'revision %s of %s' % (manifest.revision, params['repo_id'] or 'manifest %s' % params['manifest']),
+                             report))
+    result.update(fingerprint=report.fingerprint, elapsed=round(time.monotonic() - started, 3))
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()
