@@ -21,12 +21,16 @@ import json
 import re
 import socket
 import time
+import unicodedata
 
-from http.client import HTTPException
+from http.client import BadStatusLine, HTTPException, IncompleteRead
 from urllib.error import HTTPError, URLError
+from urllib.parse import urlsplit
 
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import open_url
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 
 
 DEFAULT_URL = 'http://127.0.0.1:8000'
@@ -37,6 +41,8 @@ DEFAULT_TIMEOUT = 2700
 DEFAULT_INTERVAL = 2.0
 MAX_INTERVAL = 2.0
 DEFAULT_REQUEST_TIMEOUT = 30
+# A day: longer than any load, short enough for every timer and clock sum.
+MAX_TIMEOUT = 86400
 DEFAULT_JOURNAL_LINES = 20
 DEFAULT_MAX_RESTARTS = 1
 # How far back the journal is read to explain a failure.
@@ -45,6 +51,22 @@ JOURNAL_SCAN_LINES = 2000
 MAX_PROGRESS_LINES = 50
 # Longest answer or body excerpt quoted in a message.
 MAX_QUOTE = 500
+# The most of an answer that is read, in bytes, so that no server can fill the memory or the result.
+MAX_HEALTH_BYTES = 64 * 1024
+MAX_MODELS_BYTES = 1024 * 1024
+MAX_CHAT_BYTES = 4 * 1024 * 1024
+# The most of an answer (its content or reasoning) that is judged and returned, in characters: the end,
+# where a long answer reaches its conclusion. Python's re has no timeout and some expressions take time
+# quadratic in the text (.*paris); on this length they take well under a second.
+MAX_ANSWER_CHARS = 32768
+# Seconds `expect` may take on the answer; more means backtracking without end, as (a+)+$ does.
+MATCH_SECONDS = 5
+# Seconds one `systemctl show` may take (bounded by what is left of the wait), and one journalctl.
+UNIT_PROBE_SECONDS = 10
+JOURNAL_SECONDS = 5
+# JOURNAL_SCAN_LINES lines of a few hundred bytes; a journalctl that prints more is cut off.
+MAX_JOURNAL_BYTES = 4 * 1024 * 1024
+MASK = '********'
 
 UNIT_PROPERTIES = (
     'LoadState', 'ActiveState', 'SubState', 'Result', 'NRestarts',
@@ -101,6 +123,84 @@ class Unreachable(Exception):
         self.reason = reason
 
 
+class TooLarge(Exception):
+    """The endpoint answered with more bytes than the check reads from it."""
+
+    def __init__(self, limit):
+        self.reason = 'an answer of more than %d bytes' % limit
+        super(TooLarge, self).__init__(self.reason)
+
+
+def api_key_problem(api_key):
+    """Why api_key cannot travel as a Bearer token, or None. The message never quotes the key."""
+    for position, char in enumerate(api_key, 1):
+        if unicodedata.category(char) == 'Cc':
+            return ("api_key has a control character (U+%04X) at position %d; a Bearer token cannot carry one. "
+                    "A YAML '|' block scalar ends with a newline: use '|-' or a quoted string" % (ord(char), position))
+        if ord(char) > 127:
+            return 'api_key has a character outside ASCII at position %d; a Bearer token cannot carry one' % position
+    return None
+
+
+def url_problem(url):
+    """Why url cannot be the base URL of a vLLM server, or None.
+
+    A typo fails here at once instead of making every poll fail until the timeout.
+    """
+    if not url.startswith(('http://', 'https://')):
+        return "url '%s' must start with http:// or https://" % url
+    if any(char.isspace() or not char.isprintable() for char in url):
+        return "url '%s' has a space or a control character in it" % url
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        return "url '%s' is not a valid URL: %s" % (url, exc)
+    if parts.query or parts.fragment:
+        return "url '%s' has a query or a fragment; give the server's base URL" % url
+    if parts.path.rstrip('/').endswith('/v1'):
+        return "url '%s' ends with /v1; give the server's base URL, without /v1" % url
+    if not parts.hostname:
+        return "url '%s' has no host name" % url
+    try:
+        port_valid = parts.port != 0
+    except ValueError:  # not a number, or above 65535
+        port_valid = False
+    if not port_valid:
+        return "url '%s' has a port that is not a number from 1 to 65535" % url
+    if not parts.netloc.rpartition('@')[2].startswith('['):
+        try:
+            parts.hostname.encode('idna')
+        except UnicodeError:
+            return "url '%s' has a host name with an empty or too long label: '%s'" % (url, parts.hostname)
+    return None
+
+
+def expect_problem(expect):
+    """Why expect cannot judge an answer, or None."""
+    try:
+        pattern = re.compile(expect)
+    except re.error as exc:
+        return "expect '%s' is not a valid regular expression: %s" % (expect, exc)
+    if pattern.search('') is not None:
+        return ("expect '%s' matches an empty answer, so it cannot tell an answer from none; give text that the "
+                "right answer must contain" % expect)
+    return None
+
+
+def mask(text, secret):
+    """text with secret replaced by ********, as it is and as JSON or Python's repr escape it.
+
+    Ansible masks a no_log value only as it is; a server or a traceback may quote it escaped.
+    Masking happens before any text is shortened, so that no cut can leave part of the secret.
+    """
+    if not secret:
+        return text
+    spellings = set([secret, json.dumps(secret)[1:-1], repr(secret)[1:-1]])
+    for spelling in sorted(spellings, key=len, reverse=True):
+        text = text.replace(spelling, MASK)
+    return text
+
+
 def quote(text, limit=MAX_QUOTE):
     """Shorten text for a message, marking what was cut."""
     text = to_text(text if text is not None else '')
@@ -115,18 +215,25 @@ def describe_unreachable(exc, timeout):
     if isinstance(reason, ConnectionRefusedError):
         return 'connection refused'
     if isinstance(reason, (socket.timeout, TimeoutError)):
-        return 'no answer within %s s' % _fmt_seconds(timeout)
+        return 'no complete answer within %s s' % format_seconds(timeout)
     if isinstance(reason, ConnectionResetError):
         return 'connection reset'
+    if isinstance(reason, IncompleteRead):
+        counts = '%d bytes read' % len(reason.partial)
+        if reason.expected is not None:
+            counts += ', %d more expected' % reason.expected
+        return 'connection closed in the middle of the answer (%s)' % counts
+    if isinstance(reason, BadStatusLine):
+        return 'an answer that is not HTTP: %r' % reason.line
     if isinstance(reason, socket.gaierror):
         return 'host name not resolved (%s)' % to_text(reason)
     text = to_text(reason)
     if 'timed out' in text:
-        return 'no answer within %s s' % _fmt_seconds(timeout)
+        return 'no complete answer within %s s' % format_seconds(timeout)
     return text or type(reason).__name__
 
 
-def _fmt_seconds(value):
+def format_seconds(value):
     value = float(value)
     if value == int(value):
         return '%d' % value
@@ -134,13 +241,16 @@ def _fmt_seconds(value):
 
 
 def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
-    """Return http(method, path, payload, timeout) -> (status, text) through open_url.
+    """Return http(method, path, payload, timeout, limit) -> (status, text) through open_url.
 
-    Any HTTP status comes back as a value; only a missing answer raises Unreachable.
+    Any HTTP status comes back as a value. The whole exchange, the body included, ends
+    within timeout seconds, or raises Unreachable as a missing answer does; a body of more
+    than limit bytes raises TooLarge. The text is decoded with replacement characters
+    (the result must stay valid UTF-8) and has the api_key masked.
     """
     base_url = base_url.rstrip('/')
 
-    def call(method, path, payload=None, timeout=DEFAULT_REQUEST_TIMEOUT):
+    def call(method, path, payload=None, timeout=DEFAULT_REQUEST_TIMEOUT, limit=MAX_HEALTH_BYTES):
         headers = {'Accept': 'application/json'}
         data = None
         if payload is not None:
@@ -149,20 +259,42 @@ def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
         if api_key:
             headers['Authorization'] = 'Bearer %s' % api_key
         try:
-            response = open_url(base_url + path, data=data, headers=headers, method=method,
-                                timeout=timeout, validate_certs=validate_certs,
-                                use_proxy=use_proxy, follow_redirects='safe')
-            return response.getcode(), to_text(response.read(), errors='surrogate_or_replace')
-        except HTTPError as exc:
-            try:
-                body = exc.read()
-            except Exception:  # the body of an error is a courtesy; the status is what counts
-                body = b''
-            return exc.code, to_text(body, errors='surrogate_or_replace')
+            with deadline(timeout):
+                try:
+                    response = open_url(base_url + path, data=data, headers=headers, method=method,
+                                        timeout=timeout, validate_certs=validate_certs,
+                                        use_proxy=use_proxy, follow_redirects='safe',
+                                        # A gzip body would escape the byte limit (and a broken one raise
+                                        # zlib.error); none was asked for, so none is unpacked.
+                                        decompress=False)
+                except HTTPError as exc:
+                    response = exc  # an HTTP status is an answer: read its body as well
+                try:
+                    status, body = response.getcode(), read_body(response, limit)
+                finally:
+                    response.close()
+        except DeadlinePassed:
+            raise Unreachable('no complete answer within %s s' % format_seconds(timeout))
         except (URLError, HTTPException, OSError) as exc:
-            raise Unreachable(describe_unreachable(exc, timeout))
+            raise Unreachable(mask(describe_unreachable(exc, timeout), api_key))
+        return status, mask(to_text(body, errors='replace'), api_key)
 
     return call
+
+
+def read_body(response, limit):
+    """Read at most limit bytes of a response's body; TooLarge when it has more.
+
+    IncompleteRead when the connection closed before the Content-Length that the
+    server announced (http.client returns a short body for a bounded read).
+    """
+    body = response.read(limit + 1)
+    if len(body) > limit:
+        raise TooLarge(limit)
+    missing = getattr(response, 'length', None)
+    if missing:
+        raise IncompleteRead(body, missing)
+    return body
 
 
 def parse_unit_show(text):
@@ -274,6 +406,8 @@ def parse_json(text):
         return json.loads(text), None
     except ValueError as exc:
         return None, 'a body that is not JSON (%s): %s' % (to_text(exc), quote(text, 200))
+    except RecursionError:
+        return None, 'a body that is not JSON (nested too deeply): %s' % quote(text, 200)
 
 
 def parse_models(text):
@@ -284,11 +418,8 @@ def parse_models(text):
     data = doc.get('data') if isinstance(doc, dict) else None
     if not isinstance(data, list):
         raise ValueError('a body without a "data" list: %s' % quote(text, 200))
-    ids = []
-    for entry in data:
-        if isinstance(entry, dict) and entry.get('id'):
-            ids.append(to_text(entry['id']))
-    return ids
+    return [entry['id'] for entry in data if isinstance(entry, dict) and isinstance(entry.get('id'), str)
+            and entry['id']]
 
 
 def error_message(text):
@@ -311,7 +442,8 @@ def parse_chat(text):
     Returns a dict with answer, content, reasoning, finish_reason and
     completion_tokens.  The answer is the message content; when the content is
     empty (a reasoning model that spent max_tokens thinking) it is the
-    reasoning text (vLLM's `reasoning`, formerly `reasoning_content`).
+    reasoning text (vLLM's `reasoning`, formerly `reasoning_content`).  Content
+    and reasoning keep their last MAX_ANSWER_CHARS characters.
     Raises ValueError when the body is not a chat completion.
     """
     doc, error = parse_json(text)
@@ -328,18 +460,36 @@ def parse_chat(text):
     reasoning = message.get('reasoning')
     if reasoning is None:
         reasoning = message.get('reasoning_content')
-    content = to_text(content) if content is not None else None
-    reasoning = to_text(reasoning) if reasoning is not None else None
+    for name, value in (('content', content), ('reasoning', reasoning)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError('a message whose %s is not text: %s' % (name, quote(text, 200)))
+    content = _answer_end(content)
+    reasoning = _answer_end(reasoning)
     answer = content if content and content.strip() else (reasoning or content or '')
     usage = doc.get('usage') if isinstance(doc.get('usage'), dict) else {}
     tokens = usage.get('completion_tokens')
+    finish_reason = choice.get('finish_reason')
     return {
         'answer': answer,
         'content': content,
         'reasoning': reasoning,
-        'finish_reason': choice.get('finish_reason'),
-        'completion_tokens': tokens if isinstance(tokens, int) else None,
+        'finish_reason': finish_reason if isinstance(finish_reason, str) else None,
+        'completion_tokens': _count(tokens),
     }
+
+
+def _count(value):
+    """value when it is a count, else None: an int (a bool is one to Python) that is not negative."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _answer_end(text):
+    """The last MAX_ANSWER_CHARS characters of text, which the check judges and returns."""
+    if text is None:
+        return None
+    return text[-MAX_ANSWER_CHARS:]
 
 
 def answer_matches(expect, answer):
@@ -358,13 +508,17 @@ def unauthorized_message(what, status, url, api_key_set):
 class ChatCheck(object):
     """Wait for /health, then /v1/models, then judge one chat completion.
 
-    http(method, path, payload, timeout) -> (status, text), raising Unreachable.
-    probe_unit() -> dict of unit properties (only when unit is set).
+    http(method, path, payload, timeout, limit) -> (status, text), raising
+    Unreachable, or TooLarge for a body of more than limit bytes.
+    probe_unit(timeout) -> dict of unit properties (only when unit is set),
+    raising CheckFailed when systemd does not answer within timeout seconds.
     read_journal(since=None, lines=None) -> text of the unit's journal.
     clock() -> seconds on CLOCK_MONOTONIC (time.monotonic on Linux, the clock of
     systemd's *TimestampMonotonic properties): deadlines and durations;
     epoch() -> seconds since 1970, only to tell journalctl where to start;
     sleep(seconds).
+    The one effect not passed in: expect is matched under a real-time deadline
+    (MATCH_SECONDS, by SIGALRM), since no clock read can interrupt a regex.
     """
 
     def __init__(self, http, url=DEFAULT_URL, model=None, prompt=DEFAULT_PROMPT, expect=DEFAULT_EXPECT,
@@ -429,6 +583,8 @@ class ChatCheck(object):
         try:
             return journal_lines(self.read_journal(**kwargs))
         except Exception:  # the journal only adds detail; never let it hide the verdict
+            # Nor delay it twice: a journalctl that hung once is not asked again.
+            self.read_journal = None
             return []
 
     def _main_start_epoch(self):
@@ -459,18 +615,22 @@ class ChatCheck(object):
         raise CheckFailed(msg, **details)
 
     def _check_unit(self):
-        self.unit_state = self.probe_unit()
+        try:
+            self.unit_state = self.probe_unit(max(1.0, min(UNIT_PROBE_SECONDS, self._remaining())))
+        except CheckFailed as exc:
+            self._fail(exc.msg)
         if self.baseline_restarts is None:
             self.baseline_restarts = _int(self.unit_state.get('NRestarts'))
         reason = judge_unit(self.unit, self.unit_state, self.baseline_restarts, self.max_restarts)
         if reason:
-            self._fail('%s while waiting %s s for %s to answer' % (reason, _fmt_seconds(self._elapsed()), self.url),
+            self._fail('%s while waiting %s s for %s to answer' % (reason, format_seconds(self._elapsed()), self.url),
                        explain=True)
 
     # -- the phases --------------------------------------------------------
 
     def _health(self):
-        status, text = self.http('GET', '/health', None, max(1.0, min(self.request_timeout, self._remaining())))
+        status, text = self.http('GET', '/health', None, max(1.0, min(self.request_timeout, self._remaining())),
+                                 MAX_HEALTH_BYTES)
         if status == 200:
             self.healthy_after = self._elapsed()
             return True
@@ -478,7 +638,8 @@ class ChatCheck(object):
         return False
 
     def _models(self):
-        status, text = self.http('GET', '/v1/models', None, max(1.0, min(self.request_timeout, self._remaining())))
+        status, text = self.http('GET', '/v1/models', None, max(1.0, min(self.request_timeout, self._remaining())),
+                                 MAX_MODELS_BYTES)
         if status in (401, 403):
             self._fail(unauthorized_message('/v1/models', status, self.url, self.api_key_set))
         if status != 200:
@@ -509,7 +670,12 @@ class ChatCheck(object):
         payload.update(self.extra_body)
         began = self.clock()
         # The first request after a load can be slow; it may use what is left of the wait.
-        status, text = self.http('POST', '/v1/chat/completions', payload, max(1.0, self._remaining()))
+        try:
+            status, text = self.http('POST', '/v1/chat/completions', payload, max(1.0, self._remaining()),
+                                     MAX_CHAT_BYTES)
+        except TooLarge as exc:
+            self._fail('The chat completion request to %s for %s got %s; a check reads no more'
+                       % (self.url, model, exc.reason))
         took = self.clock() - began
         if status in (401, 403):
             self._fail(unauthorized_message('/v1/chat/completions', status, self.url, self.api_key_set))
@@ -531,10 +697,9 @@ class ChatCheck(object):
     # -- the wait ----------------------------------------------------------
 
     def run(self):
-        try:
-            re.compile(self.expect)
-        except re.error as exc:
-            raise CheckFailed("expect '%s' is not a valid regular expression: %s" % (self.expect, exc))
+        problem = expect_problem(self.expect)
+        if problem:
+            raise CheckFailed(problem)
         self.start = self.clock()
         self.start_epoch = self.epoch()
         phase = 'health'
@@ -553,7 +718,7 @@ class ChatCheck(object):
                     if reply is not None:
                         return self._judge(model, reply)
                     phase = 'health'
-            except Unreachable as exc:
+            except (Unreachable, TooLarge) as exc:
                 self.last_state = '%s (%s)' % (exc.reason, {'health': '/health', 'models': '/v1/models',
                                                             'chat': '/v1/chat/completions'}[phase])
                 phase = 'health'
@@ -569,7 +734,7 @@ class ChatCheck(object):
             'chat': 'a chat completion',
         }[phase]
         msg = 'Timed out after %s s waiting for %s at %s; last seen: %s' % (
-            _fmt_seconds(self.timeout), waited_for, self.url, self.last_state)
+            format_seconds(self.timeout), waited_for, self.url, self.last_state)
         if self.unit:
             msg += '. The unit %s is %s' % (self.unit, describe_unit(self.unit_state))
             progress = self._progress()
@@ -578,10 +743,24 @@ class ChatCheck(object):
         self._fail(msg, explain=True)
 
     def _judge(self, model, reply):
+        answer = reply['answer']
+        try:
+            with deadline(MATCH_SECONDS):
+                matched = answer_matches(self.expect, answer)
+        except DeadlinePassed:
+            msg = ("expect '%s' took more than %s s to match the answer from %s at %s (%d characters); simplify it: "
+                   "nested repetition such as (a+)+ backtracks without end"
+                   % (self.expect, format_seconds(MATCH_SECONDS), model, self.url, len(answer)))
+        else:
+            msg = None
+            if not matched:
+                msg = "The answer from %s at %s did not match '%s': '%s'" % (model, self.url, self.expect, quote(answer))
+                if reply['finish_reason'] == 'length':
+                    msg += ' (cut at max_tokens=%d)' % self.max_tokens
         result = self._details()
         result.update({
             'model': model,
-            'answer': reply['answer'],
+            'answer': answer,
             'content': reply['content'],
             'reasoning': reply['reasoning'],
             'finish_reason': reply['finish_reason'],
@@ -590,10 +769,6 @@ class ChatCheck(object):
             'request_seconds': reply['request_seconds'],
         })
         result.pop('last_state', None)
-        if not answer_matches(self.expect, reply['answer']):
-            msg = "The answer from %s at %s did not match '%s': '%s'" % (
-                model, self.url, self.expect, quote(reply['answer']))
-            if reply['finish_reason'] == 'length':
-                msg += ' (cut at max_tokens=%d)' % self.max_tokens
+        if msg:
             raise CheckFailed(msg, **result)
         return result

@@ -37,6 +37,11 @@ options:
   url:
     description:
       - Base URL of the vLLM OpenAI-compatible server, without C(/v1).
+      - It is checked before the first poll, so that a typo fails at once instead of at O(timeout). The module
+        refuses a scheme other than C(http) or C(https), a space or a control character, a query or a fragment,
+        a path that ends with C(/v1), a missing host name, a host name with an empty label (C(vllm..local)) or
+        a label longer than 63 characters, and a port that is not a number from 1 to 65535.
+      - A password in the URL (C(https://user:password@host)) is masked in all the module returns.
     type: str
     default: http://127.0.0.1:8000
   model:
@@ -55,6 +60,12 @@ options:
       - A Python regular expression that must match somewhere in the answer (C(re.search)).
       - The answer is the message content; when the content is empty (a reasoning model that spent
         O(max_tokens) thinking) it is the reasoning text.
+      - Only the last 32,768 characters of the answer are judged, where a long answer reaches its
+        conclusion. Python's C(re) has no timeout; on that length a quadratic expression such as
+        V(.*paris) takes well under a second, and a match that takes more than 5 seconds (nested
+        repetition such as V((a+\)+$) backtracks without end) fails the check.
+      - An expression that matches an empty answer (V(''), V(x*), V(paris|)) is refused, since it would accept
+        any answer.
     type: str
     default: (?i)paris
   max_tokens:
@@ -73,11 +84,20 @@ options:
     description:
       - The server's API key (vLLM C(--api-key)), sent as a C(Bearer) token in the C(Authorization) header.
       - vLLM only guards C(/v1) paths, so C(/health) answers without it.
+      - It must be printable ASCII, as a Bearer token is. A key with a control character (the final newline
+        of a YAML C(|) block scalar) or a character outside ASCII is refused, with a message that names the
+        position, never the key.
+      - The key is masked, as it is and as JSON or Python escape it, in all text the module returns (an error
+        body that echoes it, journal lines that quote it).
     type: str
   timeout:
     description:
-      - Seconds the whole wait may take, from the first poll to the answer.
+      - Seconds the whole wait may take, from the first poll to the answer; at most 86400 (a day).
       - The default, 45 minutes, leaves room for loading a checkpoint of about 540 GB.
+      - It holds whatever the server does (a body trickled a byte at a time, an endless event stream,
+        an answer that never comes). It can be overrun by at most 1 second (the last request is given at
+        least that), plus 5 seconds to judge the answer, plus 5 seconds per C(journalctl) call when O(unit)
+        is set and its journal is read to explain a failure.
     type: int
     default: 2700
   interval:
@@ -87,7 +107,8 @@ options:
     default: 2.0
   request_timeout:
     description:
-      - Seconds each C(/health) and C(/v1/models) request may take.
+      - Seconds each C(/health) and C(/v1/models) request may take, from connecting to the last byte of
+        the body; at most 86400.
       - The chat request may use all the time left before O(timeout), because the first request after
         a load can be slow.
     type: int
@@ -106,6 +127,9 @@ options:
     description:
       - The systemd unit that runs the server. When set, each poll reads its state with
         C(systemctl show) and failures quote C(journalctl --unit) lines.
+      - C(systemctl show) may take what is left of O(timeout), at most 10 seconds; one that takes longer
+        (a wedged systemd) fails the check. A C(journalctl) that runs longer than 5 seconds or prints more
+        than 4 MiB is killed and not asked again; the messages then lack the journal lines.
     type: str
   max_restarts:
     description:
@@ -120,6 +144,10 @@ options:
     default: 20
 notes:
   - The check request runs at temperature 0, so a healthy model answers the same way every time.
+  - The module reads at most 64 KiB of a C(/health) answer, 1 MiB of a C(/v1/models) answer and 4 MiB of a
+    chat completion. A larger C(/health) or C(/v1/models) answer counts as no answer (the wait goes on); a
+    larger chat completion fails the check at once. Text that is not UTF-8 is read with replacement
+    characters.
   - The unit's journal is read with C(journalctl), which needs root or membership in C(systemd-journal)
     or C(adm); without it the messages only lack the journal lines.
 seealso:
@@ -170,7 +198,9 @@ model:
   type: str
   sample: nvidia/Kimi-K2.5-NVFP4
 answer:
-  description: The answer that was judged (the content, or the reasoning text when the content is empty).
+  description:
+    - The answer that was judged (the content, or the reasoning text when the content is empty).
+    - At most its last 32,768 characters, as RV(content) and RV(reasoning) are.
   returned: success, or when the answer did not match
   type: str
   sample: The capital of France is Paris.
@@ -235,7 +265,9 @@ unit_state:
     ExecMainStatus: "0"
     ExecMainStartTimestampMonotonic: "1234567890"
 last_state:
-  description: What the last poll saw, on failure (for example V(/health answered 503) or V(connection refused (/health))).
+  description:
+    - What the last poll saw, on failure (for example V(/health answered 503), V(connection refused (/health)),
+      V(no complete answer within 30 s (/health)) or V(an answer of more than 65536 bytes (/health))).
   returned: failure
   type: str
   sample: connection refused (/health)
@@ -248,8 +280,11 @@ journal:
     - "ValueError: To serve at least one request with the model's max seq len (262144), ..."
 '''
 
+from urllib.parse import urlsplit
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_EXPECT,
     DEFAULT_INTERVAL,
@@ -260,42 +295,69 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_TIMEOUT,
     DEFAULT_URL,
+    JOURNAL_SECONDS,
     MAX_INTERVAL,
+    MAX_JOURNAL_BYTES,
+    MAX_TIMEOUT,
     UNIT_PROPERTIES,
     ChatCheck,
     CheckFailed,
+    api_key_problem,
+    format_seconds,
     make_transport,
+    mask,
     parse_unit_show,
+    url_problem,
 )
 
 
+def hide_url_password(module):
+    """A password in url is as secret as api_key: Ansible then masks it in all the module returns."""
+    try:
+        password = urlsplit(module.params['url']).password
+    except ValueError:  # url_problem says what is wrong with such a url
+        return
+    if password:
+        module.no_log_values.add(password)
+
+
 def validate(module):
-    """Ranges that argument_spec cannot express; returns the first problem or None."""
+    """What argument_spec cannot express; returns the first problem or None."""
     p = module.params
-    if not p['url'].startswith(('http://', 'https://')):
-        return "url '%s' must start with http:// or https://" % p['url']
+    problem = url_problem(p['url']) or api_key_problem(p['api_key'] or '')
+    if problem:
+        return problem
     if not 0 < p['interval'] <= MAX_INTERVAL:
         return 'interval must be more than 0 and at most %s seconds, got %s' % (MAX_INTERVAL, p['interval'])
     for name, low in (('timeout', 1), ('request_timeout', 1), ('max_tokens', 1),
                       ('max_restarts', 0), ('journal_lines', 0)):
         if p[name] < low:
             return '%s must be at least %d, got %d' % (name, low, p[name])
+    for name in ('timeout', 'request_timeout'):
+        if p[name] > MAX_TIMEOUT:
+            return '%s must be at most %d, got %d' % (name, MAX_TIMEOUT, p[name])
     return None
 
 
-def unit_probe(module, unit):
+def unit_probe(module, unit, api_key):
     systemctl = module.get_bin_path('systemctl', required=True)
 
-    def probe():
-        rc, out, err = module.run_command([systemctl, 'show', '--property', ','.join(UNIT_PROPERTIES), '--', unit])
+    def probe(seconds):
+        argv = [systemctl, 'show', '--property', ','.join(UNIT_PROPERTIES), '--', unit]
+        try:
+            rc, out, err = command.run(argv, seconds)
+        except command.CommandTimeout:
+            raise CheckFailed('systemctl show %s did not finish within %s s' % (unit, format_seconds(seconds)))
+        except (command.CommandError, OSError) as exc:
+            raise CheckFailed('systemctl show %s failed: %s' % (unit, exc))
         if rc != 0:
-            raise CheckFailed('systemctl show %s failed (rc=%d): %s' % (unit, rc, (err or out).strip()))
+            raise CheckFailed('systemctl show %s failed (rc=%d): %s' % (unit, rc, mask((err or out).strip(), api_key)))
         return parse_unit_show(out)
 
     return probe
 
 
-def journal_reader(module, unit):
+def journal_reader(module, unit, api_key):
     journalctl = module.get_bin_path('journalctl')
     if journalctl is None:
         return None
@@ -306,8 +368,10 @@ def journal_reader(module, unit):
             cmd += ['--since', '@%d' % since]
         if lines is not None:
             cmd += ['--lines', '%d' % lines]
-        rc, out, err = module.run_command(cmd)
-        return out if rc == 0 else ''
+        # Raises when journalctl hangs or floods; the check then goes without the journal.
+        rc, out, err = command.run(cmd, JOURNAL_SECONDS, max_output=MAX_JOURNAL_BYTES)
+        # A request that failed may be logged with its Authorization header.
+        return mask(out, api_key) if rc == 0 else ''
 
     return read
 
@@ -334,19 +398,21 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    hide_url_password(module)
     problem = validate(module)
     if problem:
         module.fail_json(msg=problem)
 
     unit = p['unit']
+    api_key = p['api_key']
     check = ChatCheck(
-        http=make_transport(p['url'], api_key=p['api_key'], validate_certs=p['validate_certs'],
+        http=make_transport(p['url'], api_key=api_key, validate_certs=p['validate_certs'],
                             use_proxy=p['use_proxy']),
         url=p['url'], model=p['model'], prompt=p['prompt'], expect=p['expect'], max_tokens=p['max_tokens'],
         timeout=p['timeout'], interval=p['interval'], request_timeout=p['request_timeout'],
-        api_key_set=bool(p['api_key']), extra_body=p['extra_body'],
-        unit=unit, probe_unit=unit_probe(module, unit) if unit else None,
-        read_journal=journal_reader(module, unit) if unit else None,
+        api_key_set=bool(api_key), extra_body=p['extra_body'],
+        unit=unit, probe_unit=unit_probe(module, unit, api_key) if unit else None,
+        read_journal=journal_reader(module, unit, api_key) if unit else None,
         max_restarts=p['max_restarts'], journal_lines=p['journal_lines'],
     )
     try:

@@ -9,24 +9,33 @@ __metaclass__ = type
 import json
 import os
 import socket
+import time
+
+from http.client import BadStatusLine, IncompleteRead, RemoteDisconnected
 
 import pytest
 
+from ansible_collections.llmserve.vllm.plugins.module_utils import _chat_check
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     ChatCheck,
     CheckFailed,
+    TooLarge,
     Unreachable,
     answer_matches,
+    api_key_problem,
     describe_unreachable,
     error_message,
+    expect_problem,
     explaining_lines,
     journal_lines,
     judge_unit,
+    mask,
     parse_chat,
     parse_models,
     parse_unit_show,
     progress_lines,
     strip_log_prefix,
+    url_problem,
 )
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures', 'chat_check')
@@ -221,6 +230,8 @@ def test_judge_unit(state, baseline, max_restarts, expected):
     (fixture('vllm-models.json'), ['tiny-chat']),
     ('{"object": "list", "data": []}', []),
     ('{"data": [{"id": "a"}, {"object": "model"}, {"id": "b"}]}', ['a', 'b']),
+    # Ids that are no names are skipped, as entries without an id are.
+    ('{"data": [{"id": 7}, {"id": ["x"]}, {"id": ""}, {"id": null}, "tiny-chat", {"id": "c"}]}', ['c']),
 ])
 def test_parse_models(text, expected):
     assert parse_models(text) == expected
@@ -230,6 +241,9 @@ def test_parse_models(text, expected):
     ('<html>', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): <html>'),
     ('{"object": "list"}', 'a body without a "data" list: {"object": "list"}'),
     ('[1]', 'a body without a "data" list: [1]'),
+    ('{"data": {"id": "a"}}', 'a body without a "data" list: {"data": {"id": "a"}}'),
+    ('[' * 5000 + ']' * 5000,
+     'a body that is not JSON (nested too deeply): ' + '[' * 200 + '... (9800 more characters)'),
 ])
 def test_parse_models_errors(text, expected):
     with pytest.raises(ValueError) as err:
@@ -266,6 +280,19 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
      {'answer': '', 'content': '', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': 1}),
     (chat_body('Paris', usage=False),
      {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': None}),
+    # Counts that are no counts, and a finish reason that is no word, are none.
+    (chat_body('Paris', tokens=-1, finish=7),
+     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': None, 'completion_tokens': None}),
+    (chat_body('Paris', tokens=True, finish=None),
+     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': None, 'completion_tokens': None}),
+    (chat_body('Paris', tokens=8.0),
+     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': None}),
+    # A long answer keeps its end, where it concludes.
+    (chat_body('x' * 40000 + ' Paris.', 'y' * 40000),
+     {'answer': 'x' * 32761 + ' Paris.', 'content': 'x' * 32761 + ' Paris.', 'reasoning': 'y' * 32768,
+      'finish_reason': 'stop', 'completion_tokens': 8}),
+    ('{"choices": [{}]}',
+     {'answer': '', 'content': None, 'reasoning': None, 'finish_reason': None, 'completion_tokens': None}),
 ])
 def test_parse_chat(text, expected):
     assert parse_chat(text) == expected
@@ -276,6 +303,14 @@ def test_parse_chat(text, expected):
     ('{"object": "error"}', 'a body without choices: {"object": "error"}'),
     ('{"choices": [{"message": "x"}]}', 'a choice without a message: {"choices": [{"message": "x"}]}'),
     ('nope', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): nope'),
+    ('{"choices": {"0": {}}}', 'a body without choices: {"choices": {"0": {}}}'),
+    ('{"choices": ["x"]}', 'a body without choices: {"choices": ["x"]}'),
+    ('{"choices": [{"message": {"content": 42}}]}',
+     'a message whose content is not text: {"choices": [{"message": {"content": 42}}]}'),
+    ('{"choices": [{"message": {"content": null, "reasoning_content": {"a": 1}}}]}',
+     'a message whose reasoning is not text: {"choices": [{"message": {"content": null, "reasoning_content": '
+     '{"a": 1}}}]}'),
+    ('[' * 5000, 'a body that is not JSON (nested too deeply): ' + '[' * 200 + '... (4800 more characters)'),
 ])
 def test_parse_chat_errors(text, expected):
     with pytest.raises(ValueError) as err:
@@ -319,9 +354,13 @@ class _Reason(Exception):
 @pytest.mark.parametrize('exc, expected', [
     (_Reason(ConnectionRefusedError(111, 'Connection refused')), 'connection refused'),
     (ConnectionRefusedError(111, 'Connection refused'), 'connection refused'),
-    (socket.timeout('timed out'), 'no answer within 30 s'),
-    (_Reason('timed out'), 'no answer within 30 s'),
+    (socket.timeout('timed out'), 'no complete answer within 30 s'),
+    (_Reason('timed out'), 'no complete answer within 30 s'),
     (ConnectionResetError(104, 'Connection reset by peer'), 'connection reset'),
+    (RemoteDisconnected('Remote end closed connection without response'), 'connection reset'),
+    (IncompleteRead(b'{"cho', 995), 'connection closed in the middle of the answer (5 bytes read, 995 more expected)'),
+    (IncompleteRead(b'{"cho'), 'connection closed in the middle of the answer (5 bytes read)'),
+    (BadStatusLine('HELLO\r\n'), "an answer that is not HTTP: 'HELLO\\r\\n'"),
     (_Reason(socket.gaierror(-2, 'Name or service not known')),
      'host name not resolved ([Errno -2] Name or service not known)'),
     (_Reason('[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed'),
@@ -351,12 +390,15 @@ class World(object):
         self.chat_seconds = chat_seconds
         self.now = 1000.0
         self.calls = []
+        self.limits = {}
         self.sleeps = []
+        self.probe_timeouts = []
         self.journal_calls = []
         self.payloads = []
 
-    def http(self, method, path, payload, timeout):
+    def http(self, method, path, payload, timeout, limit):
         self.calls.append((method, path, timeout))
+        self.limits[path] = limit
         script = self.scripts[path]
         answer = script.pop(0) if len(script) > 1 else script[0]
         if path == '/v1/chat/completions':
@@ -376,8 +418,12 @@ class World(object):
         self.sleeps.append(seconds)
         self.now += seconds
 
-    def probe_unit(self):
-        return self.units.pop(0) if len(self.units) > 1 else self.units[0]
+    def probe_unit(self, timeout):
+        self.probe_timeouts.append(timeout)
+        answer = self.units.pop(0) if len(self.units) > 1 else self.units[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def read_journal(self, since=None, lines=None):
         self.journal_calls.append({'since': since, 'lines': lines})
@@ -411,6 +457,8 @@ def test_waits_through_refused_and_503_then_judges_the_answer():
                                'messages': [{'role': 'user', 'content': 'What is the capital of France?'}]}]
     # /health and /v1/models get request_timeout; the chat request gets what is left of the wait.
     assert [t for m, p, t in world.calls] == [30, 30, 30, 30, 56.0]
+    # No answer is read past its limit.
+    assert world.limits == {'/health': 65536, '/v1/models': 1048576, '/v1/chat/completions': 4194304}
 
 
 def test_asks_the_named_model_with_the_extra_body():
@@ -484,6 +532,15 @@ def test_a_refused_api_key_fails_at_once(api_key_set, path, world_args, expected
      '{"choices": []}'),
     ({}, {'expect': '(unclosed'},
      "expect '(unclosed' is not a valid regular expression: missing ), unterminated subpattern at position 0"),
+    ({}, {'expect': ''},
+     "expect '' matches an empty answer, so it cannot tell an answer from none; give text that the right answer "
+     "must contain"),
+    ({'chat': [TooLarge(4194304)]}, {},
+     'The chat completion request to http://127.0.0.1:8000 for tiny-chat got an answer of more than 4194304 bytes; '
+     'a check reads no more'),
+    ({'chat': [(200, '{"choices": [{"message": {"content": 4}}]}')]}, {},
+     'The chat completion from tiny-chat at http://127.0.0.1:8000 answered with a message whose content is not text: '
+     '{"choices": [{"message": {"content": 4}}]}'),
 ])
 def test_fails_at_once(world_args, kwargs, expected_msg):
     world = World(**world_args)
@@ -513,6 +570,35 @@ def test_a_wrong_answer_fails_with_the_answer(chat, expect, expected_msg):
     assert err.value.msg == expected_msg
     assert err.value.details['model'] == 'tiny-chat'
     assert err.value.details['answer'] == parse_chat(chat[1])['answer']
+
+
+@pytest.mark.parametrize('world_args, expected_msg', [
+    ({'health': [TooLarge(65536)]},
+     'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: an answer of more '
+     'than 65536 bytes (/health)'),
+    ({'models': [TooLarge(1048576)]},
+     'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: an answer of more '
+     'than 1048576 bytes (/v1/models)'),
+])
+def test_an_answer_too_large_to_read_counts_as_none(world_args, expected_msg):
+    world = World(**world_args)
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=4).run()
+    assert err.value.msg == expected_msg
+    assert world.sleeps == [2.0, 2.0]
+
+
+def test_an_expect_that_backtracks_without_end_fails_within_its_time(monkeypatch):
+    monkeypatch.setattr(_chat_check, 'MATCH_SECONDS', 0.5)
+    world = World(chat=[(200, chat_body('a' * 40 + '!'))])
+    began = time.monotonic()
+    with pytest.raises(CheckFailed) as err:
+        world.check(expect='(a+)+$').run()
+    assert time.monotonic() - began < 3
+    assert err.value.msg == (
+        "expect '(a+)+$' took more than 0.5 s to match the answer from tiny-chat at http://127.0.0.1:8000 "
+        "(41 characters); simplify it: nested repetition such as (a+)+ backtracks without end")
+    assert err.value.details['answer'] == 'a' * 40 + '!'
 
 
 def test_a_chat_request_that_gets_no_answer_goes_back_to_health():
@@ -606,12 +692,110 @@ def test_the_timeout_with_a_unit_tells_its_state_and_progress():
 
 
 def test_a_broken_journal_does_not_hide_the_verdict():
+    calls = []
+
     def broken(**kwargs):
-        raise OSError('journalctl vanished')
+        calls.append(kwargs)
+        raise TimeoutError('journalctl --unit vllm.service did not finish within 5 s')
     world = World(units=[unit('failed', 'failed', 0, 'exit-code', 1)])
     with pytest.raises(CheckFailed) as err:
         world.check(read_journal=broken).run()
+    # A journal that failed once (it may hang) is not asked again.
+    assert len(calls) == 1
     assert err.value.msg == (
         'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
         'NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer')
     assert err.value.details['journal'] == []
+
+
+@pytest.mark.parametrize('timeout, expected', [
+    # Each probe may take what is left of the wait, at most 10 s and at least 1 s.
+    (4, [4.0, 2.0, 1.0]),
+    (60, [10.0] * 26 + [8.0, 6.0, 4.0, 2.0, 1.0]),
+])
+def test_the_unit_probe_gets_the_time_left(timeout, expected):
+    world = World(health=[REFUSED], units=[running(0)])
+    with pytest.raises(CheckFailed):
+        world.check(timeout=timeout).run()
+    assert world.probe_timeouts == expected
+
+
+def test_a_unit_probe_that_fails_fails_the_wait_with_its_details():
+    world = World(units=[CheckFailed('systemctl show vllm.service did not finish within 10 s')])
+    with pytest.raises(CheckFailed) as err:
+        world.check().run()
+    assert err.value.msg == 'systemctl show vllm.service did not finish within 10 s'
+    assert (err.value.details['elapsed'], err.value.details['restarts']) == (0.0, 0)
+    assert world.calls == []
+
+
+# ---------------------------------------------------------------- arguments
+
+CONTROL = ("api_key has a control character (U+%s) at position %d; a Bearer token cannot carry one. A YAML '|' "
+           "block scalar ends with a newline: use '|-' or a quoted string")
+
+
+@pytest.mark.parametrize('api_key, expected', [
+    ('sk-abc123', None),
+    ('', None),
+    ('sk-"odd\\\'', None),
+    ('sk-abc123\n', CONTROL % ('000A', 10)),
+    ('\tsk', CONTROL % ('0009', 1)),
+    ('sk\x00', CONTROL % ('0000', 3)),
+    ('sk\x7f', CONTROL % ('007F', 3)),
+    ('sk\x9b', CONTROL % ('009B', 3)),
+    ('sk-\u00e9', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
+    ('sk-\u2028', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
+], ids=['plain', 'empty', 'quotes-and-backslash', 'newline', 'tab', 'nul', 'del', 'c1', 'latin-1', 'line-separator'])
+def test_api_key_problem(api_key, expected):
+    assert api_key_problem(api_key) == expected
+
+
+@pytest.mark.parametrize('url, expected', [
+    ('http://127.0.0.1:8000', None),
+    ('https://llm.example.com/', None),
+    ('http://[::1]:8000', None),
+    ('https://user:pw@llm.example.com/vllm', None),
+    ('http://vllm.local.', None),
+    ('HTTP://x', "url 'HTTP://x' must start with http:// or https://"),
+    ('unix:///run/vllm.sock', "url 'unix:///run/vllm.sock' must start with http:// or https://"),
+    ('http://a\tb', "url 'http://a\tb' has a space or a control character in it"),
+    ('http://[::1', "url 'http://[::1' is not a valid URL: Invalid IPv6 URL"),
+    ('http://x#top', "url 'http://x#top' has a query or a fragment; give the server's base URL"),
+    ('http://x/v1/', "url 'http://x/v1/' ends with /v1; give the server's base URL, without /v1"),
+    ('http://', "url 'http://' has no host name"),
+    ('http://x:-1', "url 'http://x:-1' has a port that is not a number from 1 to 65535"),
+    ('http://x:65536', "url 'http://x:65536' has a port that is not a number from 1 to 65535"),
+    ('http://.x', "url 'http://.x' has a host name with an empty or too long label: '.x'"),
+    ('http://%s' % ('a.' * 127 + 'aa'), None),
+], ids=['ip-port', 'https-slash', 'ipv6', 'credentials-path', 'trailing-dot', 'upper-case-scheme', 'unix',
+        'tab', 'broken-ipv6', 'fragment', 'v1', 'no-host', 'negative-port', 'port-65536', 'leading-dot',
+        'long-host'])
+def test_url_problem(url, expected):
+    assert url_problem(url) == expected
+
+
+@pytest.mark.parametrize('expect, expected', [
+    ('(?i)paris', None),
+    (r'\b4\b', None),
+    ('^$', "expect '^$' matches an empty answer, so it cannot tell an answer from none; give text that the right "
+           "answer must contain"),
+    ('paris|', "expect 'paris|' matches an empty answer, so it cannot tell an answer from none; give text that the "
+               "right answer must contain"),
+    ('(', "expect '(' is not a valid regular expression: missing ), unterminated subpattern at position 0"),
+])
+def test_expect_problem(expect, expected):
+    assert expect_problem(expect) == expected
+
+
+@pytest.mark.parametrize('text, secret, expected', [
+    ('Bearer sk-1 refused', 'sk-1', 'Bearer ******** refused'),
+    ('no secret here', 'sk-1', 'no secret here'),
+    ('anything', None, 'anything'),
+    ('anything', '', 'anything'),
+    # As JSON and Python's repr escape it.
+    ('{"key": "sk-\\"a\\\\b"}', 'sk-"a\\b', '{"key": "********"}'),
+    ("b'Bearer sk-a\\\\b'", 'sk-a\\b', "b'Bearer ********'"),
+])
+def test_mask(text, secret, expected):
+    assert mask(text, secret) == expected

@@ -248,10 +248,21 @@ def test_timeout_on_a_port_that_never_opens(tmp_path):
     ({'url': '127.0.0.1:8000'}, "url '127.0.0.1:8000' must start with http:// or https://"),
     ({'expect': '[paris'},
      "expect '[paris' is not a valid regular expression: unterminated character set at position 0"),
+    ({'expect': ''}, "expect '' matches an empty answer, so it cannot tell an answer from none; give text that the "
+                     "right answer must contain"),
+    ({'timeout': 86401}, 'timeout must be at most 86400, got 86401'),
+    ({'url': 'http://vllm..local'}, "url 'http://vllm..local' has a host name with an empty or too long label: "
+                                    "'vllm..local'"),
+    ({'url': 'http://127.0.0.1:8o00'}, "url 'http://127.0.0.1:8o00' has a port that is not a number from 1 to 65535"),
+    # A YAML '|' block scalar ends the key with a newline; http.client then raised with the key in clear.
+    ({'api_key': 'sk-secret-123\n'},
+     "api_key has a control character (U+000A) at position 14; a Bearer token cannot carry one. A YAML '|' block "
+     "scalar ends with a newline: use '|-' or a quoted string"),
 ])
 def test_invalid_options(tmp_path, args, expected_msg):
     rc, result = run_module(tmp_path, dict({'timeout': 1}, **args))
     assert (rc, result['msg']) == (1, expected_msg)
+    assert 'sk-secret' not in json.dumps(result)
 
 
 # ---------------------------------------------------------------- with a unit (fake systemd tools)
