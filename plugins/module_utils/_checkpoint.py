@@ -35,9 +35,14 @@ KV_CACHE_DTYPE_BYTES = {
     'fp8_inc': 1,
 }
 
-# DeepSeek-V2/V3-style multi-head latent attention (vLLM's is_deepseek_mla list, the
-# model types this collection meets); a config with kv_lora_rank is treated as MLA too.
-MLA_MODEL_TYPES = ('deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'kimi_linear', 'deepseek_mtp')
+# The model types whose attention vLLM 0.32.0 runs as multi-head latent attention
+# (vllm/transformers_utils/model_arch_config_convertor.py is_deepseek_mla).
+MLA_MODEL_TYPES = (
+    'axk1', 'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'deepseek_v4', 'deepseek_v41', 'dots3_note', 'deepseek_mtp',
+    'k3_dspark', 'glm5_next', 'glm5_next_text', 'glm_moe_dsa', 'glm4_moe_lite', 'glm4_moe_lite_mtp', 'kimi_k2',
+    'kimi_linear', 'longcat_flash', 'pangu_ultra_moe', 'pangu_ultra_moe_mtp', 'bailing_hybrid', 'bailing_hybrid_mtp',
+    'bailing_hybrid_v3_mtp', 'hy_v4', 'hy_v4_mtp',
+)
 
 
 class CheckpointError(Exception):
@@ -93,20 +98,12 @@ def text_config(config):
     return config
 
 
-def model_quant_config(model_path, config):
-    """The quantization config vLLM attaches to the top-level HF config.
-
-    vllm/transformers_utils/config.py: config.json's top-level ``quantization_config``;
-    if absent, the whole of ``hf_quant_config.json`` (ModelOpt <= 0.29). Returns
-    (dict or None, where it came from).
-    """
-    qc = config.get('quantization_config')
-    if isinstance(qc, dict):
-        return qc, CONFIG_NAME
+def read_hf_quant_config(model_path, config):
+    """hf_quant_config.json (ModelOpt <= 0.29) when vLLM reads it: config.json has no quantization_config."""
     path = os.path.join(model_path, HF_QUANT_CONFIG_NAME) if model_path else None
-    if path and os.path.exists(path):
-        return read_json(path), HF_QUANT_CONFIG_NAME
-    return None, None
+    if config.get('quantization_config') is None and path and os.path.exists(path):
+        return read_json(path)
+    return None
 
 
 def normalize_quant_method(quant_cfg):
@@ -175,44 +172,75 @@ def model_dtype(config):
 
 
 def is_mla(config):
-    """Whether the language model uses DeepSeek-style multi-head latent attention."""
+    """Whether vLLM 0.32.0 runs the language model's attention as MLA (ModelConfig.use_mla).
+
+    As vLLM decides it for its own model implementations: the text config's model_type is one
+    of MLA_MODEL_TYPES and the model is causal; a DeepSeek-V4-style config (compress_ratios)
+    needs a head_dim. vLLM also wants kv_lora_rank not null, but transformers fills it in when
+    config.json leaves it out, and with it set to null vLLM cannot build the model at all: the
+    model_type decides here, and whoever sizes the cache reports the missing kv_lora_rank.
+    """
     tc = text_config(config)
-    if tc.get('model_type') in MLA_MODEL_TYPES:
-        return True
-    return bool(tc.get('kv_lora_rank'))
+    if tc.get('model_type') not in MLA_MODEL_TYPES or not tc.get('is_causal', True):
+        return False
+    if 'compress_ratios' in tc:
+        return tc.get('head_dim') is not None
+    return True
+
+
+def auto_kv_cache_dtype(config, hf_quant_config):
+    """What vLLM 0.32.0 makes of ``--kv-cache-dtype auto``: (cache dtype, where it comes from).
+
+    The dtype is None when the KV cache keeps the model's dtype. The one answer every module
+    uses; tests/integration/test_kv_cache_dtype_vllm.py checks it against vLLM's own code.
+
+    1. The top-level quantization config is config.json's ``quantization_config`` or, when that
+       is absent, ``hf_quant_config.json`` (vllm/transformers_utils/config.py); for ModelOpt its
+       kv_cache_scheme / kv_cache_quant_algo decide (get_kv_cache_quant_algo_string in
+       resolve_kv_cache_dtype_string). A ModelOpt config only under text_config is not read.
+    2. The layers load that config or, without one, text_config's (weight_utils.get_quant_config);
+       a compressed-tensors kv_cache_scheme there turns a dtype still auto into fp8 in standard
+       attention layers (attention.py); MLA layers keep it.
+    """
+    quant_cfg, source = config.get('quantization_config'), CONFIG_NAME
+    if quant_cfg is None:
+        quant_cfg, source = hf_quant_config, HF_QUANT_CONFIG_NAME
+    if isinstance(quant_cfg, dict):
+        algo = kv_cache_quant_algo_string(quant_cfg)
+        if algo is not None:
+            if algo == 'auto':
+                return None, source
+            return algo, '%s (quant_method %s)' % (source, normalize_quant_method(quant_cfg))
+    elif quant_cfg is None and isinstance(config.get('text_config'), dict):
+        quant_cfg, source = config['text_config'].get('quantization_config'), 'text_config of ' + CONFIG_NAME
+    if (isinstance(quant_cfg, dict) and normalize_quant_method(quant_cfg) == 'compressed-tensors'
+            and quant_cfg.get('kv_cache_scheme') is not None and not is_mla(config)):
+        return 'fp8', 'the kv_cache_scheme in %s (compressed-tensors)' % source
+    return None, None
 
 
 def resolve_kv_cache_dtype(requested, model_path, config):
-    """The KV-cache dtype vLLM ends up with for ``--kv-cache-dtype requested``.
+    """The KV-cache dtype vLLM ends up with for ``--kv-cache-dtype requested``: auto_kv_cache_dtype's answer.
 
-    Returns (dtype, source, warning): where the dtype came from, and a warning or None.
-    ``auto`` follows vLLM: a ModelOpt checkpoint's
-    kv_cache_scheme / kv_cache_quant_algo in the top-level quantization config (or
-    hf_quant_config.json) makes it ``fp8_e4m3``; a compressed-tensors checkpoint's
-    kv_cache_scheme makes standard attention layers ``fp8`` (vLLM's Attention layer;
-    its MLAAttention does not do this); otherwise the model's dtype. A quantization
-    config found only under text_config is not read by vLLM's auto resolution: the
-    note says so when it carries a KV scheme.
+    Returns (dtype, source, warning): where the dtype came from, and a warning or None. The
+    warning says when a quantization config found only under text_config asks for a quantized
+    KV cache that vLLM's auto resolution does not read.
     """
     if requested != 'auto':
         return requested, 'kv_cache_dtype %s as requested' % requested, None
+    dtype, source = auto_kv_cache_dtype(config, read_hf_quant_config(model_path, config))
+    if dtype is not None:
+        return dtype, 'kv_cache_dtype auto resolves to %s from %s, as in vLLM' % (dtype, source), None
     note = None
-    quant_cfg, source = model_quant_config(model_path, config)
-    if quant_cfg is not None:
-        algo = kv_cache_quant_algo_string(quant_cfg)
-        if algo is not None and algo != 'auto':
-            return algo, ('kv_cache_dtype auto resolves to %s from %s (quant_method %s), as in vLLM'
-                          % (algo, source, normalize_quant_method(quant_cfg))), None
-        if (normalize_quant_method(quant_cfg) == 'compressed-tensors'
-                and quant_cfg.get('kv_cache_scheme') is not None and not is_mla(config)):
-            return 'fp8', 'kv_cache_dtype auto resolves to fp8 from the kv_cache_scheme in %s (compressed-tensors), as in vLLM' % source, None
-    else:
-        sub = text_config(config).get('quantization_config')
-        if sub is not config.get('quantization_config') and isinstance(sub, dict):
-            if kv_cache_quant_algo_string(dict(sub)) not in (None, 'auto'):
-                note = ('text_config.quantization_config asks for a quantized KV cache, but vLLM resolves '
-                        '--kv-cache-dtype auto from the top-level quantization_config only')
+    sub = text_config(config).get('quantization_config')
+    if source is None and sub is not config.get('quantization_config') and isinstance(sub, dict):
+        if kv_cache_quant_algo_string(sub) not in (None, 'auto'):
+            note = ('text_config.quantization_config asks for a quantized KV cache, but vLLM resolves '
+                    '--kv-cache-dtype auto from the top-level quantization_config only')
     dtype = model_dtype(config)
+    if source is not None:
+        return dtype, ('kv_cache_dtype auto resolves to the model dtype %s: vLLM does not know the KV-cache '
+                       'quantization %s asks for' % (dtype, source)), note
     return dtype, 'kv_cache_dtype auto resolves to the model dtype %s: the checkpoint asks for no KV-cache quantization' % dtype, note
 
 

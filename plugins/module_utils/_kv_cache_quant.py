@@ -24,10 +24,7 @@ import stat
 import time
 from json.decoder import scanstring
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
-    kv_cache_quant_algo_string,
-    normalize_quant_method,
-)
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
 
 CONFIG_JSON = 'config.json'
@@ -577,40 +574,13 @@ def plan_restore(path, files, record):
     return plans, warnings
 
 
-# What vLLM 0.32.0 makes of --kv-cache-dtype auto; the ModelOpt rules are _checkpoint's.
-
-def _uses_mla(config_doc):
-    text = config_doc.get('text_config')
-    text = text if isinstance(text, dict) else config_doc
-    return text.get('kv_lora_rank') is not None
-
-
 def kv_cache_dtype(config_doc, hf_quant_doc):
     """'fp8' when vLLM 0.32.0 resolves --kv-cache-dtype auto to an FP8 cache for this checkpoint, else 'auto'.
 
-    The quantization config vLLM reads is config.json's top-level quantization_config
-    or, only when that is absent, hf_quant_config.json (vllm/transformers_utils/config.py).
-    For ModelOpt its kv_cache_scheme / kv_cache_quant_algo decide
-    (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string). A compressed-tensors
-    kv_cache_scheme (also one under text_config, which the layer loader falls back to)
-    makes standard attention layers FP8 (vllm/model_executor/layers/attention/attention.py);
-    MLA layers (DeepSeek-V3, Kimi) keep the cache dtype the engine resolved.
+    The answer is _checkpoint.auto_kv_cache_dtype's, the one the GPU preflight gives too.
     """
-    config_doc = config_doc or {}
-    quant_cfg = config_doc.get('quantization_config')
-    if quant_cfg is None:
-        quant_cfg = hf_quant_doc
-    resolved = None
-    if isinstance(quant_cfg, dict):
-        resolved = kv_cache_quant_algo_string(quant_cfg)
-    if resolved is None:
-        layer_cfg = quant_cfg
-        if layer_cfg is None and isinstance(config_doc.get('text_config'), dict):
-            layer_cfg = config_doc['text_config'].get('quantization_config')
-        if (isinstance(layer_cfg, dict) and normalize_quant_method(layer_cfg) == 'compressed-tensors'
-                and layer_cfg.get('kv_cache_scheme') is not None and not _uses_mla(config_doc)):
-            resolved = 'fp8'
-    return 'fp8' if resolved is not None and resolved.startswith('fp8') else 'auto'
+    dtype = auto_kv_cache_dtype(config_doc or {}, hf_quant_doc)[0]
+    return 'fp8' if dtype is not None and dtype.startswith('fp8') else 'auto'
 
 
 def checkpoint_kv_cache_dtype(files, plans=None):

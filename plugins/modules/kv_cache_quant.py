@@ -159,8 +159,10 @@ kv_cache_dtype_before:
     - It mirrors vLLM 0.32.0. vLLM reads config.json's top-level C(quantization_config), or
       C(hf_quant_config.json) when there is none; for ModelOpt its C(kv_cache_scheme) /
       C(kv_cache_quant_algo) decide. A compressed-tensors C(kv_cache_scheme), also one under
-      C(text_config), makes standard attention layers FP8, not MLA layers (DeepSeek-V3, Kimi).
+      C(text_config) when there is no top-level one, makes standard attention layers FP8, not MLA
+      layers (vLLM runs a model as MLA by its C(model_type), such as DeepSeek-V3 and Kimi).
       A ModelOpt config only under C(text_config) does not change vLLM's choice.
+    - M(llmserve.vllm.gpu_preflight) gives the same answer for the same checkpoint.
   returned: always
   type: str
   sample: fp8

@@ -17,6 +17,7 @@ import json
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant as kvq
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype, is_mla
 
 PATH = '/models/generated'
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
@@ -138,7 +139,12 @@ def test_strip_changes_only_fp8_values_and_the_record_restores_the_bytes(config,
 @given(st.none() | json_values.filter(lambda v: isinstance(v, dict)) | configs,
        st.none() | json_values.filter(lambda v: isinstance(v, dict)) | hf_quant_configs)
 def test_kv_cache_dtype_is_fp8_or_auto(config, hf_quant):
-    assert kvq.kv_cache_dtype(config, hf_quant) in ('fp8', 'auto')
+    assert kvq.kv_cache_dtype(config or {}, hf_quant) in ('fp8', 'auto')
+    # The one resolver behind it answers a cache dtype vLLM knows, or None for the model's.
+    dtype, source = auto_kv_cache_dtype(config or {}, hf_quant)
+    assert dtype in (None, 'fp8', 'fp8_e4m3', 'nvfp4')
+    assert (source is None) <= (dtype is None)
+    assert is_mla(config or {}) in (False, True)
 
 
 record_entries = st.fixed_dictionaries({

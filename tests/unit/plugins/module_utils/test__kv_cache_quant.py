@@ -84,10 +84,10 @@ STRIP_CASES = [
      {'config.json': [('quantization_config.kv_cache_scheme', json.loads(CT_SCHEME))]},
      'fp8', 'auto'),
     ('compressed-tensors kv_cache_scheme on an MLA model: vLLM keeps auto',
-     {'config.json': '{"kv_lora_rank": 512, "quantization_config": {"quant_method": "compressed-tensors", '
-                     '"kv_cache_scheme": ' + CT_SCHEME + '}}'},
-     {'config.json': '{"kv_lora_rank": 512, "quantization_config": {"quant_method": "compressed-tensors", '
-                     '"kv_cache_scheme": null}}'},
+     {'config.json': '{"model_type": "deepseek_v3", "kv_lora_rank": 512, "quantization_config": '
+                     '{"quant_method": "compressed-tensors", "kv_cache_scheme": ' + CT_SCHEME + '}}'},
+     {'config.json': '{"model_type": "deepseek_v3", "kv_lora_rank": 512, "quantization_config": '
+                     '{"quant_method": "compressed-tensors", "kv_cache_scheme": null}}'},
      {'config.json': [('quantization_config.kv_cache_scheme', json.loads(CT_SCHEME))]},
      'auto', 'auto'),
     ('text_config quantization_config (multimodal), modelopt: vLLM 0.32.0 resolves auto from the top level only',
@@ -399,30 +399,8 @@ def test_detect_indent(text, indent):
     assert kvq.detect_indent(text) == indent
 
 
-# What vLLM 0.32.0 makes of --kv-cache-dtype auto (vllm/utils/torch_utils.py, attention.py).
-@pytest.mark.parametrize('config, hf_quant, dtype', [
-    (None, json.loads(HF_NESTED), 'fp8'),
-    ({}, {'producer': {'name': 'modelopt'}, 'quantization': {'quant_algo': 'FP8', 'kv_cache_quant_algo': 'FP8'}}, 'fp8'),
-    ({}, {'producer': {'name': 'modelopt'}, 'quantization': {'quant_algo': 'NVFP4', 'kv_cache_quant_algo': 'NVFP4'}}, 'auto'),
-    # Without the producer vLLM does not see a ModelOpt config in the nested form.
-    ({}, {'quantization': {'quant_algo': 'NVFP4', 'kv_cache_quant_algo': 'FP8'}}, 'auto'),
-    ({}, {'quantization': {'modelopt_quant_config': {}, 'quant_algo': 'NVFP4', 'kv_cache_quant_algo': 'FP8'}}, 'fp8'),
-    # config.json's quantization_config hides hf_quant_config.json.
-    ({'quantization_config': {'quant_method': 'modelopt', 'quant_algo': 'NVFP4'}}, json.loads(HF_NESTED), 'auto'),
-    ({'quantization_config': {'quant_method': 'modelopt_fp4', 'kv_cache_scheme': json.loads(FP8_SCHEME)}}, None, 'fp8'),
-    # vLLM needs dynamic false for the object form.
-    ({'quantization_config': {'quant_method': 'modelopt', 'kv_cache_scheme': {'num_bits': 8, 'type': 'float'}}}, None, 'auto'),
-    ({'quantization_config': {'quant_method': 'ModelOpt', 'kv_cache_scheme': 'FP8'}}, None, 'fp8'),
-    ({'quantization_config': {'quant_method': 'modelopt', 'kv_cache_scheme': None, 'kv_cache_quant_algo': 'FP8'}}, None, 'fp8'),
-    ({'quantization_config': {'quant_method': 'fp8', 'kv_cache_quant_algo': 'FP8'}}, None, 'auto'),
-    ({'quantization_config': {'quant_method': 'compressed_tensors', 'kv_cache_scheme': json.loads(CT_SCHEME)}}, None, 'fp8'),
-    ({'quantization_config': {'quant_method': 'compressed-tensors', 'kv_cache_scheme': None}}, None, 'auto'),
-    ({'text_config': {'kv_lora_rank': 512}, 'quantization_config': {'quant_method': 'compressed-tensors',
-                                                                    'kv_cache_scheme': json.loads(CT_SCHEME)}}, None, 'auto'),
-    ({'text_config': {'quantization_config': {'quant_method': 'modelopt', 'kv_cache_scheme': 'FP8'}}}, None, 'auto'),
-    ({'text_config': {'quantization_config': {'quant_method': 'modelopt', 'kv_cache_scheme': 'FP8'}}},
-     json.loads(HF_NESTED), 'fp8'),
-    ({}, None, 'auto'),
-])
-def test_kv_cache_dtype(config, hf_quant, dtype):
-    assert kvq.kv_cache_dtype(config, hf_quant) == dtype
+# What vLLM makes of --kv-cache-dtype auto is _checkpoint.auto_kv_cache_dtype's answer, checked form by
+# form in test__checkpoint_kv_cache_dtype.py; here only a checkpoint without config.json, which it never sees.
+@pytest.mark.parametrize('hf_quant, dtype', [(json.loads(HF_NESTED), 'fp8'), (None, 'auto')], ids=['hf_quant_config', 'none'])
+def test_kv_cache_dtype_without_config_json(hf_quant, dtype):
+    assert kvq.kv_cache_dtype(None, hf_quant) == dtype

