@@ -22,6 +22,7 @@ __metaclass__ = type
 import fnmatch
 import gc
 import hashlib
+import json
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -61,8 +62,16 @@ class VerifyError(Exception):
     """The check cannot run at all (no checkpoint directory); the message says why."""
 
 
+def printable(text):
+    """Text as the controller can take it: a file name's bytes that are not UTF-8 (surrogate escapes) as \\xNN."""
+    try:
+        return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')
+    except UnicodeEncodeError:
+        return text.encode('utf-8', 'backslashreplace').decode('utf-8')
+
+
 def problem(name, kind, detail):
-    return {'file': name, 'kind': kind, 'detail': detail}
+    return {'file': printable(name), 'kind': kind, 'detail': printable(detail)}
 
 
 def ignored(name, patterns):
@@ -258,11 +267,8 @@ class Report(object):
 
 
 def fingerprint(digests):
-    """SHA-256 over the sorted (name, algorithm, digest) triples: equal on every node that holds the same bytes."""
-    hasher = hashlib.sha256()
-    for name, algorithm, digest in sorted(digests):
-        hasher.update(('%s\0%s:%s\n' % (name, algorithm, digest)).encode('utf-8'))
-    return hasher.hexdigest()
+    """SHA-256 of the sorted (name, algorithm, digest) triples as JSON: equal on every node that holds the same bytes."""
+    return hashlib.sha256(json.dumps(sorted(digests), separators=(',', ':')).encode('utf-8')).hexdigest()
 
 
 class _Record(object):

@@ -156,7 +156,9 @@ class DigestCache(object):
         entry = self.entries.get(path)
         if entry is None or entry.get('identity') != identity(info):
             return None
-        return entry.get(name)
+        value = entry.get(name)
+        # Every fact is a string; anything else was not written by this module.
+        return value if isinstance(value, str) else None
 
     def put(self, path, info, values):
         """Remember ``values`` for the file at ``path``; an entry for other bytes is dropped."""
@@ -183,6 +185,9 @@ class DigestCache(object):
             return None
         try:
             if not os.path.isdir(self.directory):
+                if os.path.lexists(self.directory):
+                    return 'digest cache %s not written: %s is %s, not a directory' % (
+                        self.path, self.directory, describe_mode(os.lstat(self.directory).st_mode))
                 os.makedirs(self.directory, 0o700)
             fd, temp = tempfile.mkstemp(prefix='.%s.' % CACHE_NAME, suffix='.tmp', dir=self.directory)
             try:

@@ -36,13 +36,16 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._digest import GIT_S
 DEFAULT_ENDPOINT = 'https://huggingface.co'
 # Kimi-K2.5's model info is about 60 kB; anything near this is not a model info.
 MAX_MANIFEST_BYTES = 64 << 20
+MAX_FILE_BYTES = 2 ** 63 - 1
 READ_CHUNK = 1 << 16
 
-_COMMIT = re.compile(r'^[0-9a-f]{40}$')
-_HEX40 = re.compile(r'^[0-9a-fA-F]{40}$')
-_HEX64 = re.compile(r'^[0-9a-fA-F]{64}$')
+# Matched with fullmatch: '$' would also match before a final line break.
+_COMMIT = re.compile(r'[0-9a-f]{40}')
+_HEX40 = re.compile(r'[0-9a-fA-F]{40}')
+_HEX64 = re.compile(r'[0-9a-fA-F]{64}')
 # huggingface_hub's validate_repo_id: an optional namespace and a name of word characters, '-' and '.'.
-_REPO_ID = re.compile(r'^(?:[A-Za-z0-9_][\w.-]*/)?[A-Za-z0-9_][\w.-]{0,95}$', re.ASCII)
+_REPO_ID = re.compile(r'(?:[A-Za-z0-9_][\w.-]*/)?[A-Za-z0-9_][\w.-]{0,95}', re.ASCII)
+_ENDPOINT = re.compile(r'https?://[^/\s?#]+(/[^\s?#]*)?')
 
 
 class ManifestError(Exception):
@@ -78,30 +81,31 @@ def revision_problem(revision, allow_unpinned=False, repo_id=None):
     A branch or tag can move between the runs on two nodes (or between the fetch and
     the check), and then nodes serve different weights under the same name.
     """
-    if _COMMIT.match(revision):
+    if _COMMIT.fullmatch(revision):
         return None
-    if _HEX40.match(revision):
+    if _HEX40.fullmatch(revision):
         return 'revision %s must be written in lowercase, as the Hub writes commits' % revision
     if allow_unpinned:
         return None if revision.strip() else 'revision must not be empty'
-    repo = repo_id or 'REPO'
+    repo = repo_id if repo_id and repo_id.isprintable() else 'REPO'
+    ref = revision if revision.isprintable() else 'BRANCH'
     return ('revision %s is not a commit: a branch or tag can move, and then nodes fetch different files. '
             'Give the full 40-hex commit it points to now: `hf models info %s --revision %s --expand sha --json`, '
             'huggingface_hub.model_info(%r, revision=%r).sha, or the commit history on the repository\'s '
             'web page (Files and versions, History); allow_unpinned_revision=true accepts a branch or tag anyway'
-            % (_shown(revision), repo, revision, repo, revision))
+            % (_shown(revision), repo, ref, repo, ref))
 
 
 def repo_id_problem(repo_id):
     """Why ``repo_id`` is no Hub repository id, or None."""
-    if _REPO_ID.match(repo_id) and '..' not in repo_id and '--' not in repo_id and not repo_id.endswith(('.', '-')):
+    if _REPO_ID.fullmatch(repo_id) and '..' not in repo_id and '--' not in repo_id and not repo_id.endswith(('.', '-')):
         return None
     return ("repo_id %s is not a Hub repository id: NAMESPACE/NAME of letters, digits, '_', '-' and '.' "
             "(for example moonshotai/Kimi-K2.5)" % _shown(repo_id))
 
 
 def endpoint_problem(endpoint):
-    if re.match(r'^https?://[^/\s?#]+(/[^\s?#]*)?$', endpoint):
+    if _ENDPOINT.fullmatch(endpoint):
         return None
     return 'endpoint %s is not an http:// or https:// URL' % _shown(endpoint)
 
@@ -115,6 +119,10 @@ def name_problem(name):
     """Why a file name from the Hub cannot be a file inside the checkpoint directory, or None."""
     if not isinstance(name, str) or not name:
         return 'is not a non-empty string'
+    try:
+        name.encode('utf-8')
+    except UnicodeEncodeError:
+        return 'is not valid UTF-8 text (a lone surrogate escape)'
     if '\0' in name:
         return 'holds a NUL character'
     parts = name.split('/')
@@ -124,8 +132,8 @@ def name_problem(name):
 
 
 def _byte_count(value):
-    # A JSON true is an int to Python, and no size.
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    # A JSON true is an int to Python, and no size; no file holds more bytes than a signed 64-bit offset counts.
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_FILE_BYTES else None
 
 
 def _file_entry(sibling, where, position):
@@ -145,13 +153,13 @@ def _file_entry(sibling, where, position):
     lfs = sibling.get('lfs')
     if lfs is not None:
         digest = lfs.get('sha256') if isinstance(lfs, dict) else None
-        if not isinstance(digest, str) or not _HEX64.match(digest):
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
             raise ManifestError('%s: %s has lfs %s without a sha256 of 64 hex digits' % (where, name, _shown(lfs)))
         if 'size' in lfs and lfs['size'] != size:
             raise ManifestError('%s: %s has size %s but lfs.size %s' % (where, name, size, _shown(lfs['size'])))
         return ManifestFile(name, size, SHA256, digest.lower())
     digest = sibling['blobId']
-    if not isinstance(digest, str) or not _HEX40.match(digest):
+    if not isinstance(digest, str) or not _HEX40.fullmatch(digest):
         raise ManifestError('%s: %s has blobId %s, not a git blob id of 40 hex digits' % (where, name, _shown(digest)))
     return ManifestFile(name, size, GIT_SHA1, digest.lower())
 
@@ -169,7 +177,7 @@ def parse_manifest(data, where):
     if not isinstance(doc, dict):
         raise ManifestError('%s does not hold a JSON object (the Hub\'s model info)' % where)
     revision = doc.get('sha')
-    if not isinstance(revision, str) or not _HEX40.match(revision):
+    if not isinstance(revision, str) or not _HEX40.fullmatch(revision):
         raise ManifestError('%s has sha %s, not the 40-hex commit of the revision it describes' % (where, _shown(revision)))
     siblings = doc.get('siblings')
     if not isinstance(siblings, list):
@@ -204,11 +212,11 @@ def _mask(text, token):
 def _read_limited(response, limit):
     """The body, at most ``limit`` bytes; None when it has more."""
     read = getattr(response, 'read1', None) or response.read
-    body = b''
+    body = bytearray()
     while len(body) <= limit:
         chunk = read(READ_CHUNK)
         if not chunk:
-            return body
+            return bytes(body)
         body += chunk
     return None
 
@@ -263,6 +271,6 @@ def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate
     if status != 200:
         raise ManifestError(_status_problem(status, answer_headers, body, url, repo_id, revision, token))
     manifest = parse_manifest(body, url)
-    if _COMMIT.match(revision) and manifest.revision != revision:
+    if _COMMIT.fullmatch(revision) and manifest.revision != revision:
         raise ManifestError('%s describes commit %s, not %s' % (url, manifest.revision, revision))
     return manifest

@@ -75,11 +75,12 @@ options:
   token:
     description:
       - A Hub access token, for private and gated repositories. Sent as a bearer token, never shown.
+      - Printable ASCII only; a token with a line break (a YAML block scalar) is refused.
       - Defaults to the environment variable E(HF_TOKEN) on the host.
     type: str
   timeout:
     description:
-      - Seconds the whole exchange that fetches the manifest may take.
+      - Seconds the whole exchange that fetches the manifest may take, from 1 to 86400.
     type: int
     default: 60
   validate_certs:
@@ -102,7 +103,7 @@ options:
   ignore:
     description:
       - Shell-style patterns of paths, relative to O(path), that are neither checked nor counted as extra
-        files. C(*) also matches C(/).
+        files. C(*) also matches C(/). Patterns that leave no file of the manifest to check are refused.
       - The default leaves out what C(huggingface_hub) writes into a local directory it downloads to.
     type: list
     elements: str
@@ -248,12 +249,23 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import
 SHOWN_PROBLEMS = 3
 
 
+# The manifest fetch runs under a SIGALRM deadline, which takes at most this many seconds.
+MAX_TIMEOUT = 86400
+
+
 def input_problem(params):
     """What is wrong with the options that the argument spec cannot say, or None."""
+    for name in ('path', 'manifest', 'cache_dir'):
+        if params[name] is not None and '\0' in params[name]:
+            return '%s must not contain a NUL character' % name
+    token = params['token']
+    if token is not None and not all(' ' < ch < '\x7f' for ch in token):
+        # Named, never shown: http.client would print it escaped, out of reach of no_log's masking.
+        return 'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)'
     if params['threads'] is not None and params['threads'] < 1:
         return 'threads must be at least 1, got %d' % params['threads']
-    if params['timeout'] <= 0:
-        return 'timeout must be a positive number of seconds, got %d' % params['timeout']
+    if not 1 <= params['timeout'] <= MAX_TIMEOUT:
+        return 'timeout must be between 1 and %d seconds, got %d' % (MAX_TIMEOUT, params['timeout'])
     if params['revision'] is not None:
         found = revision_problem(params['revision'], params['allow_unpinned_revision'], params['repo_id'])
         if found:
@@ -327,6 +339,9 @@ def main():
         report = verify(path, manifest, params['ignore'], params['threads'] or default_threads(), cache)
     except VerifyError as exc:
         fail(str(exc))
+    source = params['repo_id'] or 'manifest %s' % params['manifest']
+    if manifest.files and not report.files:
+        fail('the ignore patterns leave none of the %d files of %s to check' % (len(manifest.files), source))
     warnings = list(cache.warnings) if cache else []
     if cache and not module.check_mode:
         warnings.append(cache.save(path))
@@ -337,8 +352,7 @@ def main():
                   revision=manifest.revision, rewritten_by_kv_cache_quant=report.rewritten,
                   cache_hits=report.cache_hits, hashed_bytes=report.hashed_bytes)
     if not report.ok:
-        fail(failure_message(path, 'revision %s of %s' % (manifest.revision, params['repo_id'] or 'manifest %s' % params['manifest']),
-                             report))
+        fail(failure_message(path, 'revision %s of %s' % (manifest.revision, source), report))
     result.update(fingerprint=report.fingerprint, elapsed=round(time.monotonic() - started, 3))
     module.exit_json(**result)
 

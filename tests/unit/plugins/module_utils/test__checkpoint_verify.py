@@ -174,6 +174,13 @@ def test_each_fault_is_named(checkpoint, spoil, expected):
     assert report.fingerprint is None
 
 
+def test_a_name_that_is_not_utf8_is_shown_escaped(checkpoint):
+    path, manifest = checkpoint
+    open(os.path.join(path.encode(), b'\xff\xfe.bin'), 'w').close()
+    assert problems(verify(path, manifest)) == [
+        ('\\xff\\xfe.bin', 'extra_file', 'in the checkpoint but not in the manifest of revision %s' % manifest.revision)]
+
+
 def test_a_config_with_other_bytes_is_a_git_digest_mismatch(checkpoint):
     path, manifest = checkpoint
     config = os.path.join(path, 'config.json')

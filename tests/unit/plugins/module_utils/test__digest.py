@@ -106,6 +106,12 @@ def test_cache_survives_a_save_and_load(tmp_path, shard):
     assert sorted(os.listdir(str(tmp_path / 'cache'))) == [CACHE_NAME]
 
 
+def test_cache_values_of_other_types_are_misses(tmp_path, shard):
+    cache = DigestCache(str(tmp_path / 'cache'))
+    cache.put(shard, os.stat(shard), {'sha256': 5, 'git-sha1': ['x']})
+    assert (cache.get(shard, os.stat(shard), 'sha256'), cache.get(shard, os.stat(shard), 'git-sha1')) == (None, None)
+
+
 def test_cache_is_not_rewritten_when_nothing_changed(tmp_path, shard):
     cache = DigestCache(str(tmp_path / 'cache'))
     cache.put(shard, os.stat(shard), {'sha256': 'x'})
@@ -168,6 +174,15 @@ def test_cache_of_another_user_is_not_used(tmp_path, shard, monkeypatch):
     again.load()
     assert again.warnings == ['digest cache %s not used: it belongs to uid %d, not to this user'
                               % (tmp_path / 'cache' / CACHE_NAME, os.getuid())]
+
+
+def test_cache_dir_that_is_a_file_is_named(tmp_path, shard):
+    blocker = tmp_path / 'file'
+    blocker.write_text('')
+    cache = DigestCache(str(blocker))
+    cache.put(shard, os.stat(shard), {'sha256': 'x'})
+    assert cache.save(os.path.dirname(shard)) == ('digest cache %s/%s not written: %s is a regular file, not a directory'
+                                                  % (blocker, CACHE_NAME, blocker))
 
 
 def test_cache_that_cannot_be_written_is_a_warning(tmp_path, shard):

@@ -19,6 +19,7 @@ import pytest
 from ansible_collections.llmserve.vllm.plugins.module_utils import _hub_manifest
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
     ManifestError,
+    endpoint_problem,
     fetch_manifest,
     model_info_url,
     parse_manifest,
@@ -91,6 +92,10 @@ def test_parse_reads_what_fake_hub_serves(tmp_path):
     (info(dict(SMALL_FILE, size=True)), 'M: config.json has size true, not a byte count'),
     (info(dict(SMALL_FILE, size=3.0)), 'M: config.json has size 3.0, not a byte count'),
     (info(dict(SMALL_FILE, size='3')), 'M: config.json has size "3", not a byte count'),
+    (info(dict(SMALL_FILE, size=2 ** 63)), 'M: config.json has size 9223372036854775808, not a byte count'),
+    (info(dict(SMALL_FILE, rfilename='\udcff.bin')),
+     'M: siblings[0].rfilename "\\udcff.bin" is not valid UTF-8 text (a lone surrogate escape)'),
+    (info(SMALL_FILE, sha=COMMIT + '\n'), 'M has sha "%s\\n", not the 40-hex commit of the revision it describes' % COMMIT),
     (info(dict(SMALL_FILE, blobId='xyz')), 'M: config.json has blobId "xyz", not a git blob id of 40 hex digits'),
     (info(dict(SMALL_FILE, blobId=None)), 'M: config.json has blobId null, not a git blob id of 40 hex digits'),
     (info(dict(LFS_FILE, lfs={'size': 10})),
@@ -100,7 +105,7 @@ def test_parse_reads_what_fake_hub_serves(tmp_path):
     (info(SMALL_FILE, SMALL_FILE), 'M lists config.json twice'),
 ], ids=['not-json', 'not-utf8', 'array', 'deep', 'no-sha', 'branch-sha', 'siblings-object', 'sibling-string',
         'empty-name', 'number-name', 'absolute', 'dot-dot', 'empty-component', 'nul', 'no-blobs', 'negative-size',
-        'bool-size', 'float-size', 'string-size', 'bad-blob', 'null-blob', 'lfs-no-sha', 'lfs-string',
+        'bool-size', 'float-size', 'string-size', 'size-beyond-int64', 'surrogate-name', 'sha-and-newline', 'bad-blob', 'null-blob', 'lfs-no-sha', 'lfs-string',
         'lfs-size-differs', 'duplicate'])
 def test_parse_refuses(data, message):
     with pytest.raises(ManifestError) as caught:
@@ -123,7 +128,8 @@ BRANCH_MESSAGE = (
     (COMMIT[:12], False, BRANCH_MESSAGE.replace('"main"', '"%s"' % COMMIT[:12]).replace('main', COMMIT[:12])),
     (COMMIT.upper(), False, 'revision %s must be written in lowercase, as the Hub writes commits' % COMMIT.upper()),
     (' ', True, 'revision must not be empty'),
-], ids=['commit', 'branch', 'branch-allowed', 'tag-allowed', 'short-commit', 'uppercase', 'blank'])
+    (COMMIT + '\n', False, BRANCH_MESSAGE.replace('"main"', '"%s\\n"' % COMMIT).replace('main', 'BRANCH')),
+], ids=['commit', 'branch', 'branch-allowed', 'tag-allowed', 'short-commit', 'uppercase', 'blank', 'commit-and-newline'])
 def test_revision_problem(revision, allow, message):
     assert revision_problem(revision, allow, 'org/model') == message
 
@@ -131,14 +137,22 @@ def test_revision_problem(revision, allow, message):
 @pytest.mark.parametrize('repo_id, good', [
     ('moonshotai/Kimi-K2.5', True), ('gpt2', True), ('org/a_b.c-d', True), ('org/../x', False), ('org/a--b', False),
     ('org/name/extra', False), ('/name', False), ('org/', False), ('org/name.', False), ('org name', False),
-    ('org/%s' % ('n' * 97), False), ('org/näme', False),
+    ('org/%s' % ('n' * 97), False), ('org/näme', False), ('org/model\n', False),
 ], ids=['kimi', 'no-namespace', 'punctuation', 'dot-dot', 'double-dash', 'three-parts', 'leading-slash', 'no-name',
-        'trailing-dot', 'space', 'too-long', 'non-ascii'])
+        'trailing-dot', 'space', 'too-long', 'non-ascii', 'trailing-newline'])
 def test_repo_id_problem(repo_id, good):
     message = repo_id_problem(repo_id)
     assert (message is None) == good
     if not good:
         assert message.startswith('repo_id %s is not a Hub repository id' % json.dumps(repo_id))
+
+
+@pytest.mark.parametrize('endpoint, good', [
+    ('https://huggingface.co', True), ('http://mirror.internal:8080/hf', True), ('ftp://hub', False),
+    ('http://hub\n', False), ('http://', False), ('https://hub/a b', False),
+], ids=['hub', 'mirror-with-path', 'ftp', 'trailing-newline', 'no-host', 'space'])
+def test_endpoint_problem(endpoint, good):
+    assert (endpoint_problem(endpoint) is None) == good
 
 
 def test_model_info_url_quotes_the_revision():

@@ -131,7 +131,12 @@ def closed_port():
 
 @pytest.mark.parametrize('args, message', [
     ({'threads': 0}, 'threads must be at least 1, got 0'),
-    ({'timeout': 0}, 'timeout must be a positive number of seconds, got 0'),
+    ({'timeout': 0}, 'timeout must be between 1 and 86400 seconds, got 0'),
+    ({'timeout': 86401}, 'timeout must be between 1 and 86400 seconds, got 86401'),
+    ({'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'token': 'hf_abc\n'},
+     'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)'),
+    ({'path': '{tmp}/x\0y'}, 'path must not contain a NUL character'),
+    ({'ignore': ['*']}, 'the ignore patterns leave none of the 4 files of manifest {manifest} to check'),
     ({'repo_id': 'org/model', 'revision': 'f' * 40}, 'parameters are mutually exclusive: manifest|repo_id'),
     ({'manifest': None}, 'one of the following is required: manifest, repo_id'),
     ({'manifest': None, 'repo_id': 'org/model'}, "missing parameter(s) required by 'repo_id': revision"),
@@ -150,7 +155,8 @@ def closed_port():
     ({'manifest': '{tmp}/bad.json'}, 'manifest {tmp}/bad.json is not valid JSON: Expecting value: line 1 column 1 (char 0)'),
     ({'manifest': '{tmp}/fifo'}, 'manifest {tmp}/fifo is not a regular file'),
     ({'manifest': '{tmp}/missing.json'}, 'cannot read manifest {tmp}/missing.json: No such file or directory'),
-], ids=['threads', 'timeout', 'both-sources', 'no-source', 'repo-without-revision', 'bad-repo-id', 'bad-endpoint',
+], ids=['threads', 'timeout', 'timeout-above-a-day', 'token-with-newline', 'path-nul', 'ignore-everything', 'both-sources',
+        'no-source', 'repo-without-revision', 'bad-repo-id', 'bad-endpoint',
         'hub-down', 'other-commit', 'uppercase', 'no-directory', 'file-not-directory', 'manifest-not-json',
         'manifest-fifo', 'manifest-missing'])
 def test_bad_input_messages(tmp_path, model, args, message):
