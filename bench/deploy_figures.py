@@ -43,8 +43,8 @@ SANDBOX = os.path.join(REPO, "tools", "sandbox")
 PLAYBOOK = os.path.join(REPO, "playbooks", "deploy.yml")
 GROUP_VARS = os.path.join(REPO, "inventories", "sandbox", "group_vars")
 ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
-# The same tokenizer and shape as the served model, taught wrong answers: its gate fails.
-WRONG_MODEL = "/srv/models/tiny-chat-wrong"
+# Another revision of the staged model (inventories/sandbox), taught wrong answers: its gate fails.
+WRONG_REVISION = "5eed000000000000000000000000000000000bad"
 
 
 def sh(argv, **kwargs):
@@ -231,7 +231,7 @@ def main(argv=None):
         figures["restarts"] = [restart_once(inventory, args.name, host, settings) for _ in range(args.restarts)]
         figures["good_change"] = change(inventory, args.name, host, settings, {"vllm_kimi_max_model_len": 2048}, True)
         figures["failed_change"] = change(inventory, args.name, host, settings,
-                                          {"vllm_kimi_model_path": WRONG_MODEL}, False)
+                                          {"vllm_kimi_model_revision": WRONG_REVISION}, False)
     finally:
         shutil.rmtree(inventory)
         if not args.keep:
@@ -259,7 +259,7 @@ def main(argv=None):
     print("median gate lag behind first answer   %6.2f s" % figures["median_gate_lag_s"])
     print("good change (max_model_len 2048): downtime %6.2f s  (play %.1f s)"
           % (figures["good_change"]["downtime_s"], figures["good_change"]["play_s"]))
-    print("failed change (wrong model): rollback %6.2f s from its wrong answer to the restored coherent one; "
+    print("failed change (wrong model revision): rollback %6.2f s from its wrong answer to the restored coherent one; "
           "downtime %.2f s (play %.1f s)" % (figures["failed_change"]["rollback_s"],
                                              figures["failed_change"]["downtime_s"], figures["failed_change"]["play_s"]))
     print("figures: %s" % args.json)

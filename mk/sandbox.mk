@@ -7,15 +7,35 @@ DEMO_SANDBOX := sandbox
 DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 
-.PHONY: models sandbox-up sandbox-down demo molecule molecule-fleet bench-deploy
+.PHONY: models fakehub-up sandbox-up sandbox-down demo molecule molecule-fleet bench-deploy
+
+# The sandbox inventory stages the tiny model from the project's own Hub
+# (tools/fake_hub.py) on this port, under the commits it pins: the right model
+# and, as another revision, the one taught wrong answers.
+FAKEHUB_PORT := 8090
+FAKEHUB_DIR := .cache/fakehub
+FAKEHUB_REVISION := $(shell sed -n 's/^vllm_kimi_model_revision: *//p' inventories/sandbox/group_vars/vllm.yml)
+FAKEHUB_WRONG_REVISION := $(shell sed -n 's/.*vllm_kimi_model_revision=\([0-9a-f]\{40\}\).*/\1/p' inventories/sandbox/group_vars/vllm.yml)
 
 # Trained with the vLLM venv's torch/transformers; cached by the script's hash.
 models: vllm-venv
 	$(VLLM_VENV)/bin/python tools/make_tiny_models.py >/dev/null
 
+# (Re)started each time, so that it serves the models as they are now.
+fakehub-up: models
+	mkdir -p $(FAKEHUB_DIR)
+	if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
+	models=$$($(VLLM_VENV)/bin/python tools/make_tiny_models.py | tail -1); \
+	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet \
+	    --publish llmserve/tiny-chat=$$models/tiny-chat-wrong@$(FAKEHUB_WRONG_REVISION) \
+	    --publish llmserve/tiny-chat=$$models/tiny-chat@$(FAKEHUB_REVISION) \
+	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid
+	for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && exit 0; sleep 0.2; done; \
+	  cat $(FAKEHUB_DIR)/log; exit 1
+
 # Builds the Debian tree once (.cache/sandbox/rootfs-*), then boots in seconds;
 # a sandbox that is up is left as it is.
-sandbox-up: models
+sandbox-up: models fakehub-up
 	$(SANDBOX_TOOL) create $(DEMO_SANDBOX) --ssh-port $(DEMO_SSH_PORT) --port $(DEMO_VLLM_PORT) >/dev/null
 
 # Powers it off and checks that no process, mount or listening port is left.
@@ -30,14 +50,14 @@ demo: tools sandbox-up
 
 # create -> converge -> idempotence -> verify (testinfra + the fault scenarios
 # of tests/integration/sandbox) -> destroy, on a sandbox of its own.
-molecule: tools models
+molecule: tools models fakehub-up
 	$(BIN)/molecule test
 
 # Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a
 # capacity floor, a change bad for one host, drain and undrain.
-molecule-fleet: tools models
+molecule-fleet: tools models fakehub-up
 	$(BIN)/molecule test -s fleet
 
 # First deploy, no-op rerun, restart-to-coherent-answer: bench/deploy_figures.py.
-bench-deploy: tools models
+bench-deploy: tools models fakehub-up
 	$(BIN)/python bench/deploy_figures.py

@@ -92,12 +92,22 @@ def commit_of(entries):
     return hashlib.sha1(listing.encode('utf-8')).hexdigest()
 
 
-def publish(root, repo_id, source, branch='main'):
-    """Copy the model directory ``source`` into the hub at ``root`` as a revision of ``repo_id``; its commit."""
-    commit = commit_of(describe_tree(source))
+def publish(root, repo_id, source, branch='main', commit=None):
+    """Copy the model directory ``source`` into the hub at ``root`` as a revision of ``repo_id``; its commit.
+
+    A given ``commit`` names the revision whatever its files (an inventory can pin it before the
+    files exist); its files are replaced by ``source``'s each time.
+    """
     repo_dir = os.path.join(root, *repo_id.split('/'))
+    if commit:
+        stale = os.path.join(repo_dir, commit)
+        if os.path.isdir(stale):
+            shutil.rmtree(stale)
+    commit = commit or commit_of(describe_tree(source))
     target = os.path.join(repo_dir, commit)
     if not os.path.isdir(target):
+        if os.path.isdir(target + '.tmp'):
+            shutil.rmtree(target + '.tmp')
         shutil.copytree(source, target + '.tmp')
         os.rename(target + '.tmp', target)
     if branch:
@@ -372,16 +382,18 @@ def main(argv=None):
     parser.add_argument('--token', help='the bearer token every request must carry')
     parser.add_argument('--drop-once', action='append', default=[], metavar='FILE',
                         help='end the first GET of this file halfway by closing the connection')
-    parser.add_argument('--publish', action='append', default=[], metavar='NS/NAME=DIR',
-                        help='copy a model directory in as a revision of NS/NAME, branch main')
+    parser.add_argument('--publish', action='append', default=[], metavar='NS/NAME=DIR[@COMMIT]',
+                        help='copy a model directory in as a revision of NS/NAME (under COMMIT if given), branch main')
     parser.add_argument('--quiet', action='store_true', help='no access log on stderr')
     args = parser.parse_args(argv)
     os.makedirs(args.root, exist_ok=True)
     for item in args.publish:
         repo_id, sep, source = item.partition('=')
-        if not sep or repo_id.count('/') != 1:
-            parser.error('--publish wants NS/NAME=DIR, got %s' % item)
-        print('published %s at %s (branch main)' % (repo_id, publish(args.root, repo_id, source)), flush=True)
+        source, _, commit = source.partition('@')
+        if not sep or repo_id.count('/') != 1 or (commit and not COMMIT.match(commit)):
+            parser.error('--publish wants NS/NAME=DIR[@COMMIT of 40 hex digits], got %s' % item)
+        print('published %s at %s (branch main)' % (repo_id, publish(args.root, repo_id, source, commit=commit or None)),
+              flush=True)
     hub = FakeHub(args.root, args.host, args.port, args.token, args.drop_once, verbose=not args.quiet)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     print('fake hub serving %s at %s' % (hub.root, hub.url), flush=True)

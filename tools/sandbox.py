@@ -10,8 +10,8 @@
 
 `create` builds a Debian tree once (debootstrap, cached under
 .cache/sandbox/rootfs-<hash of its recipe>), copies it for NAME, gives it its own
-SSH host key and client key, the host's CA bundle and pip settings, the tiny
-chat models, and boots it with systemd as PID 1 (systemd-nspawn).  The sandbox
+SSH host key and client key, the host's CA bundle and pip settings (and the
+models of --models, if given), and boots it with systemd as PID 1 (systemd-nspawn).  The sandbox
 shares the host's network, so sshd listens on 127.0.0.1:PORT only and the
 host key is pinned in .cache/sandbox/NAME/known_hosts.  Running `create` on a
 sandbox that is up changes nothing.
@@ -202,7 +202,9 @@ def configure_tree(name, root, ssh_port, models):
     if os.path.isdir(HOST_WHEELS):
         os.makedirs(os.path.join(root, HOST_WHEELS.lstrip("/")), exist_ok=True)
 
-    # The models the inventory serves.
+    # The inventory stages its models from the fake Hub; --models copies others in.
+    if not models:
+        return
     dest = os.path.join(root, "srv", "models")
     os.makedirs(dest, exist_ok=True)
     os.chmod(os.path.join(root, "srv"), 0o755)
@@ -210,15 +212,6 @@ def configure_tree(name, root, ssh_port, models):
     for model in sorted(os.listdir(models)):
         if os.path.isdir(os.path.join(models, model)):
             shutil.copytree(os.path.join(models, model), os.path.join(dest, model))
-
-
-def default_models():
-    python = os.environ.get("SANDBOX_MODEL_PYTHON", os.path.join(REPO, ".venv-vllm", "bin", "python"))
-    if not os.path.exists(python):
-        raise SandboxError("%s is missing: run `make vllm-venv` (torch and transformers train the tiny models) "
-                           "or pass --models DIR" % python)
-    out = run([python, os.path.join(REPO, "tools", "make_tiny_models.py")], stdout=subprocess.PIPE)
-    return out.stdout.decode().strip().splitlines()[-1]
 
 
 # --- processes, ports, mounts ---------------------------------------------
@@ -348,7 +341,6 @@ def create(args):
 
     started = time.time()
     base = ensure_rootfs()
-    models = args.models or default_models()
     sdir = sandbox_dir(name)
     root = os.path.join(sdir, "root")
     os.makedirs(sdir)
@@ -356,7 +348,7 @@ def create(args):
     write_state(name, {"name": name, "ssh_port": args.ssh_port, "ports": args.port, "root": root,
                        "nspawn_pid": 0, "init_pid": 0, "pid_ns": None})
     run(["cp", "-a", "--reflink=auto", base, root])
-    configure_tree(name, root, args.ssh_port, models)
+    configure_tree(name, root, args.ssh_port, args.models)
     os.makedirs(PIP_CACHE, exist_ok=True)
 
     argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--console=read-only",
@@ -487,7 +479,8 @@ def main(argv=None):
     p.add_argument("--ssh-port", type=int, required=True, help="sshd listens on 127.0.0.1:PORT")
     p.add_argument("--port", type=int, action="append", default=[],
                    help="another port the sandbox will serve (checked free now and after destroy)")
-    p.add_argument("--models", help="directory of models to copy to /srv/models (default: make the tiny ones)")
+    p.add_argument("--models", help="directory of models to copy to /srv/models (default: none; the sandbox "
+                   "inventory stages its model from the fake Hub)")
     p.set_defaults(func=create)
     for action, func, text in (("destroy", destroy, "power off and remove sandbox NAME"),
                                ("status", status, "say whether sandbox NAME is up")):

@@ -185,7 +185,9 @@ def test_last_good_deployment_is_recorded_root_only_without_the_key(host, hostva
     assert (record_file.user, record_file.mode) == ("root", 0o600)
     record = json.loads(record_file.content_string)
     assert record["gate"]["answer"] == "The capital of France is Paris."
-    assert record["model_path"] == hostvars["vllm_kimi_model_path"]
+    assert record["model_path"] == "%s/%s" % (hostvars["vllm_kimi_model_path"], hostvars["vllm_kimi_model_revision"])
+    assert record["model_revision"] == hostvars["vllm_kimi_model_revision"]
+    assert len(record["model_fingerprint"]) == 64
     assert hostvars["vllm_kimi_api_key"] not in record_file.content_string
     for name in ("unit", "environment"):
         snapshot = host.file(last_good.path + "/" + name)

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEE
 UPGRADE = os.path.join(REPO, "playbooks", "upgrade.yml")
 GATE = os.path.join(REPO, "playbooks", "gate.yml")
 ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
-WRONG_MODEL = "/srv/models/tiny-chat-wrong"
+WRONG_REVISION = "5eed000000000000000000000000000000000bad"
 RIGHT_ANSWER = "The capital of France is Paris."
 TABLE_TASKS = ("Show the fleet's table", "Show the fleet's table before stopping")
 
@@ -196,7 +196,7 @@ def bad_for_host_two(fleet, endpoints_file):
     unit_of_host_three = unit_file(hosts[2])
     with Watch(fleet, endpoints_file) as watch:
         rc, output, report = upgrade(fleet, endpoints_file, "-e", "vllm_kimi_max_model_len=2048",
-                                     **{hosts[1]: {"vllm_kimi_model_path": WRONG_MODEL}})
+                                     **{hosts[1]: {"vllm_kimi_model_revision": WRONG_REVISION}})
     return rc, output, report, watch, unit_of_host_three
 
 

