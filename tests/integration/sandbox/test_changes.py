@@ -185,8 +185,8 @@ def good_change(sandbox):
     """max_model_len 2048, then back to the converged settings: two good changes."""
     root = sandbox.vars["vllm_kimi_venv_root"]
     # An unused release from long ago: a good change must prune it.
-    sandbox.sh("mkdir -p %s/%s/bin && echo '{}' > %s/%s/.llmserve-release.json" % (root, PLANTED_RELEASE, root,
-                                                                                 PLANTED_RELEASE))
+    planted = "%s/%s" % (root, PLANTED_RELEASE)
+    sandbox.sh("mkdir -p %s/bin && echo '{}' > %s/.llmserve-release.json" % (planted, planted))
     before = deployments(sandbox)
     rc, output, report = sandbox.deploy("-e", "vllm_kimi_max_model_len=2048")
     changed = {"rc": rc, "output": output, "report": report, "record": last_good_record(sandbox),
