@@ -9,7 +9,8 @@ __metaclass__ = type
 
 import json
 import os
-import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -359,23 +360,31 @@ def test_kimi_131072_fits_at_0_95(kimi):
                                           'capability 12.x, so bfloat16')
 
 
-@pytest.mark.parametrize('kw, max_model_len, fits, warning', [
-    # auto: the largest that fits, capped at max_position_embeddings
-    (dict(gpu_memory_utilization=0.95), 262144, True, None),
-    (dict(gpu_memory_utilization=0.9), 250496, True, "max_model_len auto: 250496 tokens fit, below the model's 262144"),
+# Every Kimi plan on RTX PRO 6000 warns of the strip and of weights estimated from the index.
+KIMI_WARNINGS = [
+    'the checkpoint asks for an fp8_e4m3 KV cache, which vLLM cannot use with MLA on compute capability 12.x: '
+    'it must be stripped (strip_fp8_kv_cache); planned with bfloat16',
+    'per-GPU weights estimated from model.safetensors.index.json without per-tensor sizes (shards not downloaded); '
+    'set weights_bytes_per_gpu from vLLM\'s "Model loading took" for an exact plan',
+]
+
+
+@pytest.mark.parametrize('kw, max_model_len, fits, warnings', [
+    # auto: the largest that fits, capped at max_position_embeddings; the whole context fits, nothing to warn of
+    (dict(gpu_memory_utilization=0.95), 262144, True, []),
+    (dict(gpu_memory_utilization=0.9), 250496, True, ["max_model_len auto: 250496 tokens fit, below the model's 262144"]),
     # fail_on_misfit false: the length that fits is chosen, the misfit is a warning
     (dict(gpu_memory_utilization=0.9, max_model_len=262144, fail_on_misfit=False), 250496, False,
-     "To serve at least one request with the model's max seq len (262144), (17.16 GiB KV cache is needed, which is larger "
-     "than the available KV cache memory (16.39 GiB). Based on the available memory, the estimated maximum model length "
-     "is 250496. Using max_model_len 250496."),
-])
-def test_kimi_choice_of_max_model_len(kimi, kw, max_model_len, fits, warning):
+     ["To serve at least one request with the model's max seq len (262144), (17.16 GiB KV cache is needed, which is larger "
+      "than the available KV cache memory (16.39 GiB). Based on the available memory, the estimated maximum model length "
+      "is 250496. Using max_model_len 250496."]),
+], ids=['auto-whole-context', 'auto-shorter', 'misfit-not-failing'])
+def test_kimi_choice_of_max_model_len(kimi, kw, max_model_len, fits, warnings):
     r = kimi_plan(kimi, **kw)
     assert r['max_model_len'] == max_model_len
     assert r['fits'] is fits
     assert r['problems'] == []
-    if warning:
-        assert warning in r['warnings']
+    assert r['warnings'] == KIMI_WARNINGS + warnings
 
 
 def test_kimi_fp8_kv_on_hopper_is_kept(kimi):
@@ -499,26 +508,52 @@ def test_belongs_to_service(tmp_path, cgroup, service, expected):
     assert gp.belongs_to_service(42, service, str(tmp_path)) is expected
 
 
+# Listens on a free loopback port under a name of its own (prctl PR_SET_NAME), prints the port, then waits.
+LISTENER = r'''
+import ctypes, socket, sys, time
+ctypes.CDLL(None).prctl(15, b'llmserve-listen', 0, 0, 0)
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+s.listen(1)
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+'''
+
+
 def test_port_conflict_names_the_listener():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(('127.0.0.1', 0))
-    s.listen(1)
-    port = s.getsockname()[1]
+    listener = subprocess.Popen([sys.executable, '-c', LISTENER], stdout=subprocess.PIPE, text=True)
     try:
+        port = int(listener.stdout.readline())
         conflict = gp.port_conflict('127.0.0.1', port, None)
-        assert conflict == 'port %d is already in use by PID %d (%s)' % (port, os.getpid(), gp.process_name(os.getpid()))
+        assert conflict == 'port %d is already in use by PID %d (llmserve-listen)' % (port, listener.pid)
         assert gp.port_conflict('127.0.0.1', port, 'no-such-unit') == conflict
     finally:
-        s.close()
+        listener.kill()
+        listener.wait()
     assert gp.port_conflict('127.0.0.1', port, None) is None
 
 
-def test_shm_size_reads_the_filesystem(tmp_path):
-    st = os.statvfs(str(tmp_path))
-    assert gp.shm_size(str(tmp_path)) == st.f_blocks * st.f_frsize
+def test_shm_size_is_the_filesystem_size_as_df_reports_it(tmp_path):
+    df = subprocess.run(['df', '--block-size=1', '--output=size', str(tmp_path)], capture_output=True, text=True, check=True)
+    assert gp.shm_size(str(tmp_path)) == int(df.stdout.split()[-1])
     assert gp.shm_size(str(tmp_path / 'absent')) is None
     (tmp_path / 'file').write_text('')
     assert gp.shm_size(str(tmp_path / 'file' / 'shm')) is None
+
+
+class StatVfs(object):
+    """What statvfs says of a filesystem whose blocks are 4 KiB fragments of 1 MiB blocks, nearly full."""
+    f_frsize = 4096
+    f_bsize = 1 << 20
+    f_blocks = 16384
+    f_bfree = 256
+    f_bavail = 128
+
+
+def test_shm_size_counts_fragments_of_every_block_free_or_not(monkeypatch):
+    monkeypatch.setattr(os, 'statvfs', lambda path: StatVfs())
+    # 16384 fragments of 4 KiB: 64 MiB, Docker's default /dev/shm.
+    assert gp.shm_size('/dev/shm') == 64 * 1024 * 1024
 
 
 def test_process_names_that_are_not_utf8_are_replaced(tmp_path):

@@ -42,9 +42,7 @@ def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0
     return str(bindir)
 
 
-def warning_texts(result):
-    """The module's warnings: plain strings before ansible-core 2.19, structured summaries since."""
-    return [w if isinstance(w, str) else w['event']['msg'] for w in result.get('warnings', [])]
+warning_texts = module_runner.warning_texts
 
 
 LLAMA = {'model_type': 'llama', 'num_hidden_layers': 2, 'num_attention_heads': 4, 'num_key_value_heads': 2,

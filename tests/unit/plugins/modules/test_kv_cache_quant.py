@@ -7,15 +7,14 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
+import functools
 import json
 import os
 
 import pytest
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.testing import patch_module_args
-
 from ansible_collections.llmserve.vllm.plugins.modules import kv_cache_quant
+from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
 
 HF_NESTED = '''{
   "producer": {"name": "modelopt", "version": "0.29.0"},
@@ -31,46 +30,42 @@ HF_STRIPPED = HF_NESTED.replace('"kv_cache_quant_algo": "FP8"', '"kv_cache_quant
 CONFIG = '{\n  "model_type": "kimi_k25",\n  "text_config": {"model_type": "kimi_k2"}\n}\n'
 RECORD = '.llmserve-kv-cache-quant.json'
 
-
-WARNINGS = []
-
-
-@pytest.fixture(autouse=True)
-def record_warnings(monkeypatch):
-    # Where module.warn() ends up depends on whether controller code was imported in this
-    # process (ansible-core 2.19), so the test records the calls themselves.
-    del WARNINGS[:]
-    monkeypatch.setattr(AnsibleModule, 'warn', lambda self, warning: WARNINGS.append(warning))
+run_module = functools.partial(module_runner.run_module, 'kv_cache_quant')
+warning_texts = module_runner.warning_texts
 
 
-def warning_messages(result):
-    return list(WARNINGS)
+def run(tmp_path, args, check_mode=False, diff=False):
+    """Run the module as Ansible does; (rc, result)."""
+    return run_module(tmp_path, dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff))
 
 
-def run(args, check_mode=False, diff=False):
-    del WARNINGS[:]
-    args = dict(args)
-    args['_ansible_check_mode'] = check_mode
-    args['_ansible_diff'] = diff
-    with patch_module_args(args):
+def run_in_process(args, capsys):
+    """For the cases that patch this process (a full disk): (rc, result)."""
+    with module_runner.module_args(args):
         with pytest.raises(SystemExit) as caught:
             kv_cache_quant.main()
-    return caught.value.code
+    return caught.value.code, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """Where the module runs and its arguments file lies, beside the checkpoint rather than in it."""
+    path = tmp_path / 'run'
+    path.mkdir()
+    return path
 
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    (tmp_path / 'config.json').write_text(CONFIG)
-    (tmp_path / 'hf_quant_config.json').write_text(HF_NESTED)
-    return tmp_path
+    path = tmp_path / 'checkpoint'
+    path.mkdir()
+    (path / 'config.json').write_text(CONFIG)
+    (path / 'hf_quant_config.json').write_text(HF_NESTED)
+    return path
 
 
 def snapshot(directory):
     return dict((p.name, p.read_bytes()) for p in sorted(directory.iterdir()))
-
-
-def result_of(capsys):
-    return json.loads(capsys.readouterr().out)
 
 
 EXPECTED_FILES = [{'path': None, 'changes': [{'key': 'quantization.kv_cache_quant_algo', 'before': 'FP8', 'after': None}]}]
@@ -82,15 +77,16 @@ def expected_files(path):
 
 @pytest.mark.parametrize('check_mode, diff', [(True, False), (True, True), (False, False), (False, True)],
                          ids=['check', 'check+diff', 'real', 'real+diff'])
-def test_strip(checkpoint, capsys, check_mode, diff):
+def test_strip(workdir, checkpoint, check_mode, diff):
     before = snapshot(checkpoint)
-    assert run({'path': str(checkpoint)}, check_mode=check_mode, diff=diff) == 0
-    result = result_of(capsys)
+    rc, result = run(workdir, {'path': str(checkpoint)}, check_mode=check_mode, diff=diff)
+    assert rc == 0, result
     assert result['changed'] is True
     assert result['path'] == str(checkpoint)
     assert result['record'] == str(checkpoint / RECORD)
     assert result['files'] == expected_files(checkpoint)
     assert (result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == ('fp8', 'auto')
+    assert warning_texts(result) == []
     if diff:
         assert result['diff'] == [{'before': HF_NESTED, 'after': HF_STRIPPED,
                                    'before_header': str(checkpoint / 'hf_quant_config.json'),
@@ -109,39 +105,38 @@ def test_strip(checkpoint, capsys, check_mode, diff):
         assert sorted(os.listdir(str(checkpoint))) == [RECORD, 'config.json', 'hf_quant_config.json']
 
 
-def test_strip_twice_then_restore(checkpoint, capsys):
+def test_strip_twice_then_restore(workdir, checkpoint):
     before = snapshot(checkpoint)
-    run({'path': str(checkpoint)})
-    capsys.readouterr()
+    assert run(workdir, {'path': str(checkpoint)})[0] == 0
     stripped = snapshot(checkpoint)
-    assert run({'path': str(checkpoint)}) == 0
-    result = result_of(capsys)
+    rc, result = run(workdir, {'path': str(checkpoint)})
+    assert rc == 0
     assert (result['changed'], result['files'], result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == (
         False, [], 'auto', 'auto')
     assert snapshot(checkpoint) == stripped
 
-    assert run({'path': str(checkpoint), 'state': 'present'}, check_mode=True) == 0
-    result = result_of(capsys)
+    rc, result = run(workdir, {'path': str(checkpoint), 'state': 'present'}, check_mode=True)
+    assert rc == 0
     assert result['changed'] is True
     assert result['files'] == [{'path': str(checkpoint / 'hf_quant_config.json'),
                                 'changes': [{'key': 'quantization.kv_cache_quant_algo', 'before': None, 'after': 'FP8'}]}]
     assert (result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == ('auto', 'fp8')
     assert snapshot(checkpoint) == stripped
 
-    assert run({'path': str(checkpoint), 'state': 'present'}) == 0
-    assert result_of(capsys)['changed'] is True
+    rc, result = run(workdir, {'path': str(checkpoint), 'state': 'present'})
+    assert (rc, result['changed']) == (0, True)
     assert snapshot(checkpoint) == before
 
-    assert run({'path': str(checkpoint), 'state': 'present'}) == 0
-    result = result_of(capsys)
+    rc, result = run(workdir, {'path': str(checkpoint), 'state': 'present'})
+    assert rc == 0
     assert (result['changed'], result['files']) == (False, [])
-    assert warning_messages(result) == [
+    assert warning_texts(result) == [
         '%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, checkpoint)]
 
 
-def test_backup(checkpoint, capsys):
-    run({'path': str(checkpoint), 'backup': True})
-    result = result_of(capsys)
+def test_backup(workdir, checkpoint):
+    rc, result = run(workdir, {'path': str(checkpoint), 'backup': True})
+    assert rc == 0, result
     backup = result['files'][0]['backup_file']
     assert os.path.dirname(backup) == str(checkpoint)
     assert os.path.basename(backup).startswith('hf_quant_config.json.')
@@ -149,22 +144,22 @@ def test_backup(checkpoint, capsys):
         assert handle.read() == HF_NESTED
 
 
-def test_no_kv_cache_quantization(tmp_path, capsys):
+def test_no_kv_cache_quantization(workdir, tmp_path):
     (tmp_path / 'config.json').write_text(CONFIG)
-    assert run({'path': str(tmp_path)}) == 0
-    result = result_of(capsys)
+    rc, result = run(workdir, {'path': str(tmp_path)})
+    assert rc == 0
     assert (result['changed'], result['files'], result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == (
         False, [], 'auto', 'auto')
-    assert warning_messages(result) == []
-    assert os.listdir(str(tmp_path)) == ['config.json']
+    assert warning_texts(result) == []
+    assert sorted(os.listdir(str(tmp_path))) == ['config.json', 'run']
 
 
-def test_other_kv_cache_quantization_warns(tmp_path, capsys):
+def test_other_kv_cache_quantization_warns(workdir, tmp_path):
     (tmp_path / 'hf_quant_config.json').write_text(HF_NESTED.replace('"FP8"', '"NVFP4"'))
-    assert run({'path': str(tmp_path)}) == 0
-    result = result_of(capsys)
+    rc, result = run(workdir, {'path': str(tmp_path)})
+    assert rc == 0
     assert result['changed'] is False
-    assert warning_messages(result) == [
+    assert warning_texts(result) == [
         'hf_quant_config.json in %s: quantization.kv_cache_quant_algo is "NVFP4", '
         'not an FP8 KV cache; left unchanged' % tmp_path]
 
@@ -173,20 +168,19 @@ def test_other_kv_cache_quantization_warns(tmp_path, capsys):
     ('', 'config.json in {path} is empty'),
     ('{"quantization_config": []}', 'config.json in {path}: quantization_config must be a JSON object, not array'),
 ])
-def test_bad_second_file_modifies_nothing(tmp_path, capsys, config, message):
-    (tmp_path / 'hf_quant_config.json').write_text(HF_NESTED)
-    (tmp_path / 'config.json').write_text(config)
-    before = snapshot(tmp_path)
-    assert run({'path': str(tmp_path)}) == 1
-    result = result_of(capsys)
+def test_bad_second_file_modifies_nothing(workdir, checkpoint, config, message):
+    (checkpoint / 'config.json').write_text(config)
+    before = snapshot(checkpoint)
+    rc, result = run(workdir, {'path': str(checkpoint)})
+    assert rc == 1
     assert result['failed'] is True
-    assert result['msg'] == message.replace('{path}', str(tmp_path))
-    assert snapshot(tmp_path) == before
+    assert result['msg'] == message.replace('{path}', str(checkpoint))
+    assert snapshot(checkpoint) == before
 
 
-def test_missing_directory_fails(tmp_path, capsys):
-    assert run({'path': str(tmp_path / 'missing')}) == 1
-    assert result_of(capsys)['msg'] == 'checkpoint directory %s does not exist' % (tmp_path / 'missing')
+def test_missing_directory_fails(workdir, tmp_path):
+    rc, result = run(workdir, {'path': str(tmp_path / 'missing')})
+    assert (rc, result['msg']) == (1, 'checkpoint directory %s does not exist' % (tmp_path / 'missing'))
 
 
 @pytest.mark.parametrize('code, cause', [(errno.EROFS, 'Read-only file system'), (errno.ENOSPC, 'No space left on device'),
@@ -198,37 +192,38 @@ def test_unwritable_directory_modifies_nothing(checkpoint, capsys, monkeypatch, 
 
     monkeypatch.setattr(os, 'fsync', refuse)
     before = snapshot(checkpoint)
-    assert run({'path': str(checkpoint)}) == 1
-    assert result_of(capsys)['msg'] == 'cannot write hf_quant_config.json in %s: %s (a temporary file in %s)' % (
+    rc, result = run_in_process({'path': str(checkpoint)}, capsys)
+    assert rc == 1
+    assert result['msg'] == 'cannot write hf_quant_config.json in %s: %s (a temporary file in %s)' % (
         checkpoint, cause, checkpoint)
     assert snapshot(checkpoint) == before
 
 
 @pytest.mark.parametrize('check_mode', [False, True], ids=['real', 'check'])
-def test_temporary_files_of_an_interrupted_run_are_removed(checkpoint, capsys, check_mode):
+def test_temporary_files_of_an_interrupted_run_are_removed(workdir, checkpoint, check_mode):
     stale = checkpoint / '.llmserve-kvq-0123456789abcdef'
     stale.write_text('half')
-    assert run({'path': str(checkpoint)}, check_mode=check_mode) == 0
-    assert result_of(capsys)['changed'] is True
+    rc, result = run(workdir, {'path': str(checkpoint)}, check_mode=check_mode)
+    assert (rc, result['changed']) == (0, True)
     # Only a run that holds the lock may judge a temporary file stale.
     assert stale.exists() is check_mode
-    assert warning_messages(None) == ([] if check_mode else ['removed %s, left by an interrupted run' % stale])
+    assert warning_texts(result) == ([] if check_mode else ['removed %s, left by an interrupted run' % stale])
     assert not (checkpoint / '.llmserve-kv-cache-quant.lock').exists()
 
 
-def test_record_is_not_written_through_a_link(checkpoint, capsys, tmp_path_factory):
+def test_record_is_not_written_through_a_link(workdir, checkpoint, tmp_path_factory):
     elsewhere = tmp_path_factory.mktemp('elsewhere') / 'record.json'
     elsewhere.write_text('{"entries": []}')
     os.symlink(str(elsewhere), str(checkpoint / RECORD))
-    run({'path': str(checkpoint)})
-    assert result_of(capsys)['changed'] is True
+    rc, result = run(workdir, {'path': str(checkpoint)})
+    assert (rc, result['changed']) == (0, True)
     assert elsewhere.read_text() == '{"entries": []}'
     assert not os.path.islink(str(checkpoint / RECORD))
     assert [e['key'] for e in json.loads((checkpoint / RECORD).read_text())['entries']] == [
         'quantization.kv_cache_quant_algo']
 
 
-def test_hugging_face_cache_layout(tmp_path, capsys):
+def test_hugging_face_cache_layout(workdir, tmp_path):
     blob = tmp_path / 'blobs' / '1234abcd'
     blob.parent.mkdir()
     blob.write_text(HF_NESTED)
@@ -236,15 +231,15 @@ def test_hugging_face_cache_layout(tmp_path, capsys):
     for revision in revisions:
         revision.mkdir(parents=True)
         os.symlink('../../blobs/1234abcd', str(revision / 'hf_quant_config.json'))
-    run({'path': str(revisions[0])})
-    assert result_of(capsys)['changed'] is True
+    rc, result = run(workdir, {'path': str(revisions[0])})
+    assert (rc, result['changed']) == (0, True)
     assert blob.read_text() == HF_NESTED
     assert not os.path.islink(str(revisions[0] / 'hf_quant_config.json'))
     assert (revisions[0] / 'hf_quant_config.json').read_text() == HF_STRIPPED
     assert os.readlink(str(revisions[1] / 'hf_quant_config.json')) == '../../blobs/1234abcd'
 
-    run({'path': str(revisions[0]), 'state': 'present'})
-    assert result_of(capsys)['changed'] is True
+    rc, result = run(workdir, {'path': str(revisions[0]), 'state': 'present'})
+    assert (rc, result['changed']) == (0, True)
     assert os.readlink(str(revisions[0] / 'hf_quant_config.json')) == '../../blobs/1234abcd'
     assert sorted(os.listdir(str(revisions[0]))) == ['hf_quant_config.json']
     assert blob.read_text() == HF_NESTED

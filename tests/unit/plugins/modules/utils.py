@@ -11,10 +11,14 @@ no_log masking.
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
+
+from ansible.module_utils import basic
 
 import ansible_collections.llmserve.vllm as collection
 
@@ -35,3 +39,22 @@ def run_module(module, tmp_path, args, path_prefix=None):
                           env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120, check=False)
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout.decode('utf-8'))
+
+
+def warning_texts(result):
+    """The module's warnings: plain strings before ansible-core 2.19, structured summaries since."""
+    return [w if isinstance(w, str) else w['event']['msg'] for w in result.get('warnings', [])]
+
+
+@contextlib.contextmanager
+def module_args(args):
+    """AnsibleModule in this process reads args: for cases that patch the process (os.fsync failing)."""
+    try:
+        # ansible-core 2.19 and later encode the arguments with a serialization profile.
+        from ansible.module_utils.testing import patch_module_args
+    except ImportError:
+        with mock.patch.object(basic, '_ANSIBLE_ARGS', json.dumps({'ANSIBLE_MODULE_ARGS': args}).encode('utf-8')):
+            yield
+        return
+    with patch_module_args(args):
+        yield
