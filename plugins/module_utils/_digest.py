@@ -150,14 +150,18 @@ class DigestCache(object):
             return 'others may write it (mode %04o)' % stat.S_IMODE(info.st_mode)
         return None
 
-    def get(self, path, info, name):
-        """The cached value ``name`` for the file at ``path`` as ``info`` describes it, or None."""
+    def get(self, path, info, name, kind=str):
+        """The cached value ``name`` for the file at ``path`` as ``info`` describes it, or None.
+
+        ``kind``: str (digests, verdicts) or list (of strings); a value of another type was not written here.
+        """
         self.seen.add(path)
         entry = self.entries.get(path)
         if entry is None or entry.get('identity') != identity(info):
             return None
         value = entry.get(name)
-        # Every fact is a string; anything else was not written by this module.
+        if kind is list:
+            return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
         return value if isinstance(value, str) else None
 
     def put(self, path, info, values):

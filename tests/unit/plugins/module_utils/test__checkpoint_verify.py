@@ -15,7 +15,7 @@ import struct
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant
+from ansible_collections.llmserve.vllm.plugins.module_utils import _checkpoint_verify, _kv_cache_quant
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
     VerifyError,
     check_directory,
@@ -383,6 +383,20 @@ def test_a_rerun_reads_no_file(checkpoint, tmp_path):
     cache.load()
     report = verify(path, manifest, cache=cache)
     assert (report.ok, report.cache_hits, report.hashed_bytes) == (True, 6, 0)
+
+
+def test_a_rerun_parses_neither_headers_nor_the_index(checkpoint, tmp_path, monkeypatch):
+    path, manifest = checkpoint
+    cache = DigestCache(str(tmp_path / 'cache'))
+    verify(path, manifest, cache=cache)
+
+    def unexpected(*args):
+        raise AssertionError('read again: %s' % (args,))
+
+    monkeypatch.setattr(_checkpoint_verify, 'read_json', unexpected)
+    monkeypatch.setattr(_checkpoint_verify, 'read_header', unexpected)
+    report = verify(path, manifest, cache=cache)
+    assert (report.ok, report.hashed_bytes) == (True, 0)
 
 
 def test_a_changed_file_is_read_again_and_caught(checkpoint, tmp_path):

@@ -108,8 +108,11 @@ def test_cache_survives_a_save_and_load(tmp_path, shard):
 
 def test_cache_values_of_other_types_are_misses(tmp_path, shard):
     cache = DigestCache(str(tmp_path / 'cache'))
-    cache.put(shard, os.stat(shard), {'sha256': 5, 'git-sha1': ['x']})
-    assert (cache.get(shard, os.stat(shard), 'sha256'), cache.get(shard, os.stat(shard), 'git-sha1')) == (None, None)
+    cache.put(shard, os.stat(shard), {'sha256': 5, 'git-sha1': [7], 'index_shards': ['a.safetensors']})
+    info = os.stat(shard)
+    assert [cache.get(shard, info, 'sha256'), cache.get(shard, info, 'git-sha1', list),
+            cache.get(shard, info, 'index_shards'), cache.get(shard, info, 'index_shards', list)] == [
+        None, None, None, ['a.safetensors']]
 
 
 def test_cache_is_not_rewritten_when_nothing_changed(tmp_path, shard):
