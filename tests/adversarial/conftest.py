@@ -44,9 +44,9 @@ def pytest_terminal_summary(terminalreporter):
     for module in sorted(_TALLY):
         counts = _TALLY[module]
         totals.update(counts)
-        terminalreporter.write_line('%-16s tried %3d  %s' % (module, sum(counts.values()), ', '.join(
+        terminalreporter.write_line('%-18s tried %3d  %s' % (module, sum(counts.values()), ', '.join(
             '%s %d' % (outcome, counts[outcome]) for outcome in harness.OUTCOMES)))
-    terminalreporter.write_line('%-16s tried %3d  %s' % ('all', sum(totals.values()), ', '.join(
+    terminalreporter.write_line('%-18s tried %3d  %s' % ('all', sum(totals.values()), ', '.join(
         '%s %d' % (outcome, totals[outcome]) for outcome in harness.OUTCOMES)))
     os.makedirs(os.path.dirname(TOTALS_FILE), exist_ok=True)
     with open(TOTALS_FILE, 'w') as f:
