@@ -15,7 +15,7 @@ SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: test lint sanity units adversarial integration collection-link tools host-packages vllm-venv build clean
+.PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv build clean
 
 tools: host-packages $(VENV)/.installed collection-link
 
@@ -51,18 +51,21 @@ lint: tools
 	$(BIN)/ansible-lint --profile production
 
 # ansible-test needs a real ansible_collections/<ns>/<name> tree, so sanity runs on a copy.
-# Its pip bootstrap script comes from a host these machines cannot reach: seed its cache.
+# Its pip bootstrap script comes from a host these machines cannot reach: seed its cache
+# (ansible-core 2.17 bootstraps pip 23.1.2, 2.18 and 2.19 pip 24.2).
+# make matrix runs this recipe with another ansible-core (SANITY_BIN) on another copy (SANITY_ROOT).
 SANITY_HOME := $(abspath .build/ansible-test-home)
+SANITY_BIN = $(BIN)
 sanity: tools
 	rm -rf $(SANITY_ROOT)
 	mkdir -p $(SANITY_ROOT) $(SANITY_HOME)/.ansible/test/cache
-	cp tests/sanity/get_pip_offline.py $(SANITY_HOME)/.ansible/test/cache/get_pip_24_2.py
+	for pip in 23_1_2 24_2; do cp tests/sanity/get_pip_offline.py $(SANITY_HOME)/.ansible/test/cache/get_pip_$$pip.py; done
 	# bench/ and tools/ are development scripts, not collection content (galaxy.yml's build_ignore).
 	git ls-files -co --exclude-standard -z -- . ':!bench' ':!tools' | rsync -a --from0 --files-from=- ./ $(SANITY_ROOT)/
 	# A repository of its own: inside this checkout's ignored .build, ansible-test would see no files.
 	git -C $(SANITY_ROOT) init -q
-	cd $(SANITY_ROOT) && HOME=$(SANITY_HOME) $(BIN)/ansible-test sanity --color no \
-	  --python $$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	cd $(SANITY_ROOT) && HOME=$(SANITY_HOME) $(SANITY_BIN)/ansible-test sanity --color no \
+	  --python $$($(SANITY_BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 units: tools
 	$(BIN)/pytest tests/unit
@@ -81,7 +84,25 @@ integration: tools vllm-venv
 	$(BIN)/pytest tests/integration --ignore=tests/integration/sandbox --ignore=tests/integration/fleet \
 	  --ignore=tests/integration/test_chat_check_sandbox.py
 
-test: lint sanity units adversarial integration molecule
+# Every ansible-core release meta/runtime.yml promises, each its latest patch, on Python 3.11:
+# a venv each under .build/matrix, then sanity, the unit tests and kv_cache_quant's playbook
+# tests through that release. The last is the release tests/requirements.txt pins, whose
+# sanity make sanity runs.
+MATRIX_CORES := 2.17.14 2.18.19 2.19.14
+MATRIX_PYTHON ?= python3.11
+matrix: $(addprefix matrix-,$(MATRIX_CORES))
+matrix-%: .build/matrix/%/.installed collection-link
+	$(if $(filter $*,$(lastword $(MATRIX_CORES))),,$(MAKE) --no-print-directory sanity \
+	  SANITY_BIN=$(abspath .build/matrix/$*/bin) SANITY_ROOT=.build/matrix/$*/sanity/ansible_collections/llmserve/vllm)
+	.build/matrix/$*/bin/pytest tests/unit tests/integration/test_kv_cache_quant.py
+.build/matrix/%/.installed: tests/requirements.txt
+	rm -rf $(@D)
+	$(MATRIX_PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install -q ansible-core==$* $$(grep -vE '^(#|ansible-core|ansible-lint|molecule|ruff|mypy)\b' tests/requirements.txt)
+	touch $@
+.PRECIOUS: .build/matrix/%/.installed
+
+test: lint sanity units adversarial matrix integration molecule molecule-fleet
 
 build: tools
 	$(BIN)/ansible-galaxy collection build --force --output-path .build
