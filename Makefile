@@ -98,7 +98,7 @@ matrix-%: .build/matrix/%/.installed collection-link
 .build/matrix/%/.installed: tests/requirements.txt
 	rm -rf $(@D)
 	$(MATRIX_PYTHON) -m venv $(@D)
-	$(@D)/bin/pip install -q ansible-core==$* $$(grep -vE '^(#|ansible-core|ansible-lint|molecule|ruff|mypy)\b' tests/requirements.txt)
+	$(@D)/bin/pip install -q ansible-core==$* $$(grep -vE '^#|^(ansible-core|ansible-lint|molecule|ruff|mypy)==' tests/requirements.txt)
 	touch $@
 .PRECIOUS: .build/matrix/%/.installed
 
