@@ -114,25 +114,52 @@ def test_extra_arguments_reach_vllm_unchanged(tmp_path):
     assert '"{\\"temperature\\": 0.6}"' in line
 
 
-def test_multi_node_cluster_drives_vllms_own_launcher(tmp_path):
+def render_cluster(tmp_path, hosts, **extra_vars):
+    """The unit's argv and the environment file of each host of a `kimi` cluster group."""
     inventory = tmp_path / 'hosts.yml'
-    inventory.write_text('all:\n  children:\n    kimi:\n      hosts:\n'
-                         '        node-a: {ansible_host: 10.0.0.1, ansible_connection: local}\n'
-                         '        node-b: {ansible_host: 10.0.0.2, ansible_connection: local}\n')
-    argvs = {}
-    for host in ('node-a', 'node-b'):
+    inventory.write_text(json.dumps({'all': {'children': {'kimi': {'hosts': hosts}}}}))
+    playbook = tmp_path / 'play.yml'
+    playbook.write_text(open(PLAYBOOK).read().replace('hosts: localhost', 'hosts: kimi').replace('../../../', REPO + '/'))
+    rendered = {}
+    for host in hosts:
         out = tmp_path / host
         out.mkdir()
         extra = {'out_dir': str(out), 'vllm_kimi_cluster_group': 'kimi', 'vllm_kimi_pipeline_parallel_size': 2,
                  'group_vars_file': os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
                  '__vllm_kimi_preflight': {'max_model_len': 131072}, 'ansible_python_interpreter': LOCAL_PYTHON}
-        playbook = tmp_path / 'play.yml'
-        playbook.write_text(open(PLAYBOOK).read().replace('hosts: localhost', 'hosts: kimi')
-                            .replace('../../../', REPO + '/'))
+        extra.update(extra_vars)
         subprocess.run([ANSIBLE_PLAYBOOK, '-i', str(inventory), '--limit', host, str(playbook), '-e', json.dumps(extra)],
                        cwd=REPO, check=True, capture_output=True, text=True)
-        argvs[host] = exec_start((out / 'unit.service').read_text())
-    head, worker = argvs['node-a'], argvs['node-b']
+        rendered[host] = (exec_start((out / 'unit.service').read_text()), (out / 'environment').read_text().splitlines())
+    return rendered
+
+
+def test_multi_node_cluster_drives_vllms_own_launcher(tmp_path):
+    rendered = render_cluster(tmp_path, {'node-a': {'ansible_host': '10.0.0.1', 'ansible_connection': 'local'},
+                                         'node-b': {'ansible_host': '10.0.0.2', 'ansible_connection': 'local'}})
+    head, worker = rendered['node-a'][0], rendered['node-b'][0]
     assert head[-8:] == ['--nnodes', '2', '--node-rank', '0', '--master-addr', '10.0.0.1', '--master-port', '29501']
     assert worker[-9:] == ['--nnodes', '2', '--node-rank', '1', '--master-addr', '10.0.0.1', '--master-port', '29501',
                            '--headless']
+    # Without VLLM_HOST_IP vLLM's queues between nodes listen on the default route's address.
+    assert 'VLLM_HOST_IP="10.0.0.1"' in rendered['node-a'][1]
+    assert 'VLLM_HOST_IP="10.0.0.2"' in rendered['node-b'][1]
+    assert not [line for line in rendered['node-a'][1] if line.startswith('GLOO_SOCKET_IFNAME=')]
+
+
+def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
+    rendered = render_cluster(tmp_path, {
+        'node-a': {'ansible_host': 'a.example', 'vllm_kimi_cluster_address': '192.168.50.1', 'ansible_connection': 'local'},
+        'node-b': {'ansible_host': 'b.example', 'vllm_kimi_cluster_address': '192.168.50.2', 'ansible_connection': 'local'},
+    }, vllm_kimi_cluster_interface='ens5f1')
+    assert rendered['node-b'][0][-5:] == ['--master-addr', '192.168.50.1', '--master-port', '29501', '--headless']
+    for host, address in (('node-a', '192.168.50.1'), ('node-b', '192.168.50.2')):
+        environment = rendered[host][1]
+        assert 'VLLM_HOST_IP="%s"' % address in environment
+        assert 'GLOO_SOCKET_IFNAME="ens5f1"' in environment
+        assert 'NCCL_SOCKET_IFNAME="ens5f1"' in environment
+
+
+def test_a_single_node_sets_no_cluster_environment(gpu_unit):
+    environment = gpu_unit[1].splitlines()
+    assert not [line for line in environment if line.split('=')[0] in ('VLLM_HOST_IP', 'GLOO_SOCKET_IFNAME')]
