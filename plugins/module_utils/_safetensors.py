@@ -25,7 +25,6 @@ import struct
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, open_regular, read_json
 
 INDEX_NAME = 'model.safetensors.index.json'
-SINGLE_NAME = 'model.safetensors'
 # safetensors refuses headers above 100 MB; anything larger is a corrupt length.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 

@@ -349,32 +349,67 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     resolve_kv_cache_dtype,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
-    PreflightError,
-    belongs_to_service,
+    AUTO_MAX_MODEL_LEN,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
     plan,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import (
+    DEFAULT_SHM_MIN_BYTES,
+    DEFAULT_SHM_PATH,
+    belongs_to_service,
     port_conflict,
     process_name,
-    query_nvidia_smi,
     shm_size,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_RESERVE_BYTES
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
     RECORD_NAME,
     KvCacheQuantError,
     shipped_with_fp8_kv_cache,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import MAX_CONFIG_INT
+from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import DEFAULT_NVIDIA_SMI_TIMEOUT, query_nvidia_smi
+from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
 
-
-# Integers vLLM holds as int64; larger ones would also overflow the plan's float arithmetic.
-MAX_INT = 2 ** 63 - 1
 # Integer options and their least values (the optional ones are checked when given).
 INT_OPTIONS = (('tensor_parallel_size', 1), ('pipeline_parallel_size', 1), ('block_size', 1), ('kv_cache_memory_bytes', 0),
                ('weights_bytes_per_gpu', 0), ('reserve_bytes_per_gpu', 0), ('shm_min_bytes', 0))
 # selectors cannot wait much longer than a day, and no nvidia-smi needs that long.
 MAX_NVIDIA_SMI_TIMEOUT = 86400
 
+ARGUMENT_SPEC = dict(
+    model_path=dict(type='path', required=True),
+    tensor_parallel_size=dict(type='int', default=1),
+    pipeline_parallel_size=dict(type='int', default=1),
+    gpu_memory_utilization=dict(type='float', default=DEFAULT_GPU_MEMORY_UTILIZATION),
+    max_model_len=dict(type='raw', default='auto'),
+    kv_cache_dtype=dict(type='str', default='auto',
+                        choices=['auto', 'bfloat16', 'float16', 'half', 'float32', 'fp8', 'fp8_e4m3', 'fp8_e5m2']),
+    kv_cache_memory_bytes=dict(type='int'),
+    weights_bytes_per_gpu=dict(type='int'),
+    gpus=dict(type='list', elements='dict', options=dict(
+        name=dict(type='str', required=True),
+        memory_total_mib=dict(type='int', required=True),
+        compute_capability=dict(type='str', required=True),
+        memory_used_mib=dict(type='int', default=0),
+    )),
+    fail_on_misfit=dict(type='bool', default=True),
+    accelerator=dict(type='str', default='nvidia', choices=['nvidia', 'cpu']),
+    nvidia_smi_path=dict(type='str', default='nvidia-smi'),
+    nvidia_smi_timeout=dict(type='int', default=DEFAULT_NVIDIA_SMI_TIMEOUT),
+    reserve_bytes_per_gpu=dict(type='int', default=DEFAULT_RESERVE_BYTES),
+    block_size=dict(type='int', default=DEFAULT_BLOCK_SIZE),
+    port=dict(type='int'),
+    host=dict(type='str', default='127.0.0.1'),
+    service_name=dict(type='str'),
+    shm_path=dict(type='path', default=DEFAULT_SHM_PATH),
+    shm_min_bytes=dict(type='int', default=DEFAULT_SHM_MIN_BYTES),
+    fp8_kv_cache_policy=dict(type='str', default='auto', choices=['auto', 'strip', 'keep']),
+)
 
-def int_error(name, value, minimum, maximum=MAX_INT):
+
+def int_error(name, value, minimum, maximum=MAX_CONFIG_INT):
     """The message for an integer option outside minimum..maximum, or None. AnsibleModule lets booleans through as ints."""
     if isinstance(value, bool):
         return '%s must be an integer, got %s' % (name, value)
@@ -388,7 +423,7 @@ def int_error(name, value, minimum, maximum=MAX_INT):
 def max_model_len_error(p):
     """Check max_model_len (an integer or auto) and make it an int; the message when it is neither, or None."""
     mml = p['max_model_len']
-    if mml in ('auto', -1, '-1'):
+    if mml in AUTO_MAX_MODEL_LEN:
         return None
     try:
         value = int(mml)
@@ -427,37 +462,55 @@ def model_path_error(path):
     return None
 
 
+def kv_cache_dtype_info(p, config):
+    """resolve_kv_cache_dtype's answer for the checkpoint as shipped."""
+    dtype_info = resolve_kv_cache_dtype(p['kv_cache_dtype'], p['model_path'], config)
+    if p['kv_cache_dtype'] == 'auto' and shipped_with_fp8_kv_cache(p['model_path']):
+        # The decision concerns the checkpoint as shipped: judged from the stripped files,
+        # a second run would restore the FP8 KV cache that the first one removed.
+        dtype_info = ('fp8', 'the checkpoint as shipped asks for an FP8 KV cache (stripped earlier by '
+                      'llmserve.vllm.kv_cache_quant, see %s)' % RECORD_NAME, dtype_info[2])
+    return dtype_info
+
+
+def gpus_and_apps(module, p):
+    """The GPUs to plan for and the processes on them: none for the CPU build, the gpus option, or nvidia-smi's."""
+    if p['accelerator'] != 'nvidia':
+        return [], []
+    if p['gpus']:
+        return [dict(g, index=i, driver_version='', uuid='planned-%d' % i) for i, g in enumerate(p['gpus'])], []
+    smi = p['nvidia_smi_path']
+    path = smi if os.path.isabs(smi) else module.get_bin_path(smi)
+    if not path or not os.path.exists(path):
+        raise PreflightError('%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
+                             'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH'))
+    return query_nvidia_smi(functools.partial(command.run, timeout=p['nvidia_smi_timeout']), path)
+
+
+def host_facts(p):
+    """The callables plan() asks the host's facts with."""
+    service = p['service_name']
+    host = {
+        'belongs': lambda pid: belongs_to_service(pid, service),
+        'name': process_name,
+        'port': lambda h, port: port_conflict(h, port, service),
+    }
+    if p['accelerator'] != 'cpu':
+        host['shm'] = shm_size
+    return host
+
+
+def failure_message(result):
+    """The problems and their remedies, as one message."""
+    msg = ' '.join(x if x.endswith('.') else x + '.' for x in result['problems'])
+    if result['remedies']:
+        msg += ' Remedies: ' + '; '.join(result['remedies']) + '.'
+    return msg
+
+
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            model_path=dict(type='path', required=True),
-            tensor_parallel_size=dict(type='int', default=1),
-            pipeline_parallel_size=dict(type='int', default=1),
-            gpu_memory_utilization=dict(type='float', default=0.9),
-            max_model_len=dict(type='raw', default='auto'),
-            kv_cache_dtype=dict(type='str', default='auto',
-                                choices=['auto', 'bfloat16', 'float16', 'half', 'float32', 'fp8', 'fp8_e4m3', 'fp8_e5m2']),
-            kv_cache_memory_bytes=dict(type='int'),
-            weights_bytes_per_gpu=dict(type='int'),
-            gpus=dict(type='list', elements='dict', options=dict(
-                name=dict(type='str', required=True),
-                memory_total_mib=dict(type='int', required=True),
-                compute_capability=dict(type='str', required=True),
-                memory_used_mib=dict(type='int', default=0),
-            )),
-            fail_on_misfit=dict(type='bool', default=True),
-            accelerator=dict(type='str', default='nvidia', choices=['nvidia', 'cpu']),
-            nvidia_smi_path=dict(type='str', default='nvidia-smi'),
-            nvidia_smi_timeout=dict(type='int', default=30),
-            reserve_bytes_per_gpu=dict(type='int', default=5368709120),
-            block_size=dict(type='int', default=16),
-            port=dict(type='int'),
-            host=dict(type='str', default='127.0.0.1'),
-            service_name=dict(type='str'),
-            shm_path=dict(type='path', default='/dev/shm'),
-            shm_min_bytes=dict(type='int', default=1073741824),
-            fp8_kv_cache_policy=dict(type='str', default='auto', choices=['auto', 'strip', 'keep']),
-        ),
+        argument_spec=ARGUMENT_SPEC,
         required_if=[('accelerator', 'cpu', ['kv_cache_memory_bytes'])],
         supports_check_mode=True,
     )
@@ -466,37 +519,14 @@ def main():
     if error:
         module.fail_json(msg=error)
 
-    service = p['service_name']
     result = dict(changed=False)
+    apps = []
     try:
         config = load_config(p['model_path'])
         checkpoint = scan(p['model_path']) if p['weights_bytes_per_gpu'] is None else None
-        dtype_info = resolve_kv_cache_dtype(p['kv_cache_dtype'], p['model_path'], config)
-        if p['kv_cache_dtype'] == 'auto' and shipped_with_fp8_kv_cache(p['model_path']):
-            # The decision concerns the checkpoint as shipped: judged from the stripped files,
-            # a second run would restore the FP8 KV cache that the first one removed.
-            dtype_info = ('fp8', 'the checkpoint as shipped asks for an FP8 KV cache (stripped earlier by '
-                          'llmserve.vllm.kv_cache_quant, see %s)' % RECORD_NAME, dtype_info[2])
-        gpus, apps = [], []
-        if p['accelerator'] == 'nvidia':
-            if p['gpus']:
-                gpus = [dict(g, index=i, driver_version='', uuid='planned-%d' % i) for i, g in enumerate(p['gpus'])]
-            else:
-                smi = p['nvidia_smi_path']
-                path = smi if os.path.isabs(smi) else module.get_bin_path(smi)
-                if not path or not os.path.exists(path):
-                    raise PreflightError('%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
-                                         'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH'))
-                gpus, apps = query_nvidia_smi(functools.partial(command.run, timeout=p['nvidia_smi_timeout']), path)
-        host = {
-            'belongs': lambda pid: belongs_to_service(pid, service),
-            'name': process_name,
-            'shm': shm_size,
-            'port': lambda h, port: port_conflict(h, port, service),
-        }
-        if p['accelerator'] == 'cpu':
-            host.pop('shm')
-        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host))
+        dtype_info = kv_cache_dtype_info(p, config)
+        gpus, apps = gpus_and_apps(module, p)
+        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p)))
     except (CheckpointError, command.CommandError, KvCacheQuantError, PreflightError) as exc:
         module.fail_json(msg=str(exc), **result)
 
@@ -505,14 +535,12 @@ def main():
     for text in result.pop('warnings'):
         module.warn(text)
     for g in result['gpus']:
-        g['processes'] = [dict(a, ours=belongs_to_service(a['pid'], service)) for a in apps if a['gpu_uuid'] == g.get('uuid')]
+        g['processes'] = [dict(a, ours=belongs_to_service(a['pid'], p['service_name']))
+                          for a in apps if a['gpu_uuid'] == g.get('uuid')]
     result['driver_version'] = gpus[0].get('driver_version', '') if gpus else ''
     # No context length at all is no plan to start vLLM with, whatever fail_on_misfit says.
     if result['problems'] and (p['fail_on_misfit'] or result['max_model_len_fit'] == 0):
-        msg = ' '.join(x if x.endswith('.') else x + '.' for x in result['problems'])
-        if result['remedies']:
-            msg += ' Remedies: ' + '; '.join(result['remedies']) + '.'
-        module.fail_json(msg=msg, **result)
+        module.fail_json(msg=failure_message(result), **result)
     module.exit_json(**result)
 
 

@@ -20,8 +20,11 @@ import tempfile
 
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _gpu_preflight as gp
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, load_config
+from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import plan
+from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import kv_bytes_per_token
+from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import MAX_SMI_NUMBER, parse_apps, parse_gpus
+from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import (
     DTYPE_BITS,
     Checkpoint,
@@ -107,8 +110,8 @@ def test_plan_raises_only_its_own_error_and_never_fits_nothing(config, params, g
     dtype = params['kv_cache_dtype'] if params['kv_cache_dtype'] != 'auto' else 'bfloat16'
     gpus = [dict(g, index=i) for i, g in enumerate(gpus)]
     try:
-        r = gp.plan(params, config, checkpoint(ckpt_spec), gpus, [], (dtype, 'test', None))
-    except gp.PreflightError as exc:
+        r = plan(params, config, checkpoint(ckpt_spec), gpus, [], (dtype, 'test', None))
+    except PreflightError as exc:
         assert 'config.json' in str(exc) or 'pipeline_parallel_size' in str(exc)
         return
     json.dumps(r, allow_nan=False)
@@ -128,8 +131,8 @@ def test_plan_raises_only_its_own_error_and_never_fits_nothing(config, params, g
 @given(CONFIGS, st.integers(1, 4), st.integers(1, 16))
 def test_kv_bytes_per_token_is_positive_or_refused(config, dtype_bytes, tp):
     try:
-        per_token, attention = gp.kv_bytes_per_token(config, dtype_bytes, tp)
-    except gp.PreflightError as exc:
+        per_token, attention = kv_bytes_per_token(config, dtype_bytes, tp)
+    except PreflightError as exc:
         assert str(exc).startswith('config.json')
         return
     assert per_token > 0 and attention in ('mla', 'standard')
@@ -143,15 +146,15 @@ SMI_FIELDS = st.one_of(st.sampled_from(['0', '1', '143771', '[N/A]', '1e400', 'n
 @given(st.lists(st.lists(SMI_FIELDS, min_size=1, max_size=8).map(', '.join), max_size=4).map('\n'.join))
 def test_nvidia_smi_parsers_raise_only_their_own_error(text):
     try:
-        gpus = gp.parse_gpus(text)
-    except gp.PreflightError as exc:
+        gpus = parse_gpus(text)
+    except PreflightError as exc:
         assert str(exc).startswith('nvidia-smi printed')
     else:
-        assert all(1 <= g['memory_total_mib'] <= gp.MAX_SMI_NUMBER and 0 <= g['memory_used_mib'] for g in gpus)
+        assert all(1 <= g['memory_total_mib'] <= MAX_SMI_NUMBER and 0 <= g['memory_used_mib'] for g in gpus)
         json.dumps(gpus, allow_nan=False)
     try:
-        apps = gp.parse_apps(text)
-    except gp.PreflightError as exc:
+        apps = parse_apps(text)
+    except PreflightError as exc:
         assert str(exc).startswith('nvidia-smi printed')
     else:
         assert all(a['used_memory_mib'] is None or a['used_memory_mib'] >= 0 for a in apps)

