@@ -173,7 +173,9 @@ def one_replica_down(fleet, endpoints_file):
     hosts, ports, settings = fleet
     sh(hosts[2], "systemctl stop vllm-kimi")
     try:
-        attempt = upgrade(fleet, endpoints_file, "-e", "vllm_kimi_max_model_len=2048")
+        # The stopped replica would be waited for up to vllm_kimi_replica_check_timeout.
+        attempt = upgrade(fleet, endpoints_file, "-e", "vllm_kimi_max_model_len=2048",
+                          "-e", "vllm_kimi_replica_check_timeout=15")
     finally:
         sh(hosts[2], "systemctl start vllm-kimi")
     deadline = time.time() + 300
