@@ -16,12 +16,8 @@ refusal of good input), LEAK (a secret anywhere in the output) and STRAY_FILE
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
-import json
-import os
-import subprocess
-import sys
-
-import ansible_collections.llmserve.vllm as collection
+# The one module runner of the tests, here under the names the adversarial cases use.
+from ansible_collections.llmserve.vllm.tests.support import COLLECTIONS_PATH, Run, run_module  # noqa: F401
 
 CLEAN_ERROR = 'clean error'
 CORRECT_SUCCESS = 'correct success'
@@ -33,41 +29,6 @@ LEAK = 'leak'
 STRAY_FILE = 'stray file'
 GOOD = (CLEAN_ERROR, CORRECT_SUCCESS)
 OUTCOMES = (CLEAN_ERROR, CORRECT_SUCCESS, TRACEBACK, HANG, WRONG_SUCCESS, WRONG_ERROR, LEAK, STRAY_FILE)
-
-COLLECTIONS_PATH = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(collection.__path__[0]))))
-
-
-class Run(object):
-    """One module run: rc, the parsed result (None when the output was no JSON), raw output, hung."""
-
-    def __init__(self, rc, result, stdout, stderr, hung):
-        self.rc = rc
-        self.result = result
-        self.stdout = stdout
-        self.stderr = stderr
-        self.hung = hung
-
-
-def run_module(module, tmp_path, args, timeout=30, path_prefix=None, env=None):
-    """Run llmserve.vllm.<module> as Ansible runs it on a host; never raises on the module's behaviour."""
-    args_file = tmp_path / ('%s-args.json' % module)
-    args_file.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
-    run_env = dict(os.environ, PYTHONPATH=COLLECTIONS_PATH)
-    run_env['no_proxy'] = run_env['NO_PROXY'] = '127.0.0.1,localhost'
-    if path_prefix:
-        run_env['PATH'] = '%s:%s' % (path_prefix, run_env.get('PATH', ''))
-    run_env.update(env or {})
-    argv = [sys.executable, '-m', 'ansible_collections.llmserve.vllm.plugins.modules.' + module, str(args_file)]
-    try:
-        proc = subprocess.run(argv, env=run_env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        return Run(None, None, exc.stdout or b'', exc.stderr or b'', True)
-    try:
-        result = json.loads(proc.stdout.decode('utf-8'))
-    except ValueError:
-        result = None
-    return Run(proc.returncode, result, proc.stdout, proc.stderr, False)
 
 
 def judge(run, expect_success, check=None, secrets=(), stray=()):

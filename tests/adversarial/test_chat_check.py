@@ -15,7 +15,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
-import os
 import re
 import threading
 import time
@@ -25,15 +24,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
+from ansible_collections.llmserve.vllm.tests.support import fixture_path
 
 MODULE = 'chat_check'
-FIXTURES = os.path.join(os.path.dirname(__file__), '..', 'unit', 'plugins', 'module_utils', 'fixtures', 'chat_check')
 PARIS = 'The capital of France is Paris.'
 KEY = 'sk-zq7-secret-123'
 
 
 def fixture(name):
-    with open(os.path.join(FIXTURES, name), 'rb') as f:
+    with open(fixture_path('chat_check', name), 'rb') as f:
         return f.read()
 
 

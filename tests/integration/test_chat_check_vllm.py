@@ -14,15 +14,13 @@ __metaclass__ = type
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+from ansible_collections.llmserve.vllm.tests.support import REPO, free_port, module_result
+
 VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
-MODULE = 'ansible_collections.llmserve.vllm.plugins.modules.chat_check'
 API_KEY = 'chat-check-test-key'
 PARIS = 'The capital of France is Paris.'
 
@@ -33,23 +31,8 @@ pytestmark = [
 ]
 
 
-def free_port():
-    sock = socket.socket()
-    sock.bind(('127.0.0.1', 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
 def run_module(tmp_path, args):
-    args_file = tmp_path / 'args.json'
-    args_file.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, '.build', 'collections'),
-               no_proxy='127.0.0.1,localhost', NO_PROXY='127.0.0.1,localhost')
-    proc = subprocess.run([sys.executable, '-m', MODULE, str(args_file)], env=env, cwd=str(tmp_path),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600, check=False)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout.decode('utf-8'))
+    return module_result('chat_check', tmp_path, args, timeout=600)
 
 
 @pytest.fixture(scope='module')

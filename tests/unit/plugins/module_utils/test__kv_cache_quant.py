@@ -12,30 +12,13 @@ import os
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant as kvq
+from ansible_collections.llmserve.vllm.tests.support import recorded
 
 FP8_SCHEME = '{"dynamic": false, "num_bits": 8, "type": "float"}'
 CT_SCHEME = '{"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false, "symmetric": true}'
 
-HF_NESTED = '''{
-  "producer": {"name": "modelopt", "version": "0.29.0"},
-  "quantization": {
-    "quant_algo": "NVFP4",
-    "group_size": 16,
-    "kv_cache_quant_algo": "FP8",
-    "exclude_modules": ["lm_head"]
-  }
-}
-'''
-KIMI_CONFIG = '''{
-  "architectures": ["KimiK25ForConditionalGeneration"],
-  "model_type": "kimi_k25",
-  "text_config": {
-    "model_type": "kimi_k2",
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64
-  }
-}
-'''
+HF_NESTED = recorded('checkpoints', 'kimi-k2.5-nvfp4', 'hf_quant_config.json')
+KIMI_CONFIG = recorded('checkpoints', 'kimi-k2.5-nvfp4', 'config.json')
 
 
 def write(tmp_path, files):

@@ -18,10 +18,8 @@ recorded answers: this host has no systemd as PID 1. The sandbox tests use the r
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
-import functools
 import json
 import os
-import socket
 import threading
 import time
 
@@ -29,15 +27,13 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
+from ansible_collections.llmserve.vllm.tests.support import recorded
 
-FIXTURES = os.path.join(os.path.dirname(__file__), '..', 'module_utils', 'fixtures', 'chat_check')
 PARIS = 'The capital of France is Paris.'
 
 
 def fixture(name):
-    with open(os.path.join(FIXTURES, name)) as f:
-        return f.read()
+    return recorded('chat_check', name)
 
 
 def chat_body(content, finish='stop', tokens=8):
@@ -95,14 +91,6 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-def free_port():
-    sock = socket.socket()
-    sock.bind(('127.0.0.1', 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
 class Server(object):
     def __init__(self, fake, port=0):
         self.httpd = HTTPServer(('127.0.0.1', port), Handler)
@@ -131,16 +119,13 @@ def serve():
         server.stop()
 
 
-run_module = functools.partial(module_runner.run_module, 'chat_check')
-
-
 FAST = {'interval': 0.1, 'timeout': 20}
 
 
-def test_success_after_health_answered_503(tmp_path, serve):
+def test_success_after_health_answered_503(tmp_path, serve, module_result):
     fake = FakeVllm(health=[503, 503, 200])
     server = serve(fake)
-    rc, result = run_module(tmp_path, dict(FAST, url=server.url))
+    rc, result = module_result('chat_check', dict(FAST, url=server.url))
     assert rc == 0
     assert result['changed'] is False
     assert result['answer'] == PARIS
@@ -162,15 +147,15 @@ def test_success_after_health_answered_503(tmp_path, serve):
     assert [r['authorization'] for r in fake.requests] == [None] * 5
 
 
-def test_check_mode_runs_the_check_and_changes_nothing(tmp_path, serve):
+def test_check_mode_runs_the_check_and_changes_nothing(tmp_path, serve, module_result):
     server = serve(FakeVllm())
-    rc, result = run_module(tmp_path, dict(FAST, url=server.url, _ansible_check_mode=True))
+    rc, result = module_result('chat_check', dict(FAST, url=server.url, _ansible_check_mode=True))
     assert (rc, result['changed'], result['answer']) == (0, False, PARIS)
 
 
-def test_a_wrong_answer_fails_with_the_answer(tmp_path, serve):
+def test_a_wrong_answer_fails_with_the_answer(tmp_path, serve, module_result):
     server = serve(FakeVllm(answer='The capital of France is Lyon.'))
-    rc, result = run_module(tmp_path, dict(FAST, url=server.url))
+    rc, result = module_result('chat_check', dict(FAST, url=server.url))
     assert rc == 1
     assert result['failed'] is True
     assert result['msg'] == ("The answer from tiny-chat at %s did not match '(?i)paris': "
@@ -184,13 +169,13 @@ def test_a_wrong_answer_fails_with_the_answer(tmp_path, serve):
                      'and refused)'),
     (None, 1, '/v1/models at {url} answered 401: the server requires an API key; set api_key'),
 ])
-def test_api_key(tmp_path, serve, api_key, expected_rc, expected_msg):
+def test_api_key(tmp_path, serve, api_key, expected_rc, expected_msg, module_result):
     fake = FakeVllm(api_key='s3cr3t-key')
     server = serve(fake)
     args = dict(FAST, url=server.url)
     if api_key:
         args['api_key'] = api_key
-    rc, result = run_module(tmp_path, args)
+    rc, result = module_result('chat_check', args)
     assert rc == expected_rc
     if expected_msg:
         assert result['msg'] == expected_msg.format(url=server.url)
@@ -203,10 +188,10 @@ def test_api_key(tmp_path, serve, api_key, expected_rc, expected_msg):
         assert api_key not in json.dumps(result)
 
 
-def test_timeout_says_what_it_saw(tmp_path, serve):
+def test_timeout_says_what_it_saw(tmp_path, serve, module_result):
     server = serve(FakeVllm(health=[503]))
     began = time.time()
-    rc, result = run_module(tmp_path, dict(url=server.url, timeout=1, interval=0.2))
+    rc, result = module_result('chat_check', dict(url=server.url, timeout=1, interval=0.2))
     assert rc == 1
     assert result['msg'] == ('Timed out after 1 s waiting for /health to answer 200 at %s; '
                              'last seen: /health answered 503' % server.url)
@@ -215,14 +200,14 @@ def test_timeout_says_what_it_saw(tmp_path, serve):
     assert time.time() - began < 30
 
 
-def test_connection_refused_then_up(tmp_path, serve):
-    port = free_port()
+def test_connection_refused_then_up(tmp_path, serve, module_result, free_port):
+    port = free_port
     fake = FakeVllm()
     # The server comes up 2 s after the module starts (less its start-up time, under 1 s here).
     timer = threading.Timer(2.0, serve, args=(fake, port))
     timer.start()
     try:
-        rc, result = run_module(tmp_path, dict(url='http://127.0.0.1:%d' % port, timeout=20, interval=0.2))
+        rc, result = module_result('chat_check', dict(url='http://127.0.0.1:%d' % port, timeout=20, interval=0.2))
     finally:
         timer.join()
     assert rc == 0
@@ -231,9 +216,9 @@ def test_connection_refused_then_up(tmp_path, serve):
     assert result['healthy_after'] >= 0.2
 
 
-def test_timeout_on_a_port_that_never_opens(tmp_path):
-    url = 'http://127.0.0.1:%d' % free_port()
-    rc, result = run_module(tmp_path, dict(url=url, timeout=1, interval=0.5))
+def test_timeout_on_a_port_that_never_opens(tmp_path, module_result, free_port):
+    url = 'http://127.0.0.1:%d' % free_port
+    rc, result = module_result('chat_check', dict(url=url, timeout=1, interval=0.5))
     assert rc == 1
     assert result['msg'] == ('Timed out after 1 s waiting for /health to answer 200 at %s; '
                              'last seen: connection refused (/health)' % url)
@@ -259,8 +244,8 @@ def test_timeout_on_a_port_that_never_opens(tmp_path):
      "api_key has a control character (U+000A) at position 14; a Bearer token cannot carry one. A YAML '|' block "
      "scalar ends with a newline: use '|-' or a quoted string"),
 ])
-def test_invalid_options(tmp_path, args, expected_msg):
-    rc, result = run_module(tmp_path, dict({'timeout': 1}, **args))
+def test_invalid_options(tmp_path, args, expected_msg, module_result):
+    rc, result = module_result('chat_check', dict({'timeout': 1}, **args))
     assert (rc, result['msg']) == (1, expected_msg)
     assert 'sk-secret' not in json.dumps(result)
 
@@ -307,13 +292,13 @@ def lines(path):
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path):
+def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path, module_result, free_port):
     # The port never opens: without the unit this would wait for the whole timeout.
-    url = 'http://127.0.0.1:%d' % free_port()
+    url = 'http://127.0.0.1:%d' % free_port
     bin_dir = fake_systemd(tmp_path, [show('activating', 'start'), show('active', 'running'),
                                       show('failed', 'failed', 0, 'exit-code', 1)],
                            fixture('vllm-kv-cache-refused.log'))
-    rc, result = run_module(tmp_path, dict(url=url, unit='vllm.service', timeout=600, interval=0.1),
+    rc, result = module_result('chat_check', dict(url=url, unit='vllm.service', timeout=600, interval=0.1),
                             path_prefix=str(bin_dir))
     assert rc == 1
     assert result['msg'].startswith(
@@ -340,12 +325,12 @@ def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path):
     assert journal_args[1] == '--unit vllm.service --output cat --no-pager --quiet --lines 2000'
 
 
-def test_a_restart_loop_fails_the_wait_at_once(tmp_path):
-    url = 'http://127.0.0.1:%d' % free_port()
+def test_a_restart_loop_fails_the_wait_at_once(tmp_path, module_result, free_port):
+    url = 'http://127.0.0.1:%d' % free_port
     bin_dir = fake_systemd(tmp_path, [show('active', 'running', 0), show('activating', 'auto-restart', 1),
                                       show('active', 'running', 1), show('activating', 'auto-restart', 2)],
                            'vllm.service: Scheduled restart job, restart counter is at 2.\n')
-    rc, result = run_module(tmp_path, dict(url=url, unit='vllm', timeout=600, interval=0.1),
+    rc, result = module_result('chat_check', dict(url=url, unit='vllm', timeout=600, interval=0.1),
                             path_prefix=str(bin_dir))
     assert rc == 1
     assert result['msg'].startswith(
@@ -355,17 +340,11 @@ def test_a_restart_loop_fails_the_wait_at_once(tmp_path):
     assert result['restarts'] == 2
 
 
-def test_a_healthy_unit_returns_its_loading_progress(tmp_path, serve):
+def test_a_healthy_unit_returns_its_loading_progress(tmp_path, serve, module_result):
     server = serve(FakeVllm(health=[503, 200]))
     bin_dir = fake_systemd(tmp_path, [show('active', 'running', 3)], fixture('vllm-started.log'))
-    rc, result = run_module(tmp_path, dict(FAST, url=server.url, unit='vllm.service'), path_prefix=str(bin_dir))
+    rc, result = module_result('chat_check', dict(FAST, url=server.url, unit='vllm.service'), path_prefix=str(bin_dir))
     assert rc == 0
     assert result['answer'] == PARIS
     assert result['restarts'] == 0
-    assert result['progress'] == [
-        'Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 460.61it/s]',
-        'Loading weights took 0.00 seconds',
-        'CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,024 tokens per request: 4.00x',
-        'init engine (profile, create kv cache, warmup model) took 0.01 s',
-        'INFO:     Application startup complete.',
-    ]
+    assert result['progress'] == fixture('vllm-started.progress.txt').splitlines()

@@ -7,18 +7,14 @@
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
-import functools
 import json
 import os
-import socket
 import struct
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
-run_module = functools.partial(module_runner.run_module, 'checkpoint_verify')
 TOKEN = 'hf_unit-test-token-never-shown'
 HF_QUANT = '{\n  "producer": {"name": "modelopt"},\n  "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}\n}\n'
 
@@ -58,9 +54,9 @@ def hub(model):
     server.stop()
 
 
-def test_a_matching_checkpoint_passes(tmp_path, model):
+def test_a_matching_checkpoint_passes(tmp_path, model, module_result):
     path, root, commit, manifest = model
-    rc, result = run_module(tmp_path, {'path': path, 'manifest': manifest, 'revision': commit})
+    rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest, 'revision': commit})
     assert rc == 0, result
     assert (result['changed'], result['ok'], result['problems'], result['files'], result['revision']) == (
         False, True, [], 4, commit)
@@ -69,38 +65,38 @@ def test_a_matching_checkpoint_passes(tmp_path, model):
     assert len(result['fingerprint']) == 64 and result['rewritten_by_kv_cache_quant'] == []
 
 
-def test_the_manifest_comes_from_the_hub_with_the_token_unseen(tmp_path, model, hub, monkeypatch):
+def test_the_manifest_comes_from_the_hub_with_the_token_unseen(tmp_path, model, hub, monkeypatch, module_result):
     path, root, commit, manifest = model
     monkeypatch.setenv('HF_ENDPOINT', hub.url)
     monkeypatch.setenv('HF_TOKEN', TOKEN)
-    rc, result = run_module(tmp_path, {'path': path, 'repo_id': 'org/model', 'revision': commit})
+    rc, result = module_result('checkpoint_verify', {'path': path, 'repo_id': 'org/model', 'revision': commit})
     assert (rc, result['ok'], result['revision']) == (0, True, commit), result
     assert TOKEN not in json.dumps(result)
     assert ('GET', '/api/models/org/model/revision/%s?blobs=true' % commit, None) in hub.requests
 
 
-def test_a_branch_is_taken_only_when_allowed(tmp_path, model, hub):
+def test_a_branch_is_taken_only_when_allowed(tmp_path, model, hub, module_result):
     path, root, commit, manifest = model
     args = {'path': path, 'repo_id': 'org/model', 'revision': 'main', 'endpoint': hub.url, 'token': TOKEN}
-    rc, result = run_module(tmp_path, args)
+    rc, result = module_result('checkpoint_verify', args)
     assert (rc, result['msg']) == (1, (
         'revision "main" is not a commit: a branch or tag can move, and then nodes fetch different files. Give the full '
         '40-hex commit it points to now: `hf models info org/model --revision main --expand sha --json`, '
         "huggingface_hub.model_info('org/model', revision='main').sha, or the commit history on the repository's web "
         'page (Files and versions, History); allow_unpinned_revision=true accepts a branch or tag anyway'))
     assert hub.requests == []
-    rc, result = run_module(tmp_path, dict(args, allow_unpinned_revision=True))
+    rc, result = module_result('checkpoint_verify', dict(args, allow_unpinned_revision=True))
     assert (rc, result['ok'], result['revision']) == (0, True, commit)
 
 
-def test_the_first_problems_are_named_in_the_message(tmp_path, model):
+def test_the_first_problems_are_named_in_the_message(tmp_path, model, module_result):
     path, root, commit, manifest = model
     os.unlink(os.path.join(path, 'config.json'))
     with open(os.path.join(path, 'model-00002-of-00002.safetensors'), 'r+b') as f:
         f.truncate(100)
     open(os.path.join(path, 'a.txt'), 'w').close()
     open(os.path.join(path, 'b.txt'), 'w').close()
-    rc, result = run_module(tmp_path, {'path': path, 'manifest': manifest})
+    rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest})
     assert rc == 1
     assert result['msg'] == (
         'checkpoint %s does not match revision %s of manifest %s: 4 problems: a.txt: extra_file (in the checkpoint but '
@@ -113,20 +109,12 @@ def test_the_first_problems_are_named_in_the_message(tmp_path, model):
     assert 'fingerprint' not in result
 
 
-def test_a_single_problem_is_named_alone(tmp_path, model):
+def test_a_single_problem_is_named_alone(tmp_path, model, module_result):
     path, root, commit, manifest = model
     open(os.path.join(path, 'a.txt'), 'w').close()
-    rc, result = run_module(tmp_path, {'path': path, 'manifest': manifest})
+    rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest})
     assert result['msg'].endswith(': 1 problem: a.txt: extra_file (in the checkpoint but not in the manifest of revision '
                                   '%s)' % commit)
-
-
-def closed_port():
-    sock = socket.socket()
-    sock.bind(('127.0.0.1', 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 @pytest.mark.parametrize('args, message', [
@@ -159,35 +147,34 @@ def closed_port():
         'no-source', 'repo-without-revision', 'bad-repo-id', 'bad-endpoint',
         'hub-down', 'other-commit', 'uppercase', 'no-directory', 'file-not-directory', 'manifest-not-json',
         'manifest-fifo', 'manifest-missing'])
-def test_bad_input_messages(tmp_path, model, args, message):
+def test_bad_input_messages(tmp_path, model, args, message, module_result, free_port):
     path, root, commit, manifest = model
     (tmp_path / 'bad.json').write_text('<html>')
     os.mkfifo(str(tmp_path / 'fifo'))
-    port = closed_port()
-    fill = dict(tmp=tmp_path, manifest=manifest, commit=commit, port=port)
+    fill = dict(tmp=tmp_path, manifest=manifest, commit=commit, port=free_port)
     full = dict({'path': path, 'manifest': manifest}, **args)
     full = dict((k, v.format(**fill) if isinstance(v, str) else v) for k, v in full.items() if v is not None)
-    rc, result = run_module(tmp_path, full)
+    rc, result = module_result('checkpoint_verify', full)
     assert rc == 1, result
     assert result['msg'].startswith(message.format(**fill))
     assert 'exception' not in result
 
 
-def test_check_mode_reads_the_cache_but_writes_none(tmp_path, model):
+def test_check_mode_reads_the_cache_but_writes_none(tmp_path, model, module_result):
     path, root, commit, manifest = model
     cache = tmp_path / 'cache'
     args = {'path': path, 'manifest': manifest, 'cache_dir': str(cache), '_ansible_check_mode': True}
-    rc, result = run_module(tmp_path, args)
+    rc, result = module_result('checkpoint_verify', args)
     assert (rc, result['ok'], os.path.exists(str(cache))) == (0, True, False)
-    rc, first = run_module(tmp_path, dict(args, _ansible_check_mode=False))
+    rc, first = module_result('checkpoint_verify', dict(args, _ansible_check_mode=False))
     assert (first['cache_hits'], oct(os.stat(str(cache / 'checkpoint-digests.json')).st_mode & 0o777)) == (0, '0o600')
-    rc, again = run_module(tmp_path, dict(args, _ansible_check_mode=True))
+    rc, again = module_result('checkpoint_verify', dict(args, _ansible_check_mode=True))
     assert (again['cache_hits'], again['hashed_bytes'], again['fingerprint']) == (4, 0, first['fingerprint'])
 
 
-def test_a_checkpoint_kv_cache_quant_stripped_passes(tmp_path, model):
+def test_a_checkpoint_kv_cache_quant_stripped_passes(tmp_path, model, module_result):
     path, root, commit, manifest = model
-    rc, stripped = module_runner.run_module('kv_cache_quant', tmp_path, {'path': path, 'state': 'absent'})
+    rc, stripped = module_result('kv_cache_quant', {'path': path, 'state': 'absent'})
     assert (rc, stripped['changed']) == (0, True), stripped
-    rc, result = run_module(tmp_path, {'path': path, 'manifest': manifest})
+    rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest})
     assert (rc, result['ok'], result['rewritten_by_kv_cache_quant']) == (0, True, ['hf_quant_config.json']), result

@@ -5,13 +5,12 @@
 """Run llmserve.vllm.gpu_preflight as Ansible runs it (a subprocess reading its arguments file).
 
 nvidia-smi is a small shell script put first on PATH that prints the output captured on a
-real two-GPU H200 machine (fixtures/nvidia-smi, made with capture.sh there).
+real two-GPU H200 machine (tests/fixtures/nvidia-smi, made with capture.sh there).
 """
 
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
-import functools
 import json
 import os
 import stat
@@ -19,14 +18,10 @@ import time
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
+from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fixture_path, warning_texts
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SMI = os.path.join(HERE, '..', 'module_utils', 'fixtures', 'nvidia-smi')
+SMI = fixture_path('nvidia-smi')
 GIB = 1024 ** 3
-
-
-run_module = functools.partial(module_runner.run_module, 'gpu_preflight')
 
 
 def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0, before=':'):
@@ -42,11 +37,7 @@ def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0
     return str(bindir)
 
 
-warning_texts = module_runner.warning_texts
-
-
-LLAMA = {'model_type': 'llama', 'num_hidden_layers': 2, 'num_attention_heads': 4, 'num_key_value_heads': 2,
-         'head_dim': 64, 'hidden_size': 256, 'max_position_embeddings': 4096, 'dtype': 'bfloat16'}
+LLAMA = checkpoint_config('tiny-llama')
 
 
 @pytest.fixture
@@ -61,8 +52,8 @@ def model(tmp_path):
     return str(d)
 
 
-def test_reads_nvidia_smi_and_fits(tmp_path, model):
-    rc, r = run_module(tmp_path, dict(model_path=model, tensor_parallel_size=2, max_model_len=4096,
+def test_reads_nvidia_smi_and_fits(tmp_path, model, module_result):
+    rc, r = module_result('gpu_preflight', dict(model_path=model, tensor_parallel_size=2, max_model_len=4096,
                                       _ansible_check_mode=True), fake_nvidia_smi(tmp_path))
     assert rc == 0, r
     assert r['changed'] is False
@@ -76,8 +67,8 @@ def test_reads_nvidia_smi_and_fits(tmp_path, model):
     assert (r['max_model_len'], r['fits'], r['problems'], r['strip_fp8_kv_cache']) == (4096, True, [], False)
 
 
-def test_stale_processes_fail_with_their_pids(tmp_path, model):
-    rc, r = run_module(tmp_path, dict(model_path=model, tensor_parallel_size=2, max_model_len=4096),
+def test_stale_processes_fail_with_their_pids(tmp_path, model, module_result):
+    rc, r = module_result('gpu_preflight', dict(model_path=model, tensor_parallel_size=2, max_model_len=4096),
                        fake_nvidia_smi(tmp_path, 'query-gpu-busy', 'query-apps-busy'))
     assert rc == 1
     assert r['msg'] == ('GPU 1 (NVIDIA H200) memory is held by PID 579 (%s, 20998 MiB): 119.89 GiB free, vLLM needs 126.36 GiB '
@@ -96,24 +87,24 @@ def test_stale_processes_fail_with_their_pids(tmp_path, model):
     (dict(max_model_len=0), 'max_model_len must be a positive integer or auto, got 0'),
     (dict(accelerator='cpu'), 'accelerator is cpu but all of the following are missing: kv_cache_memory_bytes'),
 ])
-def test_bad_input_messages(tmp_path, model, args, message):
-    rc, r = run_module(tmp_path, dict(args, model_path=model))
+def test_bad_input_messages(tmp_path, model, args, message, module_result):
+    rc, r = module_result('gpu_preflight', dict(args, model_path=model))
     assert rc == 1
     assert r['msg'] == message
 
 
-def test_failing_nvidia_smi(tmp_path, model):
-    rc, r = run_module(tmp_path, dict(model_path=model), fake_nvidia_smi(tmp_path, gpu='query-bad-field', rc=2))
+def test_failing_nvidia_smi(tmp_path, model, module_result):
+    rc, r = module_result('gpu_preflight', dict(model_path=model), fake_nvidia_smi(tmp_path, gpu='query-bad-field', rc=2))
     assert rc == 1
     assert r['msg'] == ('%s/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
                         '--format=csv,noheader,nounits failed with exit code 2: Field "no_such_field" is not a valid field '
                         'to query.' % (tmp_path / 'bin'))
 
 
-def test_a_hung_nvidia_smi_is_killed_at_the_deadline(tmp_path, model):
+def test_a_hung_nvidia_smi_is_killed_at_the_deadline(tmp_path, model, module_result):
     """A wedged driver hangs nvidia-smi in the kernel: the preflight must fail at nvidia_smi_timeout, not wait with it."""
     start = time.monotonic()
-    rc, r = run_module(tmp_path, dict(model_path=model, nvidia_smi_timeout=2), fake_nvidia_smi(tmp_path, before='sleep 60'))
+    rc, r = module_result('gpu_preflight', dict(model_path=model, nvidia_smi_timeout=2), fake_nvidia_smi(tmp_path, before='sleep 60'))
     assert time.monotonic() - start < 30
     assert rc == 1
     assert r['msg'] == ('%s/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
@@ -143,16 +134,16 @@ TIGHT = -(-97887 * 1024 * 1024 * 9 // 10) - 5 * GIB - 1048576
      'gpu_memory_utilization 0.9. Remedies: set gpu_memory_utilization to at least 0.94; spread the model over more GPUs '
      '(tensor_parallel_size x pipeline_parallel_size).'),
 ])
-def test_misfit_in_vllm_words_with_remedies(tmp_path, model, args, rc, message):
-    result_rc, r = run_module(tmp_path, dict(args, model_path=model, gpus=RTX))
+def test_misfit_in_vllm_words_with_remedies(tmp_path, model, args, rc, message, module_result):
+    result_rc, r = module_result('gpu_preflight', dict(args, model_path=model, gpus=RTX))
     assert result_rc == rc
     assert r.get('msg') == message
     assert r['fits'] is (rc == 0)
     assert r['gpus'][0]['name'] == 'NVIDIA RTX PRO 6000 Blackwell Server Edition'
 
 
-def test_misfit_without_failing_picks_the_length_that_fits(tmp_path, model):
-    rc, r = run_module(tmp_path, dict(model_path=model, gpus=RTX, weights_bytes_per_gpu=TIGHT, max_model_len=4096,
+def test_misfit_without_failing_picks_the_length_that_fits(tmp_path, model, module_result):
+    rc, r = module_result('gpu_preflight', dict(model_path=model, gpus=RTX, weights_bytes_per_gpu=TIGHT, max_model_len=4096,
                                       fail_on_misfit=False))
     assert rc == 0
     assert (r['max_model_len'], r['max_model_len_fit'], r['fits'], r['problems']) == (1024, 1024, False, [])
@@ -172,17 +163,17 @@ NOTHING_FITS = ('No context length fits: the KV cache budget of 1 bytes per GPU 
     (LLAMA, dict(kv_cache_memory_bytes=1, fail_on_misfit=False), NOTHING_FITS),
     (LLAMA, dict(kv_cache_memory_bytes=1, max_model_len=16), NOTHING_FITS),
 ])
-def test_nothing_fits_is_never_a_fit(tmp_path, model, config, args, message):
+def test_nothing_fits_is_never_a_fit(tmp_path, model, config, args, message, module_result):
     with open(os.path.join(model, 'config.json'), 'w') as f:
         json.dump(config, f)
     args = dict(dict(model_path=model, accelerator='cpu', kv_cache_memory_bytes=GIB, max_model_len='auto'), **args)
-    rc, r = run_module(tmp_path, args)
+    rc, r = module_result('gpu_preflight', args)
     assert (rc, r['msg']) == (1, message)
     assert r.get('fits', False) is False
 
 
-def test_cpu_accelerator(tmp_path, model):
-    rc, r = run_module(tmp_path, dict(model_path=model, accelerator='cpu', kv_cache_memory_bytes=1048576, max_model_len='auto'))
+def test_cpu_accelerator(tmp_path, model, module_result):
+    rc, r = module_result('gpu_preflight', dict(model_path=model, accelerator='cpu', kv_cache_memory_bytes=1048576, max_model_len='auto'))
     assert rc == 0, r
     assert (r['gpus'], r['kv_cache_tokens'], r['max_model_len'], r['max_model_len_fit']) == ([], 1024, 1024, 1024)
     assert warning_texts(r) == ["max_model_len auto: 1024 tokens fit, below the model's 4096"]
@@ -200,7 +191,7 @@ HF_QUANT_FP8 = {'producer': {'name': 'modelopt', 'version': '0.29.0'},
     # ModelOpt's FP8 resolves to fp8_e4m3; the record only says "FP8", which vLLM's plain fp8 means too.
     ('keep', False, ('fp8_e4m3', 'fp8'), 288),
 ])
-def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripped, dtypes, per_token):
+def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripped, dtypes, per_token, module_result):
     """After kv_cache_quant stripped the FP8 KV cache, the next preflight must decide the same (not restore it)."""
     model = tmp_path / 'mla'
     model.mkdir()
@@ -208,12 +199,12 @@ def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripp
     (model / 'hf_quant_config.json').write_text(json.dumps(HF_QUANT_FP8, indent=2) + '\n')
     args = dict(model_path=str(model), tensor_parallel_size=1, gpus=RTX, weights_bytes_per_gpu=GIB,
                 kv_cache_memory_bytes=576 * 1024, max_model_len=512, fp8_kv_cache_policy=policy)
-    rc, before = run_module(tmp_path, args)
+    rc, before = module_result('gpu_preflight', args)
     assert rc == 0, before
-    rc, strip_result = module_runner.run_module('kv_cache_quant', tmp_path, {'path': str(model), 'state': 'absent'})
+    rc, strip_result = module_result('kv_cache_quant', {'path': str(model), 'state': 'absent'})
     assert (rc, strip_result['changed']) == (0, True), strip_result
     assert json.loads((model / 'hf_quant_config.json').read_text())['quantization']['kv_cache_quant_algo'] is None
-    rc, after = run_module(tmp_path, args)
+    rc, after = module_result('gpu_preflight', args)
     assert rc == 0, after
     for result, dtype in zip((before, after), dtypes):
         assert (result['strip_fp8_kv_cache'], result['fp8_kv_cache_stripped']) == (True, stripped)

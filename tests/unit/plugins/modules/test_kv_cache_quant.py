@@ -7,52 +7,35 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
-import functools
 import json
 import os
 
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.modules import kv_cache_quant
-from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
+from ansible_collections.llmserve.vllm.tests.support import module_args, recorded, warning_texts
 
-HF_NESTED = '''{
-  "producer": {"name": "modelopt", "version": "0.29.0"},
-  "quantization": {
-    "quant_algo": "NVFP4",
-    "group_size": 16,
-    "kv_cache_quant_algo": "FP8",
-    "exclude_modules": ["lm_head"]
-  }
-}
-'''
+KIMI = 'checkpoints/kimi-k2.5-nvfp4'
+HF_NESTED = recorded(KIMI, 'hf_quant_config.json')
 HF_STRIPPED = HF_NESTED.replace('"kv_cache_quant_algo": "FP8"', '"kv_cache_quant_algo": null')
-CONFIG = '{\n  "model_type": "kimi_k25",\n  "text_config": {"model_type": "kimi_k2"}\n}\n'
+CONFIG = recorded(KIMI, 'config.json')
 RECORD = '.llmserve-kv-cache-quant.json'
 
-run_module = functools.partial(module_runner.run_module, 'kv_cache_quant')
-warning_texts = module_runner.warning_texts
 
-
-def run(tmp_path, args, check_mode=False, diff=False):
-    """Run the module as Ansible does; (rc, result)."""
-    return run_module(tmp_path, dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff))
+@pytest.fixture
+def run(module_result):
+    """run(args, check_mode=False, diff=False) -> (rc, result): the module run as Ansible runs it."""
+    def run_kv_cache_quant(args, check_mode=False, diff=False):
+        return module_result('kv_cache_quant', dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff))
+    return run_kv_cache_quant
 
 
 def run_in_process(args, capsys):
     """For the cases that patch this process (a full disk): (rc, result)."""
-    with module_runner.module_args(args):
+    with module_args(args):
         with pytest.raises(SystemExit) as caught:
             kv_cache_quant.main()
     return caught.value.code, json.loads(capsys.readouterr().out)
-
-
-@pytest.fixture
-def workdir(tmp_path):
-    """Where the module runs and its arguments file lies, beside the checkpoint rather than in it."""
-    path = tmp_path / 'run'
-    path.mkdir()
-    return path
 
 
 @pytest.fixture
@@ -77,9 +60,9 @@ def expected_files(path):
 
 @pytest.mark.parametrize('check_mode, diff', [(True, False), (True, True), (False, False), (False, True)],
                          ids=['check', 'check+diff', 'real', 'real+diff'])
-def test_strip(workdir, checkpoint, check_mode, diff):
+def test_strip(run, checkpoint, check_mode, diff):
     before = snapshot(checkpoint)
-    rc, result = run(workdir, {'path': str(checkpoint)}, check_mode=check_mode, diff=diff)
+    rc, result = run({'path': str(checkpoint)}, check_mode=check_mode, diff=diff)
     assert rc == 0, result
     assert result['changed'] is True
     assert result['path'] == str(checkpoint)
@@ -105,17 +88,17 @@ def test_strip(workdir, checkpoint, check_mode, diff):
         assert sorted(os.listdir(str(checkpoint))) == [RECORD, 'config.json', 'hf_quant_config.json']
 
 
-def test_strip_twice_then_restore(workdir, checkpoint):
+def test_strip_twice_then_restore(run, checkpoint):
     before = snapshot(checkpoint)
-    assert run(workdir, {'path': str(checkpoint)})[0] == 0
+    assert run({'path': str(checkpoint)})[0] == 0
     stripped = snapshot(checkpoint)
-    rc, result = run(workdir, {'path': str(checkpoint)})
+    rc, result = run({'path': str(checkpoint)})
     assert rc == 0
     assert (result['changed'], result['files'], result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == (
         False, [], 'auto', 'auto')
     assert snapshot(checkpoint) == stripped
 
-    rc, result = run(workdir, {'path': str(checkpoint), 'state': 'present'}, check_mode=True)
+    rc, result = run({'path': str(checkpoint), 'state': 'present'}, check_mode=True)
     assert rc == 0
     assert result['changed'] is True
     assert result['files'] == [{'path': str(checkpoint / 'hf_quant_config.json'),
@@ -123,19 +106,19 @@ def test_strip_twice_then_restore(workdir, checkpoint):
     assert (result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == ('auto', 'fp8')
     assert snapshot(checkpoint) == stripped
 
-    rc, result = run(workdir, {'path': str(checkpoint), 'state': 'present'})
+    rc, result = run({'path': str(checkpoint), 'state': 'present'})
     assert (rc, result['changed']) == (0, True)
     assert snapshot(checkpoint) == before
 
-    rc, result = run(workdir, {'path': str(checkpoint), 'state': 'present'})
+    rc, result = run({'path': str(checkpoint), 'state': 'present'})
     assert rc == 0
     assert (result['changed'], result['files']) == (False, [])
     assert warning_texts(result) == [
         '%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, checkpoint)]
 
 
-def test_backup(workdir, checkpoint):
-    rc, result = run(workdir, {'path': str(checkpoint), 'backup': True})
+def test_backup(run, checkpoint):
+    rc, result = run({'path': str(checkpoint), 'backup': True})
     assert rc == 0, result
     backup = result['files'][0]['backup_file']
     assert os.path.dirname(backup) == str(checkpoint)
@@ -144,19 +127,19 @@ def test_backup(workdir, checkpoint):
         assert handle.read() == HF_NESTED
 
 
-def test_no_kv_cache_quantization(workdir, tmp_path):
+def test_no_kv_cache_quantization(run, tmp_path):
     (tmp_path / 'config.json').write_text(CONFIG)
-    rc, result = run(workdir, {'path': str(tmp_path)})
+    rc, result = run({'path': str(tmp_path)})
     assert rc == 0
     assert (result['changed'], result['files'], result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == (
         False, [], 'auto', 'auto')
     assert warning_texts(result) == []
-    assert sorted(os.listdir(str(tmp_path))) == ['config.json', 'run']
+    assert sorted(os.listdir(str(tmp_path))) == ['config.json', 'module-run']
 
 
-def test_other_kv_cache_quantization_warns(workdir, tmp_path):
+def test_other_kv_cache_quantization_warns(run, tmp_path):
     (tmp_path / 'hf_quant_config.json').write_text(HF_NESTED.replace('"FP8"', '"NVFP4"'))
-    rc, result = run(workdir, {'path': str(tmp_path)})
+    rc, result = run({'path': str(tmp_path)})
     assert rc == 0
     assert result['changed'] is False
     assert warning_texts(result) == [
@@ -168,18 +151,18 @@ def test_other_kv_cache_quantization_warns(workdir, tmp_path):
     ('', 'config.json in {path} is empty'),
     ('{"quantization_config": []}', 'config.json in {path}: quantization_config must be a JSON object, not array'),
 ])
-def test_bad_second_file_modifies_nothing(workdir, checkpoint, config, message):
+def test_bad_second_file_modifies_nothing(run, checkpoint, config, message):
     (checkpoint / 'config.json').write_text(config)
     before = snapshot(checkpoint)
-    rc, result = run(workdir, {'path': str(checkpoint)})
+    rc, result = run({'path': str(checkpoint)})
     assert rc == 1
     assert result['failed'] is True
     assert result['msg'] == message.replace('{path}', str(checkpoint))
     assert snapshot(checkpoint) == before
 
 
-def test_missing_directory_fails(workdir, tmp_path):
-    rc, result = run(workdir, {'path': str(tmp_path / 'missing')})
+def test_missing_directory_fails(run, tmp_path):
+    rc, result = run({'path': str(tmp_path / 'missing')})
     assert (rc, result['msg']) == (1, 'checkpoint directory %s does not exist' % (tmp_path / 'missing'))
 
 
@@ -200,10 +183,10 @@ def test_unwritable_directory_modifies_nothing(checkpoint, capsys, monkeypatch, 
 
 
 @pytest.mark.parametrize('check_mode', [False, True], ids=['real', 'check'])
-def test_temporary_files_of_an_interrupted_run_are_removed(workdir, checkpoint, check_mode):
+def test_temporary_files_of_an_interrupted_run_are_removed(run, checkpoint, check_mode):
     stale = checkpoint / '.llmserve-kvq-0123456789abcdef'
     stale.write_text('half')
-    rc, result = run(workdir, {'path': str(checkpoint)}, check_mode=check_mode)
+    rc, result = run({'path': str(checkpoint)}, check_mode=check_mode)
     assert (rc, result['changed']) == (0, True)
     # Only a run that holds the lock may judge a temporary file stale.
     assert stale.exists() is check_mode
@@ -211,11 +194,11 @@ def test_temporary_files_of_an_interrupted_run_are_removed(workdir, checkpoint, 
     assert not (checkpoint / '.llmserve-kv-cache-quant.lock').exists()
 
 
-def test_record_is_not_written_through_a_link(workdir, checkpoint, tmp_path_factory):
+def test_record_is_not_written_through_a_link(run, checkpoint, tmp_path_factory):
     elsewhere = tmp_path_factory.mktemp('elsewhere') / 'record.json'
     elsewhere.write_text('{"entries": []}')
     os.symlink(str(elsewhere), str(checkpoint / RECORD))
-    rc, result = run(workdir, {'path': str(checkpoint)})
+    rc, result = run({'path': str(checkpoint)})
     assert (rc, result['changed']) == (0, True)
     assert elsewhere.read_text() == '{"entries": []}'
     assert not os.path.islink(str(checkpoint / RECORD))
@@ -223,7 +206,7 @@ def test_record_is_not_written_through_a_link(workdir, checkpoint, tmp_path_fact
         'quantization.kv_cache_quant_algo']
 
 
-def test_hugging_face_cache_layout(workdir, tmp_path):
+def test_hugging_face_cache_layout(run, tmp_path):
     blob = tmp_path / 'blobs' / '1234abcd'
     blob.parent.mkdir()
     blob.write_text(HF_NESTED)
@@ -231,14 +214,14 @@ def test_hugging_face_cache_layout(workdir, tmp_path):
     for revision in revisions:
         revision.mkdir(parents=True)
         os.symlink('../../blobs/1234abcd', str(revision / 'hf_quant_config.json'))
-    rc, result = run(workdir, {'path': str(revisions[0])})
+    rc, result = run({'path': str(revisions[0])})
     assert (rc, result['changed']) == (0, True)
     assert blob.read_text() == HF_NESTED
     assert not os.path.islink(str(revisions[0] / 'hf_quant_config.json'))
     assert (revisions[0] / 'hf_quant_config.json').read_text() == HF_STRIPPED
     assert os.readlink(str(revisions[1] / 'hf_quant_config.json')) == '../../blobs/1234abcd'
 
-    rc, result = run(workdir, {'path': str(revisions[0]), 'state': 'present'})
+    rc, result = run({'path': str(revisions[0]), 'state': 'present'})
     assert (rc, result['changed']) == (0, True)
     assert os.readlink(str(revisions[0] / 'hf_quant_config.json')) == '../../blobs/1234abcd'
     assert sorted(os.listdir(str(revisions[0]))) == ['hf_quant_config.json']

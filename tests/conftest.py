@@ -1,0 +1,36 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Fixtures every test level shares (tests/support.py has them as plain functions too)."""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import pytest
+
+from ansible_collections.llmserve.vllm.tests import support
+
+
+@pytest.fixture(scope='session')
+def repo():
+    """The checkout's root directory."""
+    return support.REPO
+
+
+@pytest.fixture
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    return support.free_port()
+
+
+@pytest.fixture
+def module_result(tmp_path):
+    """module_result(module, args, path_prefix=None, timeout=120) -> (rc, result): a module run as Ansible runs it,
+    in a directory of its own beside the test's files."""
+    workdir = tmp_path / 'module-run'
+    workdir.mkdir()
+
+    def run(module, args, path_prefix=None, timeout=120):
+        return support.module_result(module, workdir, args, path_prefix=path_prefix, timeout=timeout)
+    return run

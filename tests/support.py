@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What every test level shares: the checkout's paths, recorded files, free ports, the module runner.
+
+Importable where a table of cases is built at import time; tests/conftest.py offers the same as
+fixtures. A module runs as Ansible runs it on a host, a subprocess reading its arguments file:
+that works the same on ansible-core 2.17 to 2.19 and exercises exit codes, JSON output and
+no_log masking.
+"""
+
+from __future__ import absolute_import, division, print_function
+__metaclass__ = type
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from unittest import mock
+
+from ansible.module_utils import basic
+
+import ansible_collections.llmserve.vllm as collection
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Recorded output of real programs (vLLM, nvidia-smi, /proc) and real checkpoint configs; README.md there says whence.
+FIXTURES = os.path.join(REPO, 'tests', 'fixtures')
+# The directory that holds ansible_collections/, wherever this checkout is linked from.
+COLLECTIONS_PATH = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(collection.__path__[0]))))
+
+
+def fixture_path(*parts):
+    """The path of a recorded file under tests/fixtures."""
+    return os.path.join(FIXTURES, *parts)
+
+
+def recorded(*parts):
+    """The text of a recorded file under tests/fixtures."""
+    with open(fixture_path(*parts)) as handle:
+        return handle.read()
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+class Run(object):
+    """One module run: rc, the parsed result (None when the output was no JSON), raw output, hung."""
+
+    def __init__(self, rc, result, stdout, stderr, hung):
+        self.rc = rc
+        self.result = result
+        self.stdout = stdout
+        self.stderr = stderr
+        self.hung = hung
+
+
+def run_module(module, tmp_path, args, timeout=30, path_prefix=None, env=None):
+    """Run llmserve.vllm.<module> with args in tmp_path; never raises on the module's behaviour.
+
+    path_prefix goes first on PATH (programs the test fakes); env adds to the environment.
+    """
+    args_file = tmp_path / ('%s-args.json' % module)
+    args_file.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': args}))
+    run_env = dict(os.environ, PYTHONPATH=COLLECTIONS_PATH)
+    # Local test servers on loopback must not be reached through a proxy.
+    run_env['no_proxy'] = run_env['NO_PROXY'] = '127.0.0.1,localhost'
+    if path_prefix:
+        run_env['PATH'] = '%s:%s' % (path_prefix, run_env.get('PATH', ''))
+    run_env.update(env or {})
+    argv = [sys.executable, '-m', 'ansible_collections.llmserve.vllm.plugins.modules.' + module, str(args_file)]
+    try:
+        proc = subprocess.run(argv, env=run_env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return Run(None, None, exc.stdout or b'', exc.stderr or b'', True)
+    try:
+        result = json.loads(proc.stdout.decode('utf-8'))
+    except ValueError:
+        result = None
+    return Run(proc.returncode, result, proc.stdout, proc.stderr, False)
+
+
+def module_result(module, tmp_path, args, path_prefix=None, timeout=120):
+    """(rc, result) of a module run that must end in a module result."""
+    run = run_module(module, tmp_path, args, timeout=timeout, path_prefix=path_prefix)
+    assert not run.hung, 'llmserve.vllm.%s still ran after %d seconds' % (module, timeout)
+    assert run.result is not None, run.stdout + run.stderr
+    return run.rc, run.result
+
+
+def warning_texts(result):
+    """The module's warnings: plain strings before ansible-core 2.19, structured summaries since."""
+    return [w if isinstance(w, str) else w['event']['msg'] for w in result.get('warnings', [])]
+
+
+@contextlib.contextmanager
+def module_args(args):
+    """AnsibleModule in this process reads args: for cases that patch the process (os.fsync failing)."""
+    try:
+        # ansible-core 2.19 and later encode the arguments with a serialization profile.
+        from ansible.module_utils.testing import patch_module_args
+    except ImportError:
+        with mock.patch.object(basic, '_ANSIBLE_ARGS', json.dumps({'ANSIBLE_MODULE_ARGS': args}).encode('utf-8')):
+            yield
+        return
+    with patch_module_args(args):
+        yield
+
+
+def checkpoint_config(name):
+    """The config.json of a checkpoint under tests/fixtures/checkpoints, as a dict."""
+    return json.loads(recorded('checkpoints', name, 'config.json'))
