@@ -46,9 +46,13 @@ collection-link:
 	mkdir -p $(dir $(COLLECTION_LINK))
 	ln -sfn ../../../.. $(COLLECTION_LINK)
 
+# Python lint and format (ruff.toml) of the collection's code and of the tests and tools kept with it.
+RUFF_PATHS := plugins tests/unit tests/adversarial tests/conftest.py tests/support.py tools/fake_hub.py
 lint: tools
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
+	$(BIN)/ruff check $(RUFF_PATHS)
+	$(BIN)/ruff format --check $(RUFF_PATHS)
 
 # ansible-test needs a real ansible_collections/<ns>/<name> tree, so sanity runs on a copy.
 # Its pip bootstrap script comes from a host these machines cannot reach: seed its cache

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Fixtures every test level shares (tests/support.py has them as plain functions too)."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import pytest
 
@@ -33,4 +29,5 @@ def module_result(tmp_path):
 
     def run(module, args, path_prefix=None, timeout=120):
         return support.module_result(module, workdir, args, path_prefix=path_prefix, timeout=timeout)
+
     return run

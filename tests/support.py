@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,9 +8,6 @@ fixtures. A module runs as Ansible runs it on a host, a subprocess reading its a
 that works the same on ansible-core 2.17 to 2.19 and exercises exit codes, JSON output and
 no_log masking.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import contextlib
 import json
@@ -50,7 +46,7 @@ def free_port():
         return sock.getsockname()[1]
 
 
-class Run(object):
+class Run:
     """One module run: rc, the parsed result (None when the output was no JSON), raw output, hung."""
 
     def __init__(self, rc, result, stdout, stderr, hung):
@@ -76,8 +72,7 @@ def run_module(module, tmp_path, args, timeout=30, path_prefix=None, env=None):
     run_env.update(env or {})
     argv = [sys.executable, '-m', 'ansible_collections.llmserve.vllm.plugins.modules.' + module, str(args_file)]
     try:
-        proc = subprocess.run(argv, env=run_env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(argv, env=run_env, cwd=str(tmp_path), capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return Run(None, None, exc.stdout or b'', exc.stderr or b'', True)
     try:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -33,8 +32,6 @@ every request need it as a bearer token (401 otherwise).
 
 Only the Python standard library is used, so any python3 runs it.
 """
-
-from __future__ import absolute_import, division, print_function
 
 import argparse
 import hashlib
@@ -176,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
             elif len(parts) >= 5 and parts[2] == 'resolve':
                 self.resolve(parts[0:2], parts[3], '/'.join(parts[4:]), head)
             else:
-                raise HubError(404, None, 'Sorry, we can\'t find the page you are looking for.')
+                raise HubError(404, None, "Sorry, we can't find the page you are looking for.")
         except HubError as exc:
             self.error(exc, head)
 
@@ -186,17 +183,28 @@ class Handler(BaseHTTPRequestHandler):
         if rest[0] == 'revision' and len(rest) == 2:
             commit, entries = self.server.revision(repo, rest[1])
             blobs = query.get('blobs', '').lower() == 'true'
-            info = {'_id': commit[:24], 'id': '/'.join(repo), 'modelId': '/'.join(repo), 'sha': commit,
-                    'private': False, 'disabled': False, 'gated': False, 'tags': [], 'downloads': 0, 'likes': 0,
-                    'lastModified': DATE, 'createdAt': DATE,
-                    'siblings': [sibling(e, blobs) for e in entries]}
+            info = {
+                '_id': commit[:24],
+                'id': '/'.join(repo),
+                'modelId': '/'.join(repo),
+                'sha': commit,
+                'private': False,
+                'disabled': False,
+                'gated': False,
+                'tags': [],
+                'downloads': 0,
+                'likes': 0,
+                'lastModified': DATE,
+                'createdAt': DATE,
+                'siblings': [sibling(e, blobs) for e in entries],
+            }
             return self.send_json(info, head, commit)
         if rest[0] == 'tree' and len(rest) >= 2:
             commit, entries = self.server.revision(repo, rest[1])
             prefix = '/'.join(rest[2:]).strip('/')
             recursive = query.get('recursive', '').lower() == 'true'
             return self.send_json(self.tree(entries, prefix, recursive, commit), head, commit)
-        raise HubError(404, None, 'Sorry, we can\'t find the page you are looking for.')
+        raise HubError(404, None, "Sorry, we can't find the page you are looking for.")
 
     @staticmethod
     def tree(entries, prefix, recursive, commit):
@@ -206,14 +214,20 @@ class Handler(BaseHTTPRequestHandler):
             raise HubError(404, 'EntryNotFound', '%s does not exist on "%s"' % (prefix, commit), commit)
         listing, folders = [], set()
         for entry in inside:
-            parts = entry['path'][len(base):].split('/')
+            parts = entry['path'][len(base) :].split('/')
             for depth in range(1, len(parts) if recursive else min(2, len(parts))):
                 folders.add(base + '/'.join(parts[:depth]))
             if recursive or len(parts) == 1:
                 listing.append(tree_entry(entry))
         for folder in folders:
-            listing.append({'type': 'directory', 'oid': hashlib.sha1(folder.encode('utf-8')).hexdigest(), 'size': 0,
-                            'path': folder})
+            listing.append(
+                {
+                    'type': 'directory',
+                    'oid': hashlib.sha1(folder.encode('utf-8')).hexdigest(),
+                    'size': 0,
+                    'path': folder,
+                }
+            )
         return sorted(listing, key=lambda e: e['path'])
 
     def resolve(self, repo, revision, name, head):
@@ -380,10 +394,20 @@ def main(argv=None):
     parser.add_argument('--port', type=int, default=0, help='0 picks a free port (printed)')
     parser.add_argument('--host', default='127.0.0.1')
     parser.add_argument('--token', help='the bearer token every request must carry')
-    parser.add_argument('--drop-once', action='append', default=[], metavar='FILE',
-                        help='end the first GET of this file halfway by closing the connection')
-    parser.add_argument('--publish', action='append', default=[], metavar='NS/NAME=DIR[@COMMIT]',
-                        help='copy a model directory in as a revision of NS/NAME (under COMMIT if given), branch main')
+    parser.add_argument(
+        '--drop-once',
+        action='append',
+        default=[],
+        metavar='FILE',
+        help='end the first GET of this file halfway by closing the connection',
+    )
+    parser.add_argument(
+        '--publish',
+        action='append',
+        default=[],
+        metavar='NS/NAME=DIR[@COMMIT]',
+        help='copy a model directory in as a revision of NS/NAME (under COMMIT if given), branch main',
+    )
     parser.add_argument('--quiet', action='store_true', help='no access log on stderr')
     args = parser.parse_args(argv)
     os.makedirs(args.root, exist_ok=True)
@@ -392,8 +416,10 @@ def main(argv=None):
         source, _, commit = source.partition('@')
         if not sep or repo_id.count('/') != 1 or (commit and not COMMIT.match(commit)):
             parser.error('--publish wants NS/NAME=DIR[@COMMIT of 40 hex digits], got %s' % item)
-        print('published %s at %s (branch main)' % (repo_id, publish(args.root, repo_id, source, commit=commit or None)),
-              flush=True)
+        print(
+            'published %s at %s (branch main)' % (repo_id, publish(args.root, repo_id, source, commit=commit or None)),
+            flush=True,
+        )
     hub = FakeHub(args.root, args.host, args.port, args.token, args.drop_once, verbose=not args.quiet)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     print('fake hub serving %s at %s' % (hub.root, hub.url), flush=True)

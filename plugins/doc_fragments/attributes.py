@@ -1,16 +1,11 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
-
-class ModuleDocFragment(object):
-
+class ModuleDocFragment:
     # Descriptions of the attributes; combine with one of the support fragments below.
-    DOCUMENTATION = r'''
+    DOCUMENTATION = r"""
 options: {}
 attributes:
   check_mode:
@@ -20,10 +15,10 @@ attributes:
   idempotent:
     description:
       - When run twice in a row outside check mode, with the same arguments, the second invocation reports no change.
-'''
+"""
 
     # For modules that change files and support check and diff mode fully.
-    CHANGES_FILES = r'''
+    CHANGES_FILES = r"""
 options: {}
 attributes:
   check_mode:
@@ -32,10 +27,10 @@ attributes:
     support: full
   idempotent:
     support: full
-'''
+"""
 
     # For modules that only read and report (preflight checks, readiness waits).
-    READ_ONLY = r'''
+    READ_ONLY = r"""
 options: {}
 attributes:
   check_mode:
@@ -48,4 +43,4 @@ attributes:
       - This module never changes anything.
   idempotent:
     support: full
-'''
+"""

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -14,15 +13,11 @@ reader), so the unit tests can drive the whole wait without a server, a
 systemd or real time.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
 import re
 import socket
 import time
 import unicodedata
-
 from http.client import BadStatusLine, HTTPException, IncompleteRead
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
@@ -31,7 +26,6 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
-
 
 DEFAULT_URL = 'http://127.0.0.1:8000'
 DEFAULT_PROMPT = 'What is the capital of France?'
@@ -69,48 +63,61 @@ MAX_JOURNAL_BYTES = 4 * 1024 * 1024
 MASK = '********'
 
 UNIT_PROPERTIES = (
-    'LoadState', 'ActiveState', 'SubState', 'Result', 'NRestarts',
-    'ExecMainStatus', 'ExecMainStartTimestampMonotonic',
+    'LoadState',
+    'ActiveState',
+    'SubState',
+    'Result',
+    'NRestarts',
+    'ExecMainStatus',
+    'ExecMainStartTimestampMonotonic',
 )
 
 # Lines of a unit's journal that explain why vLLM did not come up.
-_EXPLAIN_PATTERNS = [re.compile(p) for p in (
-    r'estimated maximum model length',
-    r'(?i)out of memory',
-    r'(?i)\boom[- ]kill',
-    # The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
-    r'(?:^|[\s\]:)])(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)',
-    # argparse refusing the command line: "api_server.py: error: unrecognized arguments: --x".
-    r'^[\w.\- ]+: error: ',
-    # systemd's own account of the unit.
-    r'Main process exited',
-    r'Failed with result',
-    r'Start request repeated too quickly',
-    r'restart counter is at',
-)]
+_EXPLAIN_PATTERNS = [
+    re.compile(p)
+    for p in (
+        r'estimated maximum model length',
+        r'(?i)out of memory',
+        r'(?i)\boom[- ]kill',
+        # The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
+        r'(?:^|[\s\]:)])(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)',
+        # argparse refusing the command line: "api_server.py: error: unrecognized arguments: --x".
+        r'^[\w.\- ]+: error: ',
+        # systemd's own account of the unit.
+        r'Main process exited',
+        r'Failed with result',
+        r'Start request repeated too quickly',
+        r'restart counter is at',
+    )
+]
 
 # Lines that tell how far loading has come.
-_PROGRESS_PATTERNS = [re.compile(p) for p in (
-    r'Loading safetensors checkpoint shards',
-    r'Loading weights took',
-    r'Model loading took',
-    r'KV cache size:',
-    r'Maximum concurrency for',
-    r'Graph capturing finished',
-    r'init engine \(profile, create kv cache, warmup model\) took',
-    r'Starting vLLM API server',
-    r'Application startup complete',
-)]
+_PROGRESS_PATTERNS = [
+    re.compile(p)
+    for p in (
+        r'Loading safetensors checkpoint shards',
+        r'Loading weights took',
+        r'Model loading took',
+        r'KV cache size:',
+        r'Maximum concurrency for',
+        r'Graph capturing finished',
+        r'init engine \(profile, create kv cache, warmup model\) took',
+        r'Starting vLLM API server',
+        r'Application startup complete',
+    )
+]
 _SHARD_PROGRESS = re.compile(r'Loading safetensors checkpoint shards')
-_LOG_PREFIX = re.compile(r'^\s*(?:\([^)]*\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+'
-                         r'\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?)?')
+_LOG_PREFIX = re.compile(
+    r'^\s*(?:\([^)]*\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+'
+    r'\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?)?'
+)
 
 
 class CheckFailed(Exception):
     """The gate failed; msg says why, details go into the module's result."""
 
     def __init__(self, msg, **details):
-        super(CheckFailed, self).__init__(msg)
+        super().__init__(msg)
         self.msg = msg
         self.details = details
 
@@ -119,7 +126,7 @@ class Unreachable(Exception):
     """The endpoint did not answer at all (refused, reset, timed out)."""
 
     def __init__(self, reason):
-        super(Unreachable, self).__init__(reason)
+        super().__init__(reason)
         self.reason = reason
 
 
@@ -128,15 +135,17 @@ class TooLarge(Exception):
 
     def __init__(self, limit):
         self.reason = 'an answer of more than %d bytes' % limit
-        super(TooLarge, self).__init__(self.reason)
+        super().__init__(self.reason)
 
 
 def api_key_problem(api_key):
     """Why api_key cannot travel as a Bearer token, or None. The message never quotes the key."""
     for position, char in enumerate(api_key, 1):
         if unicodedata.category(char) == 'Cc':
-            return ("api_key has a control character (U+%04X) at position %d; a Bearer token cannot carry one. "
-                    "A YAML '|' block scalar ends with a newline: use '|-' or a quoted string" % (ord(char), position))
+            return (
+                'api_key has a control character (U+%04X) at position %d; a Bearer token cannot carry one. '
+                "A YAML '|' block scalar ends with a newline: use '|-' or a quoted string" % (ord(char), position)
+            )
         if ord(char) > 127:
             return 'api_key has a character outside ASCII at position %d; a Bearer token cannot carry one' % position
     return None
@@ -182,8 +191,10 @@ def expect_problem(expect):
     except re.error as exc:
         return "expect '%s' is not a valid regular expression: %s" % (expect, exc)
     if pattern.search('') is not None:
-        return ("expect '%s' matches an empty answer, so it cannot tell an answer from none; give text that the "
-                "right answer must contain" % expect)
+        return (
+            "expect '%s' matches an empty answer, so it cannot tell an answer from none; give text that the "
+            'right answer must contain' % expect
+        )
     return None
 
 
@@ -261,12 +272,19 @@ def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
         try:
             with deadline(timeout):
                 try:
-                    response = open_url(base_url + path, data=data, headers=headers, method=method,
-                                        timeout=timeout, validate_certs=validate_certs,
-                                        use_proxy=use_proxy, follow_redirects='safe',
-                                        # A gzip body would escape the byte limit (and a broken one raise
-                                        # zlib.error); none was asked for, so none is unpacked.
-                                        decompress=False)
+                    response = open_url(
+                        base_url + path,
+                        data=data,
+                        headers=headers,
+                        method=method,
+                        timeout=timeout,
+                        validate_certs=validate_certs,
+                        use_proxy=use_proxy,
+                        follow_redirects='safe',
+                        # A gzip body would escape the byte limit (and a broken one raise
+                        # zlib.error); none was asked for, so none is unpacked.
+                        decompress=False,
+                    )
                 except HTTPError as exc:
                     response = exc  # an HTTP status is an answer: read its body as well
                 try:
@@ -274,9 +292,9 @@ def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
                 finally:
                     response.close()
         except DeadlinePassed:
-            raise Unreachable('no complete answer within %s s' % format_seconds(timeout))
+            raise Unreachable('no complete answer within %s s' % format_seconds(timeout)) from None
         except (URLError, HTTPException, OSError) as exc:
-            raise Unreachable(mask(describe_unreachable(exc, timeout), api_key))
+            raise Unreachable(mask(describe_unreachable(exc, timeout), api_key)) from exc
         return status, mask(to_text(body, errors='replace'), api_key)
 
     return call
@@ -347,8 +365,10 @@ def judge_unit(unit, state, baseline_restarts, max_restarts):
         return 'The unit %s is not running %s' % (unit, describe_unit(state))
     restarts = _int(state.get('NRestarts')) - baseline_restarts
     if restarts > max_restarts:
-        return ('The unit %s is in a restart loop: systemd restarted it %d times while waiting '
-                '(more than max_restarts=%d) %s' % (unit, restarts, max_restarts, describe_unit(state)))
+        return (
+            'The unit %s is in a restart loop: systemd restarted it %d times while waiting '
+            '(more than max_restarts=%d) %s' % (unit, restarts, max_restarts, describe_unit(state))
+        )
     return None
 
 
@@ -418,8 +438,9 @@ def parse_models(text):
     data = doc.get('data') if isinstance(doc, dict) else None
     if not isinstance(data, list):
         raise ValueError('a body without a "data" list: %s' % quote(text, 200))
-    return [entry['id'] for entry in data if isinstance(entry, dict) and isinstance(entry.get('id'), str)
-            and entry['id']]
+    return [
+        entry['id'] for entry in data if isinstance(entry, dict) and isinstance(entry.get('id'), str) and entry['id']
+    ]
 
 
 def error_message(text):
@@ -505,7 +526,7 @@ def unauthorized_message(what, status, url, api_key_set):
     return '%s at %s answered %d: %s' % (what, url, status, cause)
 
 
-class ChatCheck(object):
+class ChatCheck:
     """Wait for /health, then /v1/models, then judge one chat completion.
 
     http(method, path, payload, timeout, limit) -> (status, text), raising
@@ -521,12 +542,28 @@ class ChatCheck(object):
     (MATCH_SECONDS, by SIGALRM), since no clock read can interrupt a regex.
     """
 
-    def __init__(self, http, url=DEFAULT_URL, model=None, prompt=DEFAULT_PROMPT, expect=DEFAULT_EXPECT,
-                 max_tokens=DEFAULT_MAX_TOKENS, timeout=DEFAULT_TIMEOUT, interval=DEFAULT_INTERVAL,
-                 request_timeout=DEFAULT_REQUEST_TIMEOUT, api_key_set=False, extra_body=None,
-                 unit=None, probe_unit=None, read_journal=None, max_restarts=DEFAULT_MAX_RESTARTS,
-                 journal_lines=DEFAULT_JOURNAL_LINES, clock=time.monotonic, epoch=time.time,
-                 sleep=time.sleep):
+    def __init__(
+        self,
+        http,
+        url=DEFAULT_URL,
+        model=None,
+        prompt=DEFAULT_PROMPT,
+        expect=DEFAULT_EXPECT,
+        max_tokens=DEFAULT_MAX_TOKENS,
+        timeout=DEFAULT_TIMEOUT,
+        interval=DEFAULT_INTERVAL,
+        request_timeout=DEFAULT_REQUEST_TIMEOUT,
+        api_key_set=False,
+        extra_body=None,
+        unit=None,
+        probe_unit=None,
+        read_journal=None,
+        max_restarts=DEFAULT_MAX_RESTARTS,
+        journal_lines=DEFAULT_JOURNAL_LINES,
+        clock=time.monotonic,
+        epoch=time.time,
+        sleep=time.sleep,
+    ):
         self.http = http
         self.url = url.rstrip('/')
         self.model = model
@@ -562,8 +599,12 @@ class ChatCheck(object):
         return self.start + self.timeout - self.clock()
 
     def _details(self):
-        details = {'elapsed': self._elapsed(), 'url': self.url, 'last_state': self.last_state,
-                   'healthy_after': self.healthy_after}
+        details = {
+            'elapsed': self._elapsed(),
+            'url': self.url,
+            'last_state': self.last_state,
+            'healthy_after': self.healthy_after,
+        }
         if self.unit:
             details['restarts'] = self._restarts()
             details['unit_state'] = dict(self.unit_state)
@@ -623,14 +664,17 @@ class ChatCheck(object):
             self.baseline_restarts = _int(self.unit_state.get('NRestarts'))
         reason = judge_unit(self.unit, self.unit_state, self.baseline_restarts, self.max_restarts)
         if reason:
-            self._fail('%s while waiting %s s for %s to answer' % (reason, format_seconds(self._elapsed()), self.url),
-                       explain=True)
+            self._fail(
+                '%s while waiting %s s for %s to answer' % (reason, format_seconds(self._elapsed()), self.url),
+                explain=True,
+            )
 
     # -- the phases --------------------------------------------------------
 
     def _health(self):
-        status, text = self.http('GET', '/health', None, max(1.0, min(self.request_timeout, self._remaining())),
-                                 MAX_HEALTH_BYTES)
+        status, text = self.http(
+            'GET', '/health', None, max(1.0, min(self.request_timeout, self._remaining())), MAX_HEALTH_BYTES
+        )
         if status == 200:
             self.healthy_after = self._elapsed()
             return True
@@ -638,8 +682,9 @@ class ChatCheck(object):
         return False
 
     def _models(self):
-        status, text = self.http('GET', '/v1/models', None, max(1.0, min(self.request_timeout, self._remaining())),
-                                 MAX_MODELS_BYTES)
+        status, text = self.http(
+            'GET', '/v1/models', None, max(1.0, min(self.request_timeout, self._remaining())), MAX_MODELS_BYTES
+        )
         if status in (401, 403):
             self._fail(unauthorized_message('/v1/models', status, self.url, self.api_key_set))
         if status != 200:
@@ -656,8 +701,10 @@ class ChatCheck(object):
         if self.model is None:
             return ids[0]
         if self.model not in ids:
-            self._fail("The server at %s does not serve the model '%s'; /v1/models lists: %s"
-                       % (self.url, self.model, ', '.join(ids)))
+            self._fail(
+                "The server at %s does not serve the model '%s'; /v1/models lists: %s"
+                % (self.url, self.model, ', '.join(ids))
+            )
         return self.model
 
     def _chat(self, model):
@@ -671,11 +718,13 @@ class ChatCheck(object):
         began = self.clock()
         # The first request after a load can be slow; it may use what is left of the wait.
         try:
-            status, text = self.http('POST', '/v1/chat/completions', payload, max(1.0, self._remaining()),
-                                     MAX_CHAT_BYTES)
+            status, text = self.http(
+                'POST', '/v1/chat/completions', payload, max(1.0, self._remaining()), MAX_CHAT_BYTES
+            )
         except TooLarge as exc:
-            self._fail('The chat completion request to %s for %s got %s; a check reads no more'
-                       % (self.url, model, exc.reason))
+            self._fail(
+                'The chat completion request to %s for %s got %s; a check reads no more' % (self.url, model, exc.reason)
+            )
         took = self.clock() - began
         if status in (401, 403):
             self._fail(unauthorized_message('/v1/chat/completions', status, self.url, self.api_key_set))
@@ -683,8 +732,11 @@ class ChatCheck(object):
             self.last_state = '/v1/chat/completions answered %d: %s' % (status, error_message(text))
             return None
         if status != 200:
-            self._fail('The chat completion request to %s for %s answered %d: %s'
-                       % (self.url, model, status, error_message(text)), explain=status >= 500)
+            self._fail(
+                'The chat completion request to %s for %s answered %d: %s'
+                % (self.url, model, status, error_message(text)),
+                explain=status >= 500,
+            )
         try:
             reply = parse_chat(text)
         except ValueError as exc:
@@ -719,8 +771,10 @@ class ChatCheck(object):
                         return self._judge(model, reply)
                     phase = 'health'
             except (Unreachable, TooLarge) as exc:
-                self.last_state = '%s (%s)' % (exc.reason, {'health': '/health', 'models': '/v1/models',
-                                                            'chat': '/v1/chat/completions'}[phase])
+                self.last_state = '%s (%s)' % (
+                    exc.reason,
+                    {'health': '/health', 'models': '/v1/models', 'chat': '/v1/chat/completions'}[phase],
+                )
                 phase = 'health'
             remaining = self._remaining()
             if remaining <= 0:
@@ -734,7 +788,11 @@ class ChatCheck(object):
             'chat': 'a chat completion',
         }[phase]
         msg = 'Timed out after %s s waiting for %s at %s; last seen: %s' % (
-            format_seconds(self.timeout), waited_for, self.url, self.last_state)
+            format_seconds(self.timeout),
+            waited_for,
+            self.url,
+            self.last_state,
+        )
         if self.unit:
             msg += '. The unit %s is %s' % (self.unit, describe_unit(self.unit_state))
             progress = self._progress()
@@ -748,26 +806,35 @@ class ChatCheck(object):
             with deadline(MATCH_SECONDS):
                 matched = answer_matches(self.expect, answer)
         except DeadlinePassed:
-            msg = ("expect '%s' took more than %s s to match the answer from %s at %s (%d characters); simplify it: "
-                   "nested repetition such as (a+)+ backtracks without end"
-                   % (self.expect, format_seconds(MATCH_SECONDS), model, self.url, len(answer)))
+            msg = (
+                "expect '%s' took more than %s s to match the answer from %s at %s (%d characters); simplify it: "
+                'nested repetition such as (a+)+ backtracks without end'
+                % (self.expect, format_seconds(MATCH_SECONDS), model, self.url, len(answer))
+            )
         else:
             msg = None
             if not matched:
-                msg = "The answer from %s at %s did not match '%s': '%s'" % (model, self.url, self.expect, quote(answer))
+                msg = "The answer from %s at %s did not match '%s': '%s'" % (
+                    model,
+                    self.url,
+                    self.expect,
+                    quote(answer),
+                )
                 if reply['finish_reason'] == 'length':
                     msg += ' (cut at max_tokens=%d)' % self.max_tokens
         result = self._details()
-        result.update({
-            'model': model,
-            'answer': answer,
-            'content': reply['content'],
-            'reasoning': reply['reasoning'],
-            'finish_reason': reply['finish_reason'],
-            'completion_tokens': reply['completion_tokens'],
-            'tokens_per_second': reply['tokens_per_second'],
-            'request_seconds': reply['request_seconds'],
-        })
+        result.update(
+            {
+                'model': model,
+                'answer': answer,
+                'content': reply['content'],
+                'reasoning': reply['reasoning'],
+                'finish_reason': reply['finish_reason'],
+                'completion_tokens': reply['completion_tokens'],
+                'tokens_per_second': reply['tokens_per_second'],
+                'request_seconds': reply['request_seconds'],
+            }
+        )
         result.pop('last_state', None)
         if msg:
             raise CheckFailed(msg, **result)

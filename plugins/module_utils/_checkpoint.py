@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,9 +7,6 @@
 PRIVATE to the collection: this is not a public API; it may change without notice.
 Only the Python standard library is used.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -38,10 +34,30 @@ KV_CACHE_DTYPE_BYTES = {
 # The model types whose attention vLLM 0.32.0 runs as multi-head latent attention
 # (vllm/transformers_utils/model_arch_config_convertor.py is_deepseek_mla).
 MLA_MODEL_TYPES = (
-    'axk1', 'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'deepseek_v4', 'deepseek_v41', 'dots3_note', 'deepseek_mtp',
-    'k3_dspark', 'glm5_next', 'glm5_next_text', 'glm_moe_dsa', 'glm4_moe_lite', 'glm4_moe_lite_mtp', 'kimi_k2',
-    'kimi_linear', 'longcat_flash', 'pangu_ultra_moe', 'pangu_ultra_moe_mtp', 'bailing_hybrid', 'bailing_hybrid_mtp',
-    'bailing_hybrid_v3_mtp', 'hy_v4', 'hy_v4_mtp',
+    'axk1',
+    'deepseek_v2',
+    'deepseek_v3',
+    'deepseek_v32',
+    'deepseek_v4',
+    'deepseek_v41',
+    'dots3_note',
+    'deepseek_mtp',
+    'k3_dspark',
+    'glm5_next',
+    'glm5_next_text',
+    'glm_moe_dsa',
+    'glm4_moe_lite',
+    'glm4_moe_lite_mtp',
+    'kimi_k2',
+    'kimi_linear',
+    'longcat_flash',
+    'pangu_ultra_moe',
+    'pangu_ultra_moe_mtp',
+    'bailing_hybrid',
+    'bailing_hybrid_mtp',
+    'bailing_hybrid_v3_mtp',
+    'hy_v4',
+    'hy_v4_mtp',
 )
 
 
@@ -67,16 +83,16 @@ def read_json(path):
     try:
         with open_regular(path) as f:
             data = f.read()
-    except (IOError, OSError) as exc:
-        raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc))
+    except OSError as exc:
+        raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc)) from exc
     try:
         obj = json.loads(data.decode('utf-8'))
     except UnicodeDecodeError as exc:
-        raise CheckpointError('%s is not UTF-8 text: %s' % (path, exc))
+        raise CheckpointError('%s is not UTF-8 text: %s' % (path, exc)) from exc
     except ValueError as exc:
-        raise CheckpointError('%s is not valid JSON: %s' % (path, exc))
+        raise CheckpointError('%s is not valid JSON: %s' % (path, exc)) from exc
     except RecursionError:
-        raise CheckpointError('%s is nested too deeply to be read as JSON' % path)
+        raise CheckpointError('%s is nested too deeply to be read as JSON' % path) from None
     if not isinstance(obj, dict):
         raise CheckpointError('%s does not hold a JSON object' % path)
     return obj
@@ -136,8 +152,12 @@ def kv_cache_quant_algo_string(quant_cfg):
     inner = quant_cfg.get('quantization', quant_cfg)
     if not isinstance(inner, dict):
         inner = quant_cfg
-    kv_algo = (inner.get('kv_cache_scheme') or quant_cfg.get('kv_cache_scheme')
-               or inner.get('kv_cache_quant_algo') or quant_cfg.get('kv_cache_quant_algo'))
+    kv_algo = (
+        inner.get('kv_cache_scheme')
+        or quant_cfg.get('kv_cache_scheme')
+        or inner.get('kv_cache_quant_algo')
+        or quant_cfg.get('kv_cache_quant_algo')
+    )
     if isinstance(kv_algo, dict):
         if kv_algo.get('dynamic') is False and kv_algo.get('num_bits') == 8 and kv_algo.get('type') == 'float':
             kv_algo = 'fp8'
@@ -213,8 +233,12 @@ def auto_kv_cache_dtype(config, hf_quant_config):
             return algo, '%s (quant_method %s)' % (source, normalize_quant_method(quant_cfg))
     elif quant_cfg is None and isinstance(config.get('text_config'), dict):
         quant_cfg, source = config['text_config'].get('quantization_config'), 'text_config of ' + CONFIG_NAME
-    if (isinstance(quant_cfg, dict) and normalize_quant_method(quant_cfg) == 'compressed-tensors'
-            and quant_cfg.get('kv_cache_scheme') is not None and not is_mla(config)):
+    if (
+        isinstance(quant_cfg, dict)
+        and normalize_quant_method(quant_cfg) == 'compressed-tensors'
+        and quant_cfg.get('kv_cache_scheme') is not None
+        and not is_mla(config)
+    ):
         return 'fp8', 'the kv_cache_scheme in %s (compressed-tensors)' % source
     return None, None
 
@@ -233,15 +257,31 @@ def resolve_kv_cache_dtype(requested, model_path, config):
         return dtype, 'kv_cache_dtype auto resolves to %s from %s, as in vLLM' % (dtype, source), None
     note = None
     sub = text_config(config).get('quantization_config')
-    if source is None and sub is not config.get('quantization_config') and isinstance(sub, dict):
-        if kv_cache_quant_algo_string(sub) not in (None, 'auto'):
-            note = ('text_config.quantization_config asks for a quantized KV cache, but vLLM resolves '
-                    '--kv-cache-dtype auto from the top-level quantization_config only')
+    if (
+        source is None
+        and sub is not config.get('quantization_config')
+        and isinstance(sub, dict)
+        and kv_cache_quant_algo_string(sub) not in (None, 'auto')
+    ):
+        note = (
+            'text_config.quantization_config asks for a quantized KV cache, but vLLM resolves '
+            '--kv-cache-dtype auto from the top-level quantization_config only'
+        )
     dtype = model_dtype(config)
     if source is not None:
-        return dtype, ('kv_cache_dtype auto resolves to the model dtype %s: vLLM does not know the KV-cache '
-                       'quantization %s asks for' % (dtype, source)), note
-    return dtype, 'kv_cache_dtype auto resolves to the model dtype %s: the checkpoint asks for no KV-cache quantization' % dtype, note
+        return (
+            dtype,
+            (
+                'kv_cache_dtype auto resolves to the model dtype %s: vLLM does not know the KV-cache '
+                'quantization %s asks for' % (dtype, source)
+            ),
+            note,
+        )
+    return (
+        dtype,
+        'kv_cache_dtype auto resolves to the model dtype %s: the checkpoint asks for no KV-cache quantization' % dtype,
+        note,
+    )
 
 
 def kv_dtype_bytes(dtype):

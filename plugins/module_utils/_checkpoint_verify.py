@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -16,9 +15,6 @@ kept in a cache (_digest.DigestCache), so a rerun on an unchanged checkpoint rea
 no shard.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import fnmatch
 import gc
 import hashlib
@@ -28,7 +24,12 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, read_json
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestError, describe_mode, digest_of_bytes, hash_file
+from ansible_collections.llmserve.vllm.plugins.module_utils._digest import (
+    DigestError,
+    describe_mode,
+    digest_of_bytes,
+    hash_file,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import name_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
     RECORD_NAME,
@@ -88,8 +89,8 @@ def check_directory(path):
         info = os.stat(path)
     except OSError as exc:
         if not os.path.lexists(path):
-            raise VerifyError('checkpoint directory %s does not exist' % path)
-        raise VerifyError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc))
+            raise VerifyError('checkpoint directory %s does not exist' % path) from exc
+        raise VerifyError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc)) from exc
     if not stat.S_ISDIR(info.st_mode):
         raise VerifyError('checkpoint path %s is %s, not a directory' % (path, describe_mode(info.st_mode)))
 
@@ -121,7 +122,7 @@ def list_files(root, patterns):
     return found
 
 
-class FileCheck(object):
+class FileCheck:
     """What checking one file found: problems, the digest of its content, bytes read, whether the cache answered."""
 
     def __init__(self, name):
@@ -149,8 +150,11 @@ def _stat_problem(full, name):
 
 def _size_problem(name, size, expected):
     if size < expected:
-        return problem(name, TRUNCATED, '%d bytes, the manifest says %d (%d missing: an interrupted download?)'
-                       % (size, expected, expected - size))
+        return problem(
+            name,
+            TRUNCATED,
+            '%d bytes, the manifest says %d (%d missing: an interrupted download?)' % (size, expected, expected - size),
+        )
     if size > expected:
         return problem(name, OVERSIZED, '%d bytes, the manifest says %d (%d more)' % (size, expected, size - expected))
     return None
@@ -168,12 +172,16 @@ def header_problem(full):
         return str(exc)
     extra = shard.file_bytes - shard.header_bytes - shard.data_bytes
     if extra:
-        return ('%s has %d bytes after the tensor data its header describes; safetensors requires the data to end the file'
-                % (full, extra))
+        return (
+            '%s has %d bytes after the tensor data its header describes; safetensors requires the data to end the file'
+            % (full, extra)
+        )
     covered = sum(shard.tensors.values())
     if covered != shard.data_bytes:
-        return ('%s: its tensors take %d bytes but their offsets span %d; safetensors requires them to follow one another'
-                % (full, covered, shard.data_bytes))
+        return (
+            '%s: its tensors take %d bytes but their offsets span %d; safetensors requires them to follow one another'
+            % (full, covered, shard.data_bytes)
+        )
     return None
 
 
@@ -206,8 +214,13 @@ def check_file(root, entry, cache, size_may_differ=False):
         if cache:
             cache.put(full, info, {entry.algorithm: check.digest})
     if check.digest != entry.digest and not size_may_differ:
-        check.problems.append(problem(entry.name, DIGEST_MISMATCH, '%s %s, the manifest says %s'
-                                      % (entry.algorithm, check.digest, entry.digest)))
+        check.problems.append(
+            problem(
+                entry.name,
+                DIGEST_MISMATCH,
+                '%s %s, the manifest says %s' % (entry.algorithm, check.digest, entry.digest),
+            )
+        )
     if entry.name.endswith('.safetensors'):
         found = _cached_fact(cache, full, info, HEADER_FACT, header_problem)
         if found:
@@ -241,7 +254,9 @@ def original_config_bytes(path, name, record):
         try:
             current = get_path(config.doc, keys)
         except KeyError:
-            raise KvCacheQuantError('%s, which its record says it set to null, is no longer there' % entry['key'])
+            raise KvCacheQuantError(
+                '%s, which its record says it set to null, is no longer there' % entry['key']
+            ) from None
         if current is not None:
             raise KvCacheQuantError('%s is %s, where its record says it set null' % (entry['key'], compact(current)))
         changes.append({'keys': keys, 'after': entry['before'], 'after_text': entry.get('before_text')})
@@ -249,7 +264,7 @@ def original_config_bytes(path, name, record):
     return text.encode('utf-8')
 
 
-class Report(object):
+class Report:
     """The outcome of one check."""
 
     def __init__(self):
@@ -271,7 +286,7 @@ def fingerprint(digests):
     return hashlib.sha256(json.dumps(sorted(digests), separators=(',', ':')).encode('utf-8')).hexdigest()
 
 
-class _Record(object):
+class _Record:
     """kv_cache_quant's record beside the checkpoint: the files it rewrote, or the problem reading it."""
 
     def __init__(self, path):
@@ -292,14 +307,22 @@ def _judge_rewritten(path, entry, check, record, report):
     try:
         original = original_config_bytes(path, entry.name, record.doc)
     except KvCacheQuantError as exc:
-        report.problems.append(problem(entry.name, DIGEST_MISMATCH, '%s %s, the manifest says %s; %s lists it as rewritten, '
-                                       'but %s' % (entry.algorithm, check.digest, entry.digest, RECORD_NAME, exc)))
+        report.problems.append(
+            problem(
+                entry.name,
+                DIGEST_MISMATCH,
+                '%s %s, the manifest says %s; %s lists it as rewritten, '
+                'but %s' % (entry.algorithm, check.digest, entry.digest, RECORD_NAME, exc),
+            )
+        )
         return None
     restored = digest_of_bytes(original, entry.algorithm)
     if len(original) != entry.size or restored != entry.digest:
-        detail = ('with the values %s recorded put back: %d bytes, %s %s; the manifest says %d bytes, %s '
-                  '(changed after kv_cache_quant rewrote it)'
-                  % (RECORD_NAME, len(original), entry.algorithm, restored, entry.size, entry.digest))
+        detail = (
+            'with the values %s recorded put back: %d bytes, %s %s; the manifest says %d bytes, %s '
+            '(changed after kv_cache_quant rewrote it)'
+            % (RECORD_NAME, len(original), entry.algorithm, restored, entry.size, entry.digest)
+        )
         report.problems.append(problem(entry.name, DIGEST_MISMATCH, detail))
         return None
     report.rewritten.append(entry.name)
@@ -332,11 +355,21 @@ def _check_index(path, expected, checks, cache, report):
     for shard in shards or ():
         unsafe = name_problem(shard)
         if unsafe:
-            report.problems.append(problem(INDEX_NAME, BAD_SAFETENSORS_INDEX, 'its weight_map names shard %s, which %s'
-                                           % (compact(shard), unsafe)))
+            report.problems.append(
+                problem(
+                    INDEX_NAME,
+                    BAD_SAFETENSORS_INDEX,
+                    'its weight_map names shard %s, which %s' % (compact(shard), unsafe),
+                )
+            )
         elif shard not in reported_missing and not os.path.isfile(os.path.join(path, shard)):
-            report.problems.append(problem(shard, INDEX_NAMES_MISSING_SHARD,
-                                           '%s maps tensors to it, but it is not in the checkpoint' % INDEX_NAME))
+            report.problems.append(
+                problem(
+                    shard,
+                    INDEX_NAMES_MISSING_SHARD,
+                    '%s maps tensors to it, but it is not in the checkpoint' % INDEX_NAME,
+                )
+            )
 
 
 def verify(path, manifest, patterns=DEFAULT_IGNORE, threads=1, cache=None):
@@ -365,8 +398,9 @@ def _verify(path, manifest, patterns, threads, cache):
     # Largest first, so that no big file starts last while the other threads idle.
     order = sorted(expected.values(), key=lambda e: (-e.size, e.name))
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        checks = dict(zip([e.name for e in order],
-                          pool.map(lambda e: check_file(path, e, cache, e.name in rewritable), order)))
+        checks = dict(
+            zip([e.name for e in order], pool.map(lambda e: check_file(path, e, cache, e.name in rewritable), order))
+        )
     digests = []
     for name, entry in sorted(expected.items()):
         check = checks[name]
@@ -384,8 +418,13 @@ def _verify(path, manifest, patterns, threads, cache):
     for name in sorted(set(on_disk) - set(manifest.files) - set([RECORD_NAME])):
         mode = on_disk[name].st_mode
         what = '' if stat.S_ISREG(mode) else ' (%s)' % describe_mode(mode)
-        report.problems.append(problem(name, EXTRA_FILE, 'in the checkpoint%s but not in the manifest of revision %s'
-                                       % (what, manifest.revision)))
+        report.problems.append(
+            problem(
+                name,
+                EXTRA_FILE,
+                'in the checkpoint%s but not in the manifest of revision %s' % (what, manifest.revision),
+            )
+        )
     report.problems.sort(key=lambda p: (p['file'], p['kind']))
     if report.ok:
         report.fingerprint = fingerprint(digests)

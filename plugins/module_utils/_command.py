@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -13,9 +12,6 @@ in its own process group, which is killed (SIGKILL, children included) when the
 deadline passes or the output grows past the bound. Output is decoded as UTF-8 with
 undecodable bytes replaced, so that whatever a command prints can be returned as JSON.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import os
 import selectors
@@ -47,8 +43,9 @@ def run(argv, timeout, max_output=MAX_OUTPUT_BYTES, clock=time.monotonic):
     deadline = clock() + timeout
     shown = ' '.join(argv)
     late = '%s did not finish within %s seconds and was killed' % (shown, timeout)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     chunks = {proc.stdout: [], proc.stderr: []}
     size = 0
     try:
@@ -67,11 +64,13 @@ def run(argv, timeout, max_output=MAX_OUTPUT_BYTES, clock=time.monotonic):
                     chunks[key.fileobj].append(data)
                     size += len(data)
                     if size > max_output:
-                        raise _killed(proc, CommandError('%s printed more than %d bytes and was killed' % (shown, max_output)))
+                        raise _killed(
+                            proc, CommandError('%s printed more than %d bytes and was killed' % (shown, max_output))
+                        )
         try:
             rc = proc.wait(max(deadline - clock(), 0))
         except subprocess.TimeoutExpired:
-            raise _killed(proc, CommandTimeout(late))
+            raise _killed(proc, CommandTimeout(late)) from None
     finally:
         proc.stdout.close()
         proc.stderr.close()

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,9 +7,6 @@
 PRIVATE to the collection: this is not a public API and may change at any time.
 Only the modules of llmserve.vllm may import it.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import contextlib
 import signal
@@ -34,6 +30,7 @@ def deadline(seconds):
     without end (re has no timeout, but checks for signals while it matches).
     Main thread only; blocks must not nest.
     """
+
     def expire(signum, frame):
         raise DeadlinePassed()
 

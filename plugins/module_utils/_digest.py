@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -12,9 +11,6 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 hashlib and the reads release the GIL for blocks that large, so threads hash files
 in parallel.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import hashlib
 import json
@@ -35,9 +31,15 @@ class DigestError(Exception):
 
 def describe_mode(mode):
     """What kind of file ``mode`` (st_mode) is, for messages."""
-    for test, name in ((stat.S_ISREG, 'a regular file'), (stat.S_ISDIR, 'a directory'), (stat.S_ISLNK, 'a symbolic link'),
-                       (stat.S_ISFIFO, 'a FIFO'), (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
-                       (stat.S_ISBLK, 'a block device')):
+    for test, name in (
+        (stat.S_ISREG, 'a regular file'),
+        (stat.S_ISDIR, 'a directory'),
+        (stat.S_ISLNK, 'a symbolic link'),
+        (stat.S_ISFIFO, 'a FIFO'),
+        (stat.S_ISSOCK, 'a socket'),
+        (stat.S_ISCHR, 'a character device'),
+        (stat.S_ISBLK, 'a block device'),
+    ):
         if test(mode):
             return name
     return 'a file of unknown type'
@@ -65,7 +67,7 @@ def hash_file(path, algorithms, chunk_bytes=CHUNK_BYTES):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, 'O_CLOEXEC', 0))
     except OSError as exc:
-        raise DigestError('cannot read %s: %s' % (path, exc.strerror or exc))
+        raise DigestError('cannot read %s: %s' % (path, exc.strerror or exc)) from exc
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -86,10 +88,12 @@ def hash_file(path, algorithms, chunk_bytes=CHUNK_BYTES):
                 for hasher in hashers.values():
                     hasher.update(view[:n])
     except OSError as exc:
-        raise DigestError('cannot read %s: %s' % (path, exc.strerror or exc))
+        raise DigestError('cannot read %s: %s' % (path, exc.strerror or exc)) from exc
     if total != info.st_size:
-        raise DigestError('%s changed while it was read: %d bytes at the start, %d read (is a download still writing it?)'
-                          % (path, info.st_size, total))
+        raise DigestError(
+            '%s changed while it was read: %d bytes at the start, %d read (is a download still writing it?)'
+            % (path, info.st_size, total)
+        )
     return dict((algorithm, hasher.hexdigest()) for algorithm, hasher in hashers.items()), info
 
 
@@ -98,7 +102,7 @@ def identity(info):
     return [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev]
 
 
-class DigestCache(object):
+class DigestCache:
     """Facts learnt from reading a file ({name: value}: digests, header verdicts), kept per path and identity.
 
     The cache is a JSON file in ``directory``, readable and writable by its owner only. A
@@ -130,10 +134,17 @@ class DigestCache(object):
             if problem is None:
                 try:
                     doc = json.loads(handle.read().decode('utf-8'))
-                    if not isinstance(doc, dict) or doc.get('format') != CACHE_FORMAT or not isinstance(doc.get('entries'), dict):
+                    if (
+                        not isinstance(doc, dict)
+                        or doc.get('format') != CACHE_FORMAT
+                        or not isinstance(doc.get('entries'), dict)
+                    ):
                         raise ValueError('not a format %d digest cache' % CACHE_FORMAT)
-                    self.entries = dict((path, entry) for path, entry in doc['entries'].items()
-                                        if isinstance(entry, dict) and isinstance(entry.get('identity'), list))
+                    self.entries = dict(
+                        (path, entry)
+                        for path, entry in doc['entries'].items()
+                        if isinstance(entry, dict) and isinstance(entry.get('identity'), list)
+                    )
                 except (ValueError, RecursionError) as exc:
                     problem = 'unreadable (%s); it is rebuilt' % exc
         if problem is not None:
@@ -183,15 +194,19 @@ class DigestCache(object):
         if self.path is None:
             return None
         prefix = root.rstrip('/') + '/'
-        entries = dict((path, entry) for path, entry in self.entries.items()
-                       if path in self.seen or not path.startswith(prefix))
+        entries = dict(
+            (path, entry) for path, entry in self.entries.items() if path in self.seen or not path.startswith(prefix)
+        )
         if not self.changed and len(entries) == len(self.entries):
             return None
         try:
             if not os.path.isdir(self.directory):
                 if os.path.lexists(self.directory):
                     return 'digest cache %s not written: %s is %s, not a directory' % (
-                        self.path, self.directory, describe_mode(os.lstat(self.directory).st_mode))
+                        self.path,
+                        self.directory,
+                        describe_mode(os.lstat(self.directory).st_mode),
+                    )
                 os.makedirs(self.directory, 0o700)
             fd, temp = tempfile.mkstemp(prefix='.%s.' % CACHE_NAME, suffix='.tmp', dir=self.directory)
             try:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -16,9 +15,6 @@ temporary file is removed. Each file is always either wholly old or wholly new,
 also for a run killed with SIGKILL; what such a run leaves behind is only
 temporary files, which remove_stale() clears under the lock.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import binascii
 import contextlib
@@ -56,7 +52,7 @@ def cause(exc):
     return exc.strerror or str(exc)
 
 
-class DirectoryLock(object):
+class DirectoryLock:
     """An exclusive flock on ``directory/name``, created for the run and removed when released.
 
     ``holder`` names the program in the message of a lock that stays taken for
@@ -107,8 +103,8 @@ class DirectoryLock(object):
                 return None
             if exc.errno in (errno.ELOOP, errno.EISDIR):
                 kind = 'a symbolic link' if exc.errno == errno.ELOOP else 'a directory'
-                raise FileTransactionError('cannot lock %s: not a regular file (%s)' % (self.path, kind))
-            raise FileTransactionError('cannot lock %s: %s' % (self.path, cause(exc)))
+                raise FileTransactionError('cannot lock %s: not a regular file (%s)' % (self.path, kind)) from exc
+            raise FileTransactionError('cannot lock %s: %s' % (self.path, cause(exc))) from exc
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             os.close(fd)
@@ -123,10 +119,12 @@ class DirectoryLock(object):
                 break
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise FileTransactionError('cannot lock %s: %s' % (self.path, cause(exc)))
+                    raise FileTransactionError('cannot lock %s: %s' % (self.path, cause(exc))) from exc
             if self._clock() >= deadline:
-                raise FileTransactionError('cannot lock %s: another run of %s has held it for more than %s s'
-                                           % (self.path, self.holder, self.timeout))
+                raise FileTransactionError(
+                    'cannot lock %s: another run of %s has held it for more than %s s'
+                    % (self.path, self.holder, self.timeout)
+                )
             self._sleep(LOCK_POLL_SECONDS)
         held = os.fstat(fd)
         try:
@@ -164,7 +162,7 @@ def remove_stale(directory):
     return removed
 
 
-class Transaction(object):
+class Transaction:
     """Create, replace and remove files, each in its own directory, all or nothing.
 
     ``replace``, ``backup`` and ``remove`` stage at once; when they cannot, they remove
@@ -216,7 +214,9 @@ class Transaction(object):
                     else:
                         os.rename(staged, dest)
                 except OSError as exc:
-                    raise FileTransactionError('cannot %s %s: %s%s' % (action, where, cause(exc), self._undo(done)))
+                    raise FileTransactionError(
+                        'cannot %s %s: %s%s' % (action, where, cause(exc), self._undo(done))
+                    ) from exc
                 done.append(step)
         finally:
             self.abort()
@@ -240,7 +240,7 @@ class Transaction(object):
     def _undo(self, done):
         """Undo the steps done, last first; returns the end of the failure's message."""
         failures = []
-        for action, dest, where, staged, undo in reversed(done):
+        for _action, dest, where, _staged, undo in reversed(done):
             try:
                 if undo is None:
                     os.unlink(dest)
@@ -271,13 +271,15 @@ class Transaction(object):
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
                 # A full disk or a quota shows on some file systems (NFS) only here.
                 os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise FileTransactionError('cannot %s %s: %s (a temporary file in %s)' % (action, where, cause(exc), directory))
+            raise FileTransactionError(
+                'cannot %s %s: %s (a temporary file in %s)' % (action, where, cause(exc), directory)
+            ) from exc
         return staged
 
     def _copy(self, action, where, source, source_stat):
@@ -288,8 +290,8 @@ class Transaction(object):
         try:
             with open(source, 'rb') as handle:
                 data = handle.read()
-        except (IOError, OSError) as exc:
-            raise FileTransactionError('cannot read %s: %s' % (where, cause(exc)))
+        except OSError as exc:
+            raise FileTransactionError('cannot read %s: %s' % (where, cause(exc))) from exc
         copy = self._stage(action, where, directory, data=data)
         _take_attributes(copy, source, source_stat, where, keep_times=True)
         return copy
@@ -302,14 +304,14 @@ def _lstat(path, where):
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return None
-        raise FileTransactionError('cannot read %s: %s' % (where, cause(exc)))
+        raise FileTransactionError('cannot read %s: %s' % (where, cause(exc))) from exc
 
 
 def _stat(path, where):
     try:
         return os.stat(path)
     except OSError as exc:
-        raise FileTransactionError('cannot read %s: %s' % (where, cause(exc)))
+        raise FileTransactionError('cannot read %s: %s' % (where, cause(exc))) from exc
 
 
 def _take_attributes(staged, dest, original, where, keep_times=False):
@@ -335,4 +337,4 @@ def _take_attributes(staged, dest, original, where, keep_times=False):
             now = time.time()
             os.utime(staged, (now, now))
     except OSError as exc:
-        raise FileTransactionError('cannot copy the attributes of %s: %s' % (where, cause(exc)))
+        raise FileTransactionError('cannot copy the attributes of %s: %s' % (where, cause(exc))) from exc

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -13,9 +12,6 @@ nvidia-smi lists (_nvidia_smi), the host's facts (_host_probes), the weights on 
 feeds it nvidia-smi's output, the checkpoint's headers and the host's facts, and gets back
 the plan.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import math
 
@@ -49,7 +45,7 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 AUTO_MAX_MODEL_LEN = (None, 'auto', -1, '-1')
 
 
-class Findings(object):
+class Findings:
     """What the steps of a plan report, in the order they find it."""
 
     def __init__(self):
@@ -58,7 +54,7 @@ class Findings(object):
         self.remedies = []  # changes that would make the plan fit
 
 
-class Memory(object):
+class Memory:
     """One GPU's memory as the plan divides it, in bytes."""
 
     def __init__(self, params, total, weights, reserve, per_token):
@@ -87,7 +83,7 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
     tp = params['tensor_parallel_size']
     pp = params['pipeline_parallel_size']
     cpu = params.get('accelerator') == 'cpu'
-    gpus_used = gpus[:tp * pp]
+    gpus_used = gpus[: tp * pp]
     found = Findings()
     dtype, source, strip, stripped = kv_cache_dtype(params, config, gpus_used, dtype_info, cpu, found)
     dtype_bytes = kv_dtype_bytes(dtype)
@@ -145,14 +141,17 @@ def kv_cache_dtype(params, config, gpus_used, dtype_info, cpu, found):
     if stripped:
         planned = model_dtype(config)
         if strip:
-            found.warnings.append('the checkpoint asks for an %s KV cache, which vLLM cannot use with MLA on compute '
-                                  'capability 12.x: it must be stripped (strip_fp8_kv_cache); planned with %s'
-                                  % (dtype, planned))
+            found.warnings.append(
+                'the checkpoint asks for an %s KV cache, which vLLM cannot use with MLA on compute '
+                'capability 12.x: it must be stripped (strip_fp8_kv_cache); planned with %s' % (dtype, planned)
+            )
         reason = 'for MLA on compute capability 12.x' if strip else '(fp8_kv_cache_policy strip)'
         return planned, '%s; stripped %s, so %s' % (source, reason, planned), strip, stripped
     if mla_on_12 and dtype.startswith('fp8'):
-        found.warnings.append('kv_cache_dtype %s with MLA on compute capability 12.x needs a vLLM whose Triton MLA '
-                              'backend supports an FP8 KV cache' % dtype)
+        found.warnings.append(
+            'kv_cache_dtype %s with MLA on compute capability 12.x needs a vLLM whose Triton MLA '
+            'backend supports an FP8 KV cache' % dtype
+        )
     return dtype, source, strip, stripped
 
 
@@ -160,8 +159,10 @@ def check_pipeline_stages(config, pp):
     """Each pipeline stage must hold a layer."""
     layers = config_int(config, 'num_hidden_layers')
     if pp > layers:
-        raise PreflightError('pipeline_parallel_size %d exceeds the %d layers of the model (%s in %s): a pipeline stage '
-                             'would hold no layer' % (pp, layers, config_field(config, 'num_hidden_layers'), CONFIG_NAME))
+        raise PreflightError(
+            'pipeline_parallel_size %d exceeds the %d layers of the model (%s in %s): a pipeline stage '
+            'would hold no layer' % (pp, layers, config_field(config, 'num_hidden_layers'), CONFIG_NAME)
+        )
 
 
 def weights_on_a_gpu(params, config, checkpoint, tp, pp, found):
@@ -175,10 +176,14 @@ def weights_on_a_gpu(params, config, checkpoint, tp, pp, found):
     weights, estimated = weights_per_gpu(checkpoint.tensors, checkpoint.total_bytes, config, tp, pp)
     if estimated:
         index = checkpoint.source == 'index'
-        found.warnings.append('per-GPU weights estimated from %s without per-tensor sizes (%s); '
-                              'set weights_bytes_per_gpu from vLLM\'s "Model loading took" for an exact plan'
-                              % ('model.safetensors.index.json' if index else 'an incomplete checkpoint',
-                                 'shards not downloaded' if index else 'shards missing or broken'))
+        found.warnings.append(
+            'per-GPU weights estimated from %s without per-tensor sizes (%s); '
+            'set weights_bytes_per_gpu from vLLM\'s "Model loading took" for an exact plan'
+            % (
+                'model.safetensors.index.json' if index else 'an incomplete checkpoint',
+                'shards not downloaded' if index else 'shards missing or broken',
+            )
+        )
     return checkpoint.total_bytes, weights
 
 
@@ -188,8 +193,10 @@ def gpu_memory(params, gpus, gpus_used, apps, host, found):
     tp = params['tensor_parallel_size']
     pp = params['pipeline_parallel_size']
     if len(gpus) < tp * pp:
-        found.problems.append('%d GPU(s) found, but tensor_parallel_size %d x pipeline_parallel_size %d needs %d'
-                              % (len(gpus), tp, pp, tp * pp))
+        found.problems.append(
+            '%d GPU(s) found, but tensor_parallel_size %d x pipeline_parallel_size %d needs %d'
+            % (len(gpus), tp, pp, tp * pp)
+        )
     belongs = host.get('belongs') or (lambda pid: False)
     for gpu in gpus_used:
         check_gpu_holders(gpu, apps, belongs, host.get('name'), params['gpu_memory_utilization'], found)
@@ -205,18 +212,27 @@ def check_gpu_holders(gpu, apps, belongs, name_of, util, found):
     requested = int(math.ceil(gpu['memory_total_mib'] * MIB * util))
     if foreign:
         who = ', '.join(
-            'PID %d (%s, %s MiB)' % (a['pid'], (name_of and name_of(a['pid'])) or a['process_name'],
-                                     a['used_memory_mib'] if a['used_memory_mib'] is not None else '?')
-            for a in foreign)
+            'PID %d (%s, %s MiB)'
+            % (
+                a['pid'],
+                (name_of and name_of(a['pid'])) or a['process_name'],
+                a['used_memory_mib'] if a['used_memory_mib'] is not None else '?',
+            )
+            for a in foreign
+        )
         text = 'GPU %s (%s) memory is held by %s' % (gpu['index'], gpu['name'], who)
         if free < requested:
-            found.problems.append('%s: %s GiB free, vLLM needs %s GiB at gpu_memory_utilization %s; stop them '
-                                  '(stale vLLM workers?)' % (text, gib(free), gib(requested), util))
+            found.problems.append(
+                '%s: %s GiB free, vLLM needs %s GiB at gpu_memory_utilization %s; stop them '
+                '(stale vLLM workers?)' % (text, gib(free), gib(requested), util)
+            )
         else:
             found.warnings.append(text)
     elif free < requested:
-        found.problems.append('GPU %s (%s) has %s GiB free, vLLM needs %s GiB at gpu_memory_utilization %s'
-                              % (gpu['index'], gpu['name'], gib(free), gib(requested), util))
+        found.problems.append(
+            'GPU %s (%s) has %s GiB free, vLLM needs %s GiB at gpu_memory_utilization %s'
+            % (gpu['index'], gpu['name'], gib(free), gib(requested), util)
+        )
 
 
 def size_kv_cache(memory, found):
@@ -226,15 +242,19 @@ def size_kv_cache(memory, found):
     if memory.explicit is not None:
         memory.budget = memory.explicit
         if memory.total is not None and memory.weights + memory.reserve + memory.budget > memory.total:
-            found.warnings.append('weights (%s GiB) + reserve (%s GiB) + kv_cache_memory_bytes (%s GiB) exceed the GPU\'s '
-                                  '%s GiB: expect out-of-memory' % (gib(memory.weights), gib(memory.reserve),
-                                                                    gib(memory.budget), gib(memory.total)))
+            found.warnings.append(
+                "weights (%s GiB) + reserve (%s GiB) + kv_cache_memory_bytes (%s GiB) exceed the GPU's "
+                '%s GiB: expect out-of-memory'
+                % (gib(memory.weights), gib(memory.reserve), gib(memory.budget), gib(memory.total))
+            )
     elif memory.total is not None:
         memory.budget = int(math.ceil(memory.total * util)) - memory.weights - memory.reserve
         if memory.budget <= 0:
-            found.problems.append('No available memory for the cache blocks: weights (%s GiB per GPU) + reserve (%s GiB) '
-                                  'exceed %s GiB at gpu_memory_utilization %s'
-                                  % (gib(memory.weights), gib(memory.reserve), gib(memory.total * util), util))
+            found.problems.append(
+                'No available memory for the cache blocks: weights (%s GiB per GPU) + reserve (%s GiB) '
+                'exceed %s GiB at gpu_memory_utilization %s'
+                % (gib(memory.weights), gib(memory.reserve), gib(memory.total * util), util)
+            )
             least = utilization_for(memory.per_token * memory.block, memory.weights, memory.reserve, memory.total)
             if least <= 1.0:
                 found.remedies.append('set gpu_memory_utilization to at least %.2f' % least)
@@ -242,8 +262,10 @@ def size_kv_cache(memory, found):
     memory.tokens = tokens_for(memory.budget, memory.per_token, memory.block)
     if memory.tokens == 0 and (memory.explicit is not None or memory.budget > 0):
         # Without this, a budget short of one block would "fit" a context of 0 tokens.
-        found.problems.append('No context length fits: the KV cache budget of %d bytes per GPU holds not one block of '
-                              '%d tokens (%d bytes)' % (memory.budget, memory.block, memory.per_token * memory.block))
+        found.problems.append(
+            'No context length fits: the KV cache budget of %d bytes per GPU holds not one block of '
+            '%d tokens (%d bytes)' % (memory.budget, memory.block, memory.per_token * memory.block)
+        )
 
 
 def choose_context_length(params, config, memory, found):
@@ -253,12 +275,14 @@ def choose_context_length(params, config, memory, found):
     requested = params.get('max_model_len')
     if requested in AUTO_MAX_MODEL_LEN:
         if fit < (model_max or 0):
-            found.warnings.append('max_model_len auto: %d tokens fit, below the model\'s %d' % (fit, model_max))
+            found.warnings.append("max_model_len auto: %d tokens fit, below the model's %d" % (fit, model_max))
         return fit, fit, fit > 0
     requested = int(requested)
     if model_max is not None and requested > model_max:
-        found.problems.append('max_model_len %d is greater than the model\'s derived maximum %d (max_position_embeddings '
-                              'in config.json)' % (requested, model_max))
+        found.problems.append(
+            "max_model_len %d is greater than the model's derived maximum %d (max_position_embeddings "
+            'in config.json)' % (requested, model_max)
+        )
         found.remedies.append('set max_model_len to %d or less' % min(model_max, fit))
     needed = bytes_for(requested, memory.per_token, memory.block)
     if needed <= memory.budget or memory.tokens == 0:
@@ -276,9 +300,11 @@ def choose_context_length(params, config, memory, found):
 def remedy_misfit(requested, needed, fit, memory, found):
     """What would make a requested context length of needed KV-cache bytes fit."""
     if fit > 0:
-        found.remedies.append('set max_model_len to %d (fits at gpu_memory_utilization %s)' % (fit, memory.utilization)
-                              if memory.explicit is None else
-                              'set max_model_len to %d (fits in kv_cache_memory_bytes %d)' % (fit, memory.explicit))
+        found.remedies.append(
+            'set max_model_len to %d (fits at gpu_memory_utilization %s)' % (fit, memory.utilization)
+            if memory.explicit is None
+            else 'set max_model_len to %d (fits in kv_cache_memory_bytes %d)' % (fit, memory.explicit)
+        )
     if memory.explicit is not None:
         found.remedies.append('set kv_cache_memory_bytes to at least %d (fits max_model_len %d)' % (needed, requested))
     elif memory.total is not None:
@@ -287,8 +313,10 @@ def remedy_misfit(requested, needed, fit, memory, found):
             found.remedies.append('set gpu_memory_utilization to %.2f (fits max_model_len %d)' % (util, requested))
         else:
             short = needed + memory.weights + memory.reserve - int(memory.total * 0.99)
-            found.remedies.append('no gpu_memory_utilization fits max_model_len %d: it needs %s GiB more per GPU; '
-                                  'use more GPUs or an fp8 KV cache' % (requested, gib(short)))
+            found.remedies.append(
+                'no gpu_memory_utilization fits max_model_len %d: it needs %s GiB more per GPU; '
+                'use more GPUs or an fp8 KV cache' % (requested, gib(short))
+            )
 
 
 def check_host(params, host, found):
@@ -299,10 +327,13 @@ def check_host(params, host, found):
         if size is None:
             found.problems.append('%s does not exist: NCCL and vLLM need shared memory' % params.get('shm_path'))
         elif size < params['shm_min_bytes']:
-            found.problems.append('%s is %s GiB, smaller than shm_min_bytes (%s GiB): NCCL and vLLM\'s shared-memory '
-                                  'queues need more' % (params.get('shm_path'), gib(size), gib(params['shm_min_bytes'])))
-            found.remedies.append('enlarge %s (mount -o remount,size=... or docker --shm-size / --ipc=host)'
-                                  % params.get('shm_path'))
+            found.problems.append(
+                "%s is %s GiB, smaller than shm_min_bytes (%s GiB): NCCL and vLLM's shared-memory "
+                'queues need more' % (params.get('shm_path'), gib(size), gib(params['shm_min_bytes']))
+            )
+            found.remedies.append(
+                'enlarge %s (mount -o remount,size=... or docker --shm-size / --ipc=host)' % params.get('shm_path')
+            )
     if params.get('port') and host.get('port'):
         conflict = host['port'](params.get('host') or '127.0.0.1', params['port'])
         if conflict:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,9 +8,6 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 
 Read from /proc and statvfs, without tools that a minimal host may lack (ss, lsof, fuser).
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import errno
 import os
@@ -33,7 +29,7 @@ def read_proc(path):
     try:
         with open(path, 'rb') as f:
             return f.read().decode('utf-8', 'replace')
-    except (IOError, OSError):
+    except OSError:
         return None
 
 
@@ -110,7 +106,7 @@ def port_conflict(host, port, service_name, proc='/proc'):
         s.settimeout(1.0)
         try:
             s.connect((host, port))
-        except (socket.error, OSError):
+        except OSError:
             return None
         finally:
             s.close()
@@ -133,5 +129,5 @@ def shm_size(path):
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
-        raise PreflightError('cannot read the size of %s: %s' % (path, exc.strerror or exc))
+        raise PreflightError('cannot read the size of %s: %s' % (path, exc.strerror or exc)) from exc
     return st.f_blocks * st.f_frsize

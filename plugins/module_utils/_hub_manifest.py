@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -16,13 +15,9 @@ For the others ``blobId`` is the git blob SHA-1 of the content,
 ``sha1(b"blob <size>\\0" + content)``.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
 import re
 import time
-
 from http.client import HTTPException
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote
@@ -36,7 +31,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._digest import GIT_S
 DEFAULT_ENDPOINT = 'https://huggingface.co'
 # Kimi-K2.5's model info is about 60 kB; anything near this is not a model info.
 MAX_MANIFEST_BYTES = 64 << 20
-MAX_FILE_BYTES = 2 ** 63 - 1
+MAX_FILE_BYTES = 2**63 - 1
 READ_CHUNK = 1 << 16
 
 # Matched with fullmatch: '$' would also match before a final line break.
@@ -52,7 +47,7 @@ class ManifestError(Exception):
     """The manifest cannot be had or read; the message names where it came from and why."""
 
 
-class ManifestFile(object):
+class ManifestFile:
     """One file of the revision: its size and the digest its content must have."""
 
     def __init__(self, name, size, algorithm, digest):
@@ -62,7 +57,7 @@ class ManifestFile(object):
         self.digest = digest
 
 
-class Manifest(object):
+class Manifest:
     """A revision's commit and its files {rfilename: ManifestFile}."""
 
     def __init__(self, revision, files):
@@ -89,19 +84,23 @@ def revision_problem(revision, allow_unpinned=False, repo_id=None):
         return None if revision.strip() else 'revision must not be empty'
     repo = repo_id if repo_id and repo_id.isprintable() else 'REPO'
     ref = revision if revision.isprintable() else 'BRANCH'
-    return ('revision %s is not a commit: a branch or tag can move, and then nodes fetch different files. '
-            'Give the full 40-hex commit it points to now: `hf models info %s --revision %s --expand sha --json`, '
-            'huggingface_hub.model_info(%r, revision=%r).sha, or the commit history on the repository\'s '
-            'web page (Files and versions, History); allow_unpinned_revision=true accepts a branch or tag anyway'
-            % (_shown(revision), repo, ref, repo, ref))
+    return (
+        'revision %s is not a commit: a branch or tag can move, and then nodes fetch different files. '
+        'Give the full 40-hex commit it points to now: `hf models info %s --revision %s --expand sha --json`, '
+        "huggingface_hub.model_info(%r, revision=%r).sha, or the commit history on the repository's "
+        'web page (Files and versions, History); allow_unpinned_revision=true accepts a branch or tag anyway'
+        % (_shown(revision), repo, ref, repo, ref)
+    )
 
 
 def repo_id_problem(repo_id):
     """Why ``repo_id`` is no Hub repository id, or None."""
     if _REPO_ID.fullmatch(repo_id) and '..' not in repo_id and '--' not in repo_id and not repo_id.endswith(('.', '-')):
         return None
-    return ("repo_id %s is not a Hub repository id: NAMESPACE/NAME of letters, digits, '_', '-' and '.' "
-            "(for example moonshotai/Kimi-K2.5)" % _shown(repo_id))
+    return (
+        "repo_id %s is not a Hub repository id: NAMESPACE/NAME of letters, digits, '_', '-' and '.' "
+        '(for example moonshotai/Kimi-K2.5)' % _shown(repo_id)
+    )
 
 
 def endpoint_problem(endpoint):
@@ -145,8 +144,10 @@ def _file_entry(sibling, where, position):
     if problem:
         raise ManifestError('%s: siblings[%d].rfilename %s %s' % (where, position, _shown(name), problem))
     if 'size' not in sibling or ('blobId' not in sibling and not sibling.get('lfs')):
-        raise ManifestError('%s: %s has no size and blobId: the manifest must be the model info with blob metadata '
-                            '(?blobs=true, files_metadata=True)' % (where, name))
+        raise ManifestError(
+            '%s: %s has no size and blobId: the manifest must be the model info with blob metadata '
+            '(?blobs=true, files_metadata=True)' % (where, name)
+        )
     size = _byte_count(sibling['size'])
     if size is None:
         raise ManifestError('%s: %s has size %s, not a byte count' % (where, name, _shown(sibling['size'])))
@@ -169,19 +170,21 @@ def parse_manifest(data, where):
     try:
         doc = json.loads(data.decode('utf-8'))
     except UnicodeDecodeError as exc:
-        raise ManifestError('%s is not UTF-8 text: %s' % (where, exc))
+        raise ManifestError('%s is not UTF-8 text: %s' % (where, exc)) from exc
     except ValueError as exc:
-        raise ManifestError('%s is not valid JSON: %s' % (where, exc))
+        raise ManifestError('%s is not valid JSON: %s' % (where, exc)) from exc
     except RecursionError:
-        raise ManifestError('%s is nested too deeply to be read as JSON' % where)
+        raise ManifestError('%s is nested too deeply to be read as JSON' % where) from None
     if not isinstance(doc, dict):
-        raise ManifestError('%s does not hold a JSON object (the Hub\'s model info)' % where)
+        raise ManifestError("%s does not hold a JSON object (the Hub's model info)" % where)
     revision = doc.get('sha')
     if not isinstance(revision, str) or not _HEX40.fullmatch(revision):
-        raise ManifestError('%s has sha %s, not the 40-hex commit of the revision it describes' % (where, _shown(revision)))
+        raise ManifestError(
+            '%s has sha %s, not the 40-hex commit of the revision it describes' % (where, _shown(revision))
+        )
     siblings = doc.get('siblings')
     if not isinstance(siblings, list):
-        raise ManifestError('%s has siblings %s, not the list of the revision\'s files' % (where, _shown(siblings)))
+        raise ManifestError("%s has siblings %s, not the list of the revision's files" % (where, _shown(siblings)))
     files = {}
     for position, sibling in enumerate(siblings):
         entry = _file_entry(sibling, where, position)
@@ -197,9 +200,9 @@ def read_manifest_file(path):
         with open_regular(path) as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except CheckpointError as exc:
-        raise ManifestError('manifest %s' % exc)
-    except (IOError, OSError) as exc:
-        raise ManifestError('cannot read manifest %s: %s' % (path, exc.strerror or exc))
+        raise ManifestError('manifest %s' % exc) from exc
+    except OSError as exc:
+        raise ManifestError('cannot read manifest %s: %s' % (path, exc.strerror or exc)) from exc
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError('manifest %s is larger than %d bytes: not a model info' % (path, MAX_MANIFEST_BYTES))
     return parse_manifest(data, 'manifest %s' % path)
@@ -228,15 +231,23 @@ def _status_problem(status, headers, body, url, repo_id, revision, token):
         hub_says = body[:200].decode('utf-8', 'replace').strip()
     detail = ' (the Hub says: %s)' % _mask(hub_says, token)[:300] if hub_says else ''
     if status == 401:
-        cause = ('the token was refused' if token else
-                 'the repository is private or gated and needs a token (token, or HF_TOKEN on the host)')
+        cause = (
+            'the token was refused'
+            if token
+            else 'the repository is private or gated and needs a token (token, or HF_TOKEN on the host)'
+        )
     elif status == 403:
-        cause = 'the token has no access to %s (a gated repository: accept its conditions on the Hub with this account)' % repo_id
+        cause = (
+            'the token has no access to %s (a gated repository: accept its conditions on the Hub with this account)'
+            % repo_id
+        )
     elif status == 404:
         cause = 'no repository %s, or no revision %s in it' % (repo_id, revision)
     elif status in (301, 302, 303, 307, 308):
-        cause = ('a redirect to %s, which is not followed (the token would go along): '
-                 'was the repository renamed? Use its new name' % (headers.get('Location') if headers is not None else '?'))
+        cause = (
+            'a redirect to %s, which is not followed (the token would go along): '
+            'was the repository renamed? Use its new name' % (headers.get('Location') if headers is not None else '?')
+        )
     else:
         cause = 'the Hub did not give the model info'
     return '%s answered HTTP %d: %s%s' % (url, status, cause, detail)
@@ -252,8 +263,15 @@ def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate
     try:
         with deadline(timeout):
             try:
-                response = open_url(url, headers=headers, method='GET', timeout=timeout, validate_certs=validate_certs,
-                                    follow_redirects='none', decompress=False)
+                response = open_url(
+                    url,
+                    headers=headers,
+                    method='GET',
+                    timeout=timeout,
+                    validate_certs=validate_certs,
+                    follow_redirects='none',
+                    decompress=False,
+                )
             except HTTPError as exc:
                 response = exc
             try:
@@ -262,10 +280,12 @@ def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate
             finally:
                 response.close()
     except DeadlinePassed:
-        raise ManifestError('%s gave no complete answer within %d s' % (url, timeout))
+        raise ManifestError('%s gave no complete answer within %d s' % (url, timeout)) from None
     except (URLError, HTTPException, OSError, ValueError) as exc:
         reason = getattr(exc, 'reason', None) or exc
-        raise ManifestError('cannot fetch %s: %s (after %.1f s)' % (url, _mask(str(reason), token), time.monotonic() - started))
+        raise ManifestError(
+            'cannot fetch %s: %s (after %.1f s)' % (url, _mask(str(reason), token), time.monotonic() - started)
+        ) from exc
     if body is None:
         raise ManifestError('%s answered more than %d bytes: not a model info' % (url, MAX_MANIFEST_BYTES))
     if status != 200:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -7,9 +6,6 @@
 
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, is_mla
 from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_field, config_int
@@ -38,6 +34,7 @@ def kv_bytes_per_token(config, dtype_bytes, tp):
     and grouped-query attention split KV heads across ranks, each holding ceil(kv/TP).
     DeepSeek configs carry head_dim and num_key_value_heads too: MLA wins.
     """
+
     def required(key):
         value = config_int(config, key)
         if value is None:
@@ -54,7 +51,9 @@ def kv_bytes_per_token(config, dtype_bytes, tp):
         hidden = config_int(config, 'hidden_size')
         head_dim = hidden // heads if hidden and heads else None
     if not kv or not head_dim:
-        raise PreflightError('%s lacks num_attention_heads/num_key_value_heads/head_dim: cannot size the KV cache' % CONFIG_NAME)
+        raise PreflightError(
+            '%s lacks num_attention_heads/num_key_value_heads/head_dim: cannot size the KV cache' % CONFIG_NAME
+        )
     return 2 * ceil_div(kv, tp) * head_dim * dtype_bytes * layers, 'standard'
 
 
@@ -78,8 +77,10 @@ def utilization_for(needed_kv, weights, reserve, total):
 
 def misfit_message(max_model_len, needed, available, fit):
     """vLLM's own words (kv_cache_utils._check_enough_kv_cache_memory)."""
-    msg = ("To serve at least one request with the model's max seq len (%d), (%s GiB KV cache is needed, "
-           "which is larger than the available KV cache memory (%s GiB). " % (max_model_len, gib(needed), gib(available)))
+    msg = (
+        "To serve at least one request with the model's max seq len (%d), (%s GiB KV cache is needed, "
+        'which is larger than the available KV cache memory (%s GiB). ' % (max_model_len, gib(needed), gib(available))
+    )
     if fit > 0:
         msg += 'Based on the available memory, the estimated maximum model length is %d. ' % fit
     return msg

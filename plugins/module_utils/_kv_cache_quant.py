@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -12,9 +11,6 @@ quantization keys, plan the edits in memory, render them into the original
 text (only the value changes, every other byte stays), keep the record that
 undoes them, and predict what vLLM 0.32.0 makes of ``--kv-cache-dtype auto``.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import copy
 import json
@@ -95,9 +91,9 @@ def parse_json(text, where):
     try:
         value = json.loads(text)
     except RecursionError:
-        raise deep
+        raise deep from None
     except ValueError as exc:
-        raise KvCacheQuantError('%s is not valid JSON: %s' % (where, exc))
+        raise KvCacheQuantError('%s is not valid JSON: %s' % (where, exc)) from exc
     if too_deep(value):
         raise deep
     return value
@@ -123,7 +119,7 @@ def read_bytes(full, where):
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc))
+        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc)) from exc
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -137,10 +133,11 @@ def read_bytes(full, where):
                 return data
             data += chunk
             size = max(size, len(data))
-        raise KvCacheQuantError('%s has %d bytes, more than a config file may have (%d)'
-                                % (where, size, MAX_FILE_BYTES))
+        raise KvCacheQuantError(
+            '%s has %d bytes, more than a config file may have (%d)' % (where, size, MAX_FILE_BYTES)
+        )
     except OSError as exc:
-        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc))
+        raise KvCacheQuantError('cannot read %s: %s' % (where, exc.strerror or exc)) from exc
     finally:
         os.close(fd)
 
@@ -151,10 +148,10 @@ def read_text(full, where):
     try:
         return data.decode('utf-8')
     except UnicodeDecodeError as exc:
-        raise KvCacheQuantError('%s is not UTF-8 text: %s' % (where, exc))
+        raise KvCacheQuantError('%s is not UTF-8 text: %s' % (where, exc)) from exc
 
 
-class ConfigFile(object):
+class ConfigFile:
     """One config file of the checkpoint as read from disk."""
 
     def __init__(self, name, full, text, doc, link):
@@ -194,8 +191,8 @@ def check_directory(path):
         info = os.stat(path)
     except OSError as exc:
         if not os.path.lexists(path):
-            raise KvCacheQuantError('checkpoint directory %s does not exist' % path)
-        raise KvCacheQuantError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc))
+            raise KvCacheQuantError('checkpoint directory %s does not exist' % path) from exc
+        raise KvCacheQuantError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc)) from exc
     if not stat.S_ISDIR(info.st_mode):
         raise KvCacheQuantError('checkpoint path %s is not a directory' % path)
 
@@ -208,8 +205,9 @@ def _section(doc, keys, where):
         if node is None:
             return None
         if not isinstance(node, dict):
-            raise KvCacheQuantError('%s: %s must be a JSON object, not %s'
-                                    % (where, '.'.join(keys[:depth + 1]), json_type(node)))
+            raise KvCacheQuantError(
+                '%s: %s must be a JSON object, not %s' % (where, '.'.join(keys[: depth + 1]), json_type(node))
+            )
     return node
 
 
@@ -239,8 +237,12 @@ def find_kv_entries(name, doc, where):
 
 def kv_key_paths(name):
     """Every key path find_kv_entries() looks at in the config file ``name``."""
-    return set(section + inner + (key,) for section in KV_SECTIONS[name]
-               for inner in ((), ('quantization',)) for key in KV_KEYS)
+    return set(
+        section + inner + (key,)
+        for section in KV_SECTIONS[name]
+        for inner in ((), ('quantization',))
+        for key in KV_KEYS
+    )
 
 
 def classify(value):
@@ -287,11 +289,11 @@ def value_span(text, keys):
     start = _skip_ws(text, 0)
     end = None
     for key in keys:
-        if text[start:start + 1] != '{':
+        if text[start : start + 1] != '{':
             raise KeyError(key)
         pos = _skip_ws(text, start + 1)
         found = None
-        if text[pos:pos + 1] != '}':
+        if text[pos : pos + 1] != '}':
             while True:
                 name, pos = scanstring(text, pos + 1)
                 pos = _skip_ws(text, pos)
@@ -368,7 +370,7 @@ def utc_now():
     return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
 
 
-class FilePlan(object):
+class FilePlan:
     """The planned edit of one config file."""
 
     def __init__(self, config_file, changes, new_text, new_doc, relink=None):
@@ -382,8 +384,7 @@ class FilePlan(object):
     def result(self):
         return {
             'path': self.file.full,
-            'changes': [{'key': dotted(c['keys']), 'before': c['before'], 'after': c['after']}
-                        for c in self.changes],
+            'changes': [{'key': dotted(c['keys']), 'before': c['before'], 'after': c['after']} for c in self.changes],
         }
 
 
@@ -405,12 +406,14 @@ def plan_strip(path, files, record, now=None):
         for keys, value in find_kv_entries(name, config_file.doc, where):
             kind = classify(value)
             if kind == 'other':
-                warnings.append('%s: %s is %s, not an FP8 KV cache; left unchanged'
-                                % (where, dotted(keys), compact(value)))
+                warnings.append(
+                    '%s: %s is %s, not an FP8 KV cache; left unchanged' % (where, dotted(keys), compact(value))
+                )
             elif kind == 'fp8':
                 start, end = value_span(config_file.text, keys)
-                changes.append({'keys': keys, 'before': value, 'after': None,
-                                'before_text': config_file.text[start:end]})
+                changes.append(
+                    {'keys': keys, 'before': value, 'after': None, 'before_text': config_file.text[start:end]}
+                )
         if not changes:
             continue
         new_text, new_doc = apply_changes(config_file.text, config_file.doc, changes, where)
@@ -418,19 +421,20 @@ def plan_strip(path, files, record, now=None):
         link = config_file.link
         if link is None and record is not None:
             # A file stripped before kept the link it had then in the record.
-            link = next((e.get('symlink') for e in record['entries']
-                         if e['file'] == name and e.get('symlink')), None)
+            link = next((e.get('symlink') for e in record['entries'] if e['file'] == name and e.get('symlink')), None)
         for change in changes:
-            new_entries.append({
-                'file': name,
-                'key': dotted(change['keys']),
-                'path': list(change['keys']),
-                'before': change['before'],
-                'before_text': change['before_text'],
-                'after': None,
-                'symlink': link,
-                'time': now,
-            })
+            new_entries.append(
+                {
+                    'file': name,
+                    'key': dotted(change['keys']),
+                    'path': list(change['keys']),
+                    'before': change['before'],
+                    'before_text': change['before_text'],
+                    'after': None,
+                    'symlink': link,
+                    'time': now,
+                }
+            )
     if not plans:
         return plans, None, warnings
     kept = []
@@ -444,8 +448,10 @@ def new_record(path, entries):
     return {
         'format': RECORD_FORMAT,
         'module': MODULE_NAME,
-        'note': ('KV-cache quantization values that %s state=absent replaced with null; '
-                 'state=present puts them back and removes this file.' % MODULE_NAME),
+        'note': (
+            'KV-cache quantization values that %s state=absent replaced with null; '
+            'state=present puts them back and removes this file.' % MODULE_NAME
+        ),
         'checkpoint': path,
         'entries': entries,
     }
@@ -533,25 +539,31 @@ def plan_restore(path, files, record):
         where = label(name, path)
         config_file = files.get(name)
         if config_file is None:
-            raise KvCacheQuantError('%s lists %s, which is missing'
-                                    % (label(RECORD_NAME, path), where))
+            raise KvCacheQuantError('%s lists %s, which is missing' % (label(RECORD_NAME, path), where))
         keys = tuple(entry['path'])
         try:
             current = get_path(config_file.doc, keys)
         except KeyError:
-            warnings.append('%s: %s no longer exists; %s not restored'
-                            % (where, entry['key'], compact(entry['before'])))
+            warnings.append(
+                '%s: %s no longer exists; %s not restored' % (where, entry['key'], compact(entry['before']))
+            )
             continue
         if canonical(current) == canonical(entry['before']):
             continue
         if current is not None:
-            warnings.append('%s: %s is now %s, not null as stripped; left unchanged'
-                            % (where, entry['key'], compact(current)))
+            warnings.append(
+                '%s: %s is now %s, not null as stripped; left unchanged' % (where, entry['key'], compact(current))
+            )
             continue
-        by_file.setdefault(name, []).append({
-            'keys': keys, 'before': None, 'after': entry['before'],
-            'after_text': entry.get('before_text'), 'symlink': entry.get('symlink'),
-        })
+        by_file.setdefault(name, []).append(
+            {
+                'keys': keys,
+                'before': None,
+                'after': entry['before'],
+                'after_text': entry.get('before_text'),
+                'symlink': entry.get('symlink'),
+            }
+        )
     plans = []
     for name in CONFIG_FILES:
         changes = by_file.get(name)

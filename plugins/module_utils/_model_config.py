@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,16 +7,13 @@
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, text_config
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 
 # Config fields are int64 in vLLM (torch); larger ones are corrupt and would overflow the float arithmetic.
-MAX_CONFIG_INT = 2 ** 63 - 1
+MAX_CONFIG_INT = 2**63 - 1
 
 # Where vLLM looks for the model's longest context, in its order.
 MAX_LENGTH_KEYS = ('max_position_embeddings', 'n_positions', 'max_seq_len', 'seq_length', 'max_sequence_length')
@@ -38,8 +34,9 @@ def checked_int(value, field, minimum=1, maximum=MAX_CONFIG_INT):
     is_int = isinstance(value, int) and not isinstance(value, bool)
     if not is_int or not minimum <= value <= maximum:
         bound = 'at most %d' % maximum if is_int and value > maximum else 'at least %d' % minimum
-        raise PreflightError('%s: %s is %s, where an integer of %s was expected'
-                             % (CONFIG_NAME, field, json.dumps(value)[:500], bound))
+        raise PreflightError(
+            '%s: %s is %s, where an integer of %s was expected' % (CONFIG_NAME, field, json.dumps(value)[:500], bound)
+        )
     return value
 
 

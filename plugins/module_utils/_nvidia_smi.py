@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,9 +7,6 @@
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import math
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
@@ -19,7 +15,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common im
 NVIDIA_SMI_GPU_FIELDS = 'index,name,memory.total,memory.used,compute_cap,driver_version,uuid'
 NVIDIA_SMI_APP_FIELDS = 'pid,process_name,used_memory,gpu_uuid'
 # Larger figures are no GPU's (2**43 MiB is 8 EiB) and would overflow the float arithmetic of the plan.
-MAX_SMI_NUMBER = 2 ** 43
+MAX_SMI_NUMBER = 2**43
 # Seconds each query may take: a healthy driver answers in well under one.
 DEFAULT_NVIDIA_SMI_TIMEOUT = 30
 
@@ -39,7 +35,9 @@ def _int(text, what, line, minimum=0):
         raise PreflightError('nvidia-smi printed %s %r where a number was expected, in line: %s' % (what, text, line))
     if not minimum <= value <= MAX_SMI_NUMBER:
         bound = 'at least %d' % minimum if value < minimum else 'at most %d' % MAX_SMI_NUMBER
-        raise PreflightError('nvidia-smi printed %s %r where a number of %s was expected, in line: %s' % (what, text, bound, line))
+        raise PreflightError(
+            'nvidia-smi printed %s %r where a number of %s was expected, in line: %s' % (what, text, bound, line)
+        )
     return value
 
 
@@ -52,17 +50,21 @@ def parse_gpus(text):
             continue
         cols = [c.strip() for c in line.split(',')]
         if len(cols) != 7:
-            raise PreflightError('nvidia-smi printed %d fields where 7 (%s) were expected, in line: %s'
-                                 % (len(cols), NVIDIA_SMI_GPU_FIELDS, line))
-        gpus.append({
-            'index': _int(cols[0], 'index', line),
-            'name': cols[1],
-            'memory_total_mib': _int(cols[2], 'memory.total', line, minimum=1),
-            'memory_used_mib': _int(cols[3], 'memory.used', line),
-            'compute_capability': cols[4],
-            'driver_version': cols[5],
-            'uuid': cols[6],
-        })
+            raise PreflightError(
+                'nvidia-smi printed %d fields where 7 (%s) were expected, in line: %s'
+                % (len(cols), NVIDIA_SMI_GPU_FIELDS, line)
+            )
+        gpus.append(
+            {
+                'index': _int(cols[0], 'index', line),
+                'name': cols[1],
+                'memory_total_mib': _int(cols[2], 'memory.total', line, minimum=1),
+                'memory_used_mib': _int(cols[3], 'memory.used', line),
+                'compute_capability': cols[4],
+                'driver_version': cols[5],
+                'uuid': cols[6],
+            }
+        )
     return gpus
 
 
@@ -75,13 +77,16 @@ def parse_apps(text):
             continue
         cols = [c.strip() for c in line.split(',')]
         if len(cols) != 4:
-            raise PreflightError('nvidia-smi printed %d fields where 4 (%s) were expected, in line: %s'
-                                 % (len(cols), NVIDIA_SMI_APP_FIELDS, line))
+            raise PreflightError(
+                'nvidia-smi printed %d fields where 4 (%s) were expected, in line: %s'
+                % (len(cols), NVIDIA_SMI_APP_FIELDS, line)
+            )
         used = _number(cols[2])  # None for "[N/A]" or "[Insufficient Permissions]"
         if used is not None and not 0 <= used <= MAX_SMI_NUMBER:
             used = None
-        apps.append({'pid': _int(cols[0], 'pid', line), 'process_name': cols[1],
-                     'used_memory_mib': used, 'gpu_uuid': cols[3]})
+        apps.append(
+            {'pid': _int(cols[0], 'pid', line), 'process_name': cols[1], 'used_memory_mib': used, 'gpu_uuid': cols[3]}
+        )
     return apps
 
 
@@ -93,10 +98,12 @@ def query_nvidia_smi(run, nvidia_smi):
         try:
             rc, out, err = run(argv)
         except OSError as exc:
-            raise PreflightError('cannot run %s: %s (is the NVIDIA driver installed? set nvidia_smi_path)'
-                                 % (nvidia_smi, exc.strerror or exc))
+            raise PreflightError(
+                'cannot run %s: %s (is the NVIDIA driver installed? set nvidia_smi_path)'
+                % (nvidia_smi, exc.strerror or exc)
+            ) from exc
         except CommandTimeout as exc:
-            raise PreflightError('%s: is the NVIDIA driver hung? (nvidia_smi_timeout sets the deadline)' % exc)
+            raise PreflightError('%s: is the NVIDIA driver hung? (nvidia_smi_timeout sets the deadline)' % exc) from exc
         if rc < 0:
             raise PreflightError('%s was killed by signal %d' % (' '.join(argv), -rc))
         if rc != 0:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,11 +7,8 @@
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+GIB = 1024**3
+MIB = 1024**2
 
 
 class PreflightError(Exception):

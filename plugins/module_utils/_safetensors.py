@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -11,9 +10,6 @@ A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
 ({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}), then the
 tensor data. Only the header is read, so a 540 GB checkpoint is sized in milliseconds.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import gc
 import json
@@ -30,13 +26,32 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 # Bits per element of each safetensors dtype (safetensors/src/tensor.rs, Dtype::bitsize).
-DTYPE_BITS = {'F4': 4, 'F6_E2M3': 6, 'F6_E3M2': 6, 'BOOL': 8, 'U8': 8, 'I8': 8, 'F8_E5M2': 8, 'F8_E4M3': 8,
-              'F8_E8M0': 8, 'I16': 16, 'U16': 16, 'F16': 16, 'BF16': 16, 'I32': 32, 'U32': 32, 'F32': 32,
-              'I64': 64, 'U64': 64, 'F64': 64, 'C64': 64}
+DTYPE_BITS = {
+    'F4': 4,
+    'F6_E2M3': 6,
+    'F6_E3M2': 6,
+    'BOOL': 8,
+    'U8': 8,
+    'I8': 8,
+    'F8_E5M2': 8,
+    'F8_E4M3': 8,
+    'F8_E8M0': 8,
+    'I16': 16,
+    'U16': 16,
+    'F16': 16,
+    'BF16': 16,
+    'I32': 32,
+    'U32': 32,
+    'F32': 32,
+    'I64': 64,
+    'U64': 64,
+    'F64': 64,
+    'C64': 64,
+}
 # Offsets are u64 in safetensors.
-OFFSET_LIMIT = 2 ** 64
+OFFSET_LIMIT = 2**64
 # A byte count of one checkpoint, as vLLM's int64 arithmetic holds it.
-MAX_TOTAL_SIZE = 2 ** 63 - 1
+MAX_TOTAL_SIZE = 2**63 - 1
 
 
 def _is_int(value):
@@ -58,8 +73,12 @@ def entry_problem(info):
     if not isinstance(info, dict) or not all(k in info for k in ('dtype', 'shape', 'data_offsets')):
         return _shown(info)
     offsets = info['data_offsets']
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] < OFFSET_LIMIT):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(o) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1] < OFFSET_LIMIT
+    ):
         return 'data_offsets %s are not two integers 0 <= begin <= end < 2**64' % _shown(offsets)
     dtype = info['dtype']
     bits = DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
@@ -74,11 +93,17 @@ def entry_problem(info):
     nbytes = offsets[1] - offsets[0]
     if elements * bits != nbytes * 8:
         takes = '%d bytes' % (elements * bits // 8) if elements * bits % 8 == 0 else '%d bits' % (elements * bits)
-        return 'shape %s of %s takes %s, data_offsets %s hold %d' % (_shown(shape), dtype, takes, _shown(offsets), nbytes)
+        return 'shape %s of %s takes %s, data_offsets %s hold %d' % (
+            _shown(shape),
+            dtype,
+            takes,
+            _shown(offsets),
+            nbytes,
+        )
     return None
 
 
-class Shard(object):
+class Shard:
     """One safetensors file's header: tensors {name: nbytes} and sizes."""
 
     def __init__(self, path, tensors, header_bytes, data_bytes, file_bytes):
@@ -99,21 +124,29 @@ def read_header(path):
             file_bytes = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
-                raise CheckpointError('%s is truncated: %d bytes, shorter than the 8-byte header length' % (path, len(head)))
+                raise CheckpointError(
+                    '%s is truncated: %d bytes, shorter than the 8-byte header length' % (path, len(head))
+                )
             (n,) = struct.unpack('<Q', head)
             if n > MAX_HEADER_BYTES:
-                raise CheckpointError('%s has a header length of %d bytes, above the 100 MB safetensors limit: not a safetensors file or corrupt' % (path, n))
+                raise CheckpointError(
+                    '%s has a header length of %d bytes, above the 100 MB safetensors limit: not a safetensors file or corrupt'
+                    % (path, n)
+                )
             if 8 + n > file_bytes:
-                raise CheckpointError('%s is truncated: its header length %d reaches beyond the end of the file (%d bytes)' % (path, n, file_bytes))
+                raise CheckpointError(
+                    '%s is truncated: its header length %d reaches beyond the end of the file (%d bytes)'
+                    % (path, n, file_bytes)
+                )
             raw = f.read(n)
-    except (IOError, OSError) as exc:
-        raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc))
+    except OSError as exc:
+        raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc)) from exc
     try:
         header = json.loads(raw.decode('utf-8'))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError('%s has an invalid header (not JSON): %s' % (path, exc))
+        raise CheckpointError('%s has an invalid header (not JSON): %s' % (path, exc)) from exc
     except RecursionError:
-        raise CheckpointError('%s has an invalid header (nested too deeply)' % path)
+        raise CheckpointError('%s has an invalid header (nested too deeply)' % path) from None
     if not isinstance(header, dict):
         raise CheckpointError('%s has an invalid header: a JSON object was expected' % path)
     tensors = {}
@@ -129,23 +162,33 @@ def read_header(path):
             elements = 1
             for d in shape:
                 elements *= d
-            valid = (isinstance(begin, int) and isinstance(end, int) and isinstance(elements, int)
-                     and 0 <= begin <= end < OFFSET_LIMIT and min(shape, default=0) >= 0
-                     and elements * DTYPE_BITS[info['dtype']] == (end - begin) * 8)
+            valid = (
+                isinstance(begin, int)
+                and isinstance(end, int)
+                and isinstance(elements, int)
+                and 0 <= begin <= end < OFFSET_LIMIT
+                and min(shape, default=0) >= 0
+                and elements * DTYPE_BITS[info['dtype']] == (end - begin) * 8
+            )
         except (KeyError, TypeError, ValueError):
             valid = False
         if not valid:
-            raise CheckpointError('%s has an invalid header entry for tensor %s: %s' % (path, name, entry_problem(info)))
+            raise CheckpointError(
+                '%s has an invalid header entry for tensor %s: %s' % (path, name, entry_problem(info))
+            )
         tensors[name] = end - begin
         if end > data_end:
             data_end = end
     expected = 8 + n + data_end
     if file_bytes < expected:
-        raise CheckpointError('%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)' % (path, file_bytes, expected))
+        raise CheckpointError(
+            '%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)'
+            % (path, file_bytes, expected)
+        )
     return Shard(path, tensors, 8 + n, data_end, file_bytes)
 
 
-class Checkpoint(object):
+class Checkpoint:
     """What the preflight knows of a checkpoint's weights.
 
     ``tensors``: {name: bytes} when sizes are known (from headers), else {name: None}
@@ -238,18 +281,24 @@ def _scan_with_index(model_path, index_path):
     if meta.get('total_size') is not None:
         ckpt.index_total_size = _byte_count(meta['total_size'])
         if ckpt.index_total_size is None:
-            raise CheckpointError('%s has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): %s'
-                                  % (index_path, _shown(meta['total_size'])))
+            raise CheckpointError(
+                '%s has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): %s'
+                % (index_path, _shown(meta['total_size']))
+            )
     for tname, shard_name in weight_map.items():
         if not isinstance(shard_name, str):
-            raise CheckpointError('%s maps tensor %s to %s, where a shard file name was expected'
-                                  % (index_path, tname, _shown(shard_name)))
+            raise CheckpointError(
+                '%s maps tensor %s to %s, where a shard file name was expected'
+                % (index_path, tname, _shown(shard_name))
+            )
     shard_names = sorted(set(weight_map.values()))
     present = [s for s in shard_names if os.path.exists(os.path.join(model_path, s))]
     if not present:
         # Planning before the download: the index alone.
         if ckpt.index_total_size is None:
-            raise CheckpointError('%s names %d shards, none present, and has no metadata.total_size' % (index_path, len(shard_names)))
+            raise CheckpointError(
+                '%s names %d shards, none present, and has no metadata.total_size' % (index_path, len(shard_names))
+            )
         ckpt.source = 'index'
         ckpt.tensors = dict((name, None) for name in weight_map)
         ckpt.total_bytes = ckpt.index_total_size
@@ -264,7 +313,7 @@ def _scan_with_index(model_path, index_path):
         _add_shard(ckpt, path)
     if ckpt.missing or ckpt.problems:
         # Count what the index promises so the plan is for the whole model.
-        for tname, shard_name in weight_map.items():
+        for tname in weight_map:
             ckpt.tensors.setdefault(tname, None)
     ckpt.total_bytes = sum(b for b in ckpt.tensors.values() if b)
     if (ckpt.missing or ckpt.problems) and ckpt.index_total_size:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -7,9 +6,6 @@
 
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import re
 
@@ -76,9 +72,17 @@ def estimated_replicated_bytes(config):
     if not is_mla(config):
         return 0
     hidden, layers, q_lora, kv_lora, rope, experts, dense = (
-        config_int(config, key, minimum=0, missing=0) for key in (
-            'hidden_size', 'num_hidden_layers', 'q_lora_rank', 'kv_lora_rank', 'qk_rope_head_dim', 'n_routed_experts',
-            'first_k_dense_replace'))
+        config_int(config, key, minimum=0, missing=0)
+        for key in (
+            'hidden_size',
+            'num_hidden_layers',
+            'q_lora_rank',
+            'kv_lora_rank',
+            'qk_rope_head_dim',
+            'n_routed_experts',
+            'first_k_dense_replace',
+        )
+    )
     return layers * hidden * (q_lora + kv_lora + rope) * 2 + max(layers - dense, 0) * experts * hidden * 2
 
 
@@ -97,8 +101,11 @@ def weights_per_gpu(tensors, total_bytes, config, tp, pp):
     counted. Returns (bytes, estimated) where estimated says sizes were missing.
     """
     num_layers = config_int(config, 'num_hidden_layers', missing=0)
-    kv_heads = None if is_mla(config) else (config_int(config, 'num_key_value_heads')
-                                            or config_int(config, 'num_attention_heads'))
+    kv_heads = (
+        None
+        if is_mla(config)
+        else (config_int(config, 'num_key_value_heads') or config_int(config, 'num_attention_heads'))
+    )
     if pp == 1:
         per_stage, known = _weights_one_stage(tensors, config, tp, num_layers, kv_heads)
     else:
@@ -130,7 +137,7 @@ def _weights_one_stage(tensors, config, tp, num_layers, kv_heads):
 
 def _weights_per_stage(tensors, tp, pp, num_layers, kv_heads):
     """([bytes per GPU of each pipeline stage], bytes of known size)."""
-    stages = pp_partitions(num_layers, pp) if num_layers and pp > 1 else [(0, num_layers or 10 ** 9)]
+    stages = pp_partitions(num_layers, pp) if num_layers and pp > 1 else [(0, num_layers or 10**9)]
     stage_of = {}
     for i, (s, e) in enumerate(stages):
         for layer in range(s, min(e, s + 100000)):
@@ -167,7 +174,7 @@ def _layer_number(name):
     # String operations, not a regex: this runs once for each of 280,000 tensors.
     at = name.find('layers.')
     if at >= 0 and (at == 0 or name[at - 1] == '.') and not name.startswith(_VISION):
-        digits = name[at + 7:name.find('.', at + 7)]
+        digits = name[at + 7 : name.find('.', at + 7)]
         if digits.isdigit():
             return int(digits)
     return None

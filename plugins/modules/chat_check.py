@@ -1,13 +1,9 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: chat_check
 short_description: Wait for a vLLM endpoint and judge one chat completion
@@ -153,9 +149,9 @@ notes:
 seealso:
   - module: ansible.builtin.uri
   - module: ansible.builtin.wait_for
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Ensure vLLM answers the capital of France
   llmserve.vllm.chat_check:
     url: http://127.0.0.1:8000
@@ -174,9 +170,9 @@ EXAMPLES = r'''
       chat_template_kwargs:
         thinking: false
     timeout: 3600
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 url:
   description: The base URL that was checked.
   returned: always
@@ -278,7 +274,7 @@ journal:
   elements: str
   sample:
     - "ValueError: To serve at least one request with the model's max seq len (262144), ..."
-'''
+"""
 
 from urllib.parse import urlsplit
 
@@ -329,8 +325,13 @@ def validate(module):
         return problem
     if not 0 < p['interval'] <= MAX_INTERVAL:
         return 'interval must be more than 0 and at most %s seconds, got %s' % (MAX_INTERVAL, p['interval'])
-    for name, low in (('timeout', 1), ('request_timeout', 1), ('max_tokens', 1),
-                      ('max_restarts', 0), ('journal_lines', 0)):
+    for name, low in (
+        ('timeout', 1),
+        ('request_timeout', 1),
+        ('max_tokens', 1),
+        ('max_restarts', 0),
+        ('journal_lines', 0),
+    ):
         if p[name] < low:
             return '%s must be at least %d, got %d' % (name, low, p[name])
     for name in ('timeout', 'request_timeout'):
@@ -347,9 +348,11 @@ def unit_probe(module, unit, api_key):
         try:
             rc, out, err = command.run(argv, seconds)
         except command.CommandTimeout:
-            raise CheckFailed('systemctl show %s did not finish within %s s' % (unit, format_seconds(seconds)))
+            raise CheckFailed(
+                'systemctl show %s did not finish within %s s' % (unit, format_seconds(seconds))
+            ) from None
         except (command.CommandError, OSError) as exc:
-            raise CheckFailed('systemctl show %s failed: %s' % (unit, exc))
+            raise CheckFailed('systemctl show %s failed: %s' % (unit, exc)) from exc
         if rc != 0:
             raise CheckFailed('systemctl show %s failed (rc=%d): %s' % (unit, rc, mask((err or out).strip(), api_key)))
         return parse_unit_show(out)
@@ -406,14 +409,22 @@ def main():
     unit = p['unit']
     api_key = p['api_key']
     check = ChatCheck(
-        http=make_transport(p['url'], api_key=api_key, validate_certs=p['validate_certs'],
-                            use_proxy=p['use_proxy']),
-        url=p['url'], model=p['model'], prompt=p['prompt'], expect=p['expect'], max_tokens=p['max_tokens'],
-        timeout=p['timeout'], interval=p['interval'], request_timeout=p['request_timeout'],
-        api_key_set=bool(api_key), extra_body=p['extra_body'],
-        unit=unit, probe_unit=unit_probe(module, unit, api_key) if unit else None,
+        http=make_transport(p['url'], api_key=api_key, validate_certs=p['validate_certs'], use_proxy=p['use_proxy']),
+        url=p['url'],
+        model=p['model'],
+        prompt=p['prompt'],
+        expect=p['expect'],
+        max_tokens=p['max_tokens'],
+        timeout=p['timeout'],
+        interval=p['interval'],
+        request_timeout=p['request_timeout'],
+        api_key_set=bool(api_key),
+        extra_body=p['extra_body'],
+        unit=unit,
+        probe_unit=unit_probe(module, unit, api_key) if unit else None,
         read_journal=journal_reader(module, unit, api_key) if unit else None,
-        max_restarts=p['max_restarts'], journal_lines=p['journal_lines'],
+        max_restarts=p['max_restarts'],
+        journal_lines=p['journal_lines'],
     )
     try:
         result = check.run()

@@ -1,13 +1,9 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: checkpoint_verify
 short_description: Verify a model checkpoint file by file against the Hugging Face Hub's manifest of a revision
@@ -116,9 +112,9 @@ seealso:
   - name: Hub API, model info
     description: The endpoint the manifest comes from.
     link: https://huggingface.co/docs/hub/api#get-apimodelsrepoid-or-apimodelsrepoidrevisionrevision
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Ensure the checkpoint is exactly the pinned revision of the Hub repository
   llmserve.vllm.checkpoint_verify:
     path: /models/Kimi-K2.5-NVFP4
@@ -144,9 +140,9 @@ EXAMPLES = r'''
     ignore:
       - .cache/huggingface/**
       - original/**
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 ok:
   description: Whether the checkpoint matches the manifest (the module fails otherwise).
   returned: always
@@ -220,7 +216,7 @@ elapsed:
   returned: always
   type: float
   sample: 0.21
-'''
+"""
 
 import os
 import time
@@ -280,18 +276,31 @@ def load_manifest(params):
         manifest = read_manifest_file(params['manifest'])
         wanted = params['revision']
         if wanted is not None and revision_problem(wanted) is None and manifest.revision != wanted:
-            raise ManifestError('manifest %s describes commit %s, not revision %s' % (params['manifest'], manifest.revision, wanted))
+            raise ManifestError(
+                'manifest %s describes commit %s, not revision %s' % (params['manifest'], manifest.revision, wanted)
+            )
         return manifest
-    return fetch_manifest(params['endpoint'] or DEFAULT_ENDPOINT, params['repo_id'], params['revision'],
-                          token=params['token'], timeout=params['timeout'], validate_certs=params['validate_certs'])
+    return fetch_manifest(
+        params['endpoint'] or DEFAULT_ENDPOINT,
+        params['repo_id'],
+        params['revision'],
+        token=params['token'],
+        timeout=params['timeout'],
+        validate_certs=params['validate_certs'],
+    )
 
 
 def failure_message(path, source, report):
     shown = '; '.join('%s: %s (%s)' % (p['file'], p['kind'], p['detail']) for p in report.problems[:SHOWN_PROBLEMS])
     more = len(report.problems) - SHOWN_PROBLEMS
-    return ('checkpoint %s does not match %s: %d problem%s: %s%s'
-            % (path, source, len(report.problems), '' if len(report.problems) == 1 else 's', shown,
-               '; and %d more in problems' % more if more > 0 else ''))
+    return 'checkpoint %s does not match %s: %d problem%s: %s%s' % (
+        path,
+        source,
+        len(report.problems),
+        '' if len(report.problems) == 1 else 's',
+        shown,
+        '; and %d more in problems' % more if more > 0 else '',
+    )
 
 
 def main():
@@ -348,9 +357,16 @@ def main():
     for warning in warnings:
         if warning:
             module.warn(warning)
-    result.update(ok=report.ok, problems=report.problems, files=report.files, bytes=report.bytes,
-                  revision=manifest.revision, rewritten_by_kv_cache_quant=report.rewritten,
-                  cache_hits=report.cache_hits, hashed_bytes=report.hashed_bytes)
+    result.update(
+        ok=report.ok,
+        problems=report.problems,
+        files=report.files,
+        bytes=report.bytes,
+        revision=manifest.revision,
+        rewritten_by_kv_cache_quant=report.rewritten,
+        cache_hits=report.cache_hits,
+        hashed_bytes=report.hashed_bytes,
+    )
     if not report.ok:
         fail(failure_message(path, 'revision %s of %s' % (manifest.revision, source), report))
     result.update(fingerprint=report.fingerprint, elapsed=round(time.monotonic() - started, 3))

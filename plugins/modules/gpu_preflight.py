@@ -1,13 +1,9 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: gpu_preflight
 short_description: Predict whether a model fits the GPUs, and with how much context, before vLLM loads it
@@ -185,9 +181,9 @@ seealso:
   - name: vLLM memory usage
     description: How vLLM sizes the KV cache.
     link: https://docs.vllm.ai/en/latest/configuration/conserving_memory/
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Check that Kimi-K2.5 fits the eight GPUs with a 131072-token context
   llmserve.vllm.gpu_preflight:
     model_path: /srv/models/Kimi-K2.5-NVFP4
@@ -211,9 +207,9 @@ EXAMPLES = r'''
     model_path: /srv/models/tiny-chat
     accelerator: cpu
     kv_cache_memory_bytes: 1073741824
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 gpus:
   description: The GPUs planned for (the first O(tensor_parallel_size) × O(pipeline_parallel_size)), with the processes holding their memory.
   returned: always
@@ -335,7 +331,7 @@ warnings:
   elements: str
   sample:
     - per-GPU weights estimated from model.safetensors.index.json without per-tensor sizes (shards not downloaded)
-'''
+"""
 
 import functools
 import os
@@ -368,13 +364,23 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant impo
     shipped_with_fp8_kv_cache,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import MAX_CONFIG_INT
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import DEFAULT_NVIDIA_SMI_TIMEOUT, query_nvidia_smi
+from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import (
+    DEFAULT_NVIDIA_SMI_TIMEOUT,
+    query_nvidia_smi,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
 
 # Integer options and their least values (the optional ones are checked when given).
-INT_OPTIONS = (('tensor_parallel_size', 1), ('pipeline_parallel_size', 1), ('block_size', 1), ('kv_cache_memory_bytes', 0),
-               ('weights_bytes_per_gpu', 0), ('reserve_bytes_per_gpu', 0), ('shm_min_bytes', 0))
+INT_OPTIONS = (
+    ('tensor_parallel_size', 1),
+    ('pipeline_parallel_size', 1),
+    ('block_size', 1),
+    ('kv_cache_memory_bytes', 0),
+    ('weights_bytes_per_gpu', 0),
+    ('reserve_bytes_per_gpu', 0),
+    ('shm_min_bytes', 0),
+)
 # selectors cannot wait much longer than a day, and no nvidia-smi needs that long.
 MAX_NVIDIA_SMI_TIMEOUT = 86400
 
@@ -384,16 +390,23 @@ ARGUMENT_SPEC = dict(
     pipeline_parallel_size=dict(type='int', default=1),
     gpu_memory_utilization=dict(type='float', default=DEFAULT_GPU_MEMORY_UTILIZATION),
     max_model_len=dict(type='raw', default='auto'),
-    kv_cache_dtype=dict(type='str', default='auto',
-                        choices=['auto', 'bfloat16', 'float16', 'half', 'float32', 'fp8', 'fp8_e4m3', 'fp8_e5m2']),
+    kv_cache_dtype=dict(
+        type='str',
+        default='auto',
+        choices=['auto', 'bfloat16', 'float16', 'half', 'float32', 'fp8', 'fp8_e4m3', 'fp8_e5m2'],
+    ),
     kv_cache_memory_bytes=dict(type='int'),
     weights_bytes_per_gpu=dict(type='int'),
-    gpus=dict(type='list', elements='dict', options=dict(
-        name=dict(type='str', required=True),
-        memory_total_mib=dict(type='int', required=True),
-        compute_capability=dict(type='str', required=True),
-        memory_used_mib=dict(type='int', default=0),
-    )),
+    gpus=dict(
+        type='list',
+        elements='dict',
+        options=dict(
+            name=dict(type='str', required=True),
+            memory_total_mib=dict(type='int', required=True),
+            compute_capability=dict(type='str', required=True),
+            memory_used_mib=dict(type='int', default=0),
+        ),
+    ),
     fail_on_misfit=dict(type='bool', default=True),
     accelerator=dict(type='str', default='nvidia', choices=['nvidia', 'cpu']),
     nvidia_smi_path=dict(type='str', default='nvidia-smi'),
@@ -468,8 +481,12 @@ def kv_cache_dtype_info(p, config):
     if p['kv_cache_dtype'] == 'auto' and shipped_with_fp8_kv_cache(p['model_path']):
         # The decision concerns the checkpoint as shipped: judged from the stripped files,
         # a second run would restore the FP8 KV cache that the first one removed.
-        dtype_info = ('fp8', 'the checkpoint as shipped asks for an FP8 KV cache (stripped earlier by '
-                      'llmserve.vllm.kv_cache_quant, see %s)' % RECORD_NAME, dtype_info[2])
+        dtype_info = (
+            'fp8',
+            'the checkpoint as shipped asks for an FP8 KV cache (stripped earlier by '
+            'llmserve.vllm.kv_cache_quant, see %s)' % RECORD_NAME,
+            dtype_info[2],
+        )
     return dtype_info
 
 
@@ -482,8 +499,10 @@ def gpus_and_apps(module, p):
     smi = p['nvidia_smi_path']
     path = smi if os.path.isabs(smi) else module.get_bin_path(smi)
     if not path or not os.path.exists(path):
-        raise PreflightError('%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
-                             'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH'))
+        raise PreflightError(
+            '%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
+            'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH')
+        )
     return query_nvidia_smi(functools.partial(command.run, timeout=p['nvidia_smi_timeout']), path)
 
 
@@ -535,8 +554,11 @@ def main():
     for text in result.pop('warnings'):
         module.warn(text)
     for g in result['gpus']:
-        g['processes'] = [dict(a, ours=belongs_to_service(a['pid'], p['service_name']))
-                          for a in apps if a['gpu_uuid'] == g.get('uuid')]
+        g['processes'] = [
+            dict(a, ours=belongs_to_service(a['pid'], p['service_name']))
+            for a in apps
+            if a['gpu_uuid'] == g.get('uuid')
+        ]
     result['driver_version'] = gpus[0].get('driver_version', '') if gpus else ''
     # No context length at all is no plan to start vLLM with, whatever fail_on_misfit says.
     if result['problems'] and (p['fail_on_misfit'] or result['max_model_len_fit'] == 0):

@@ -1,13 +1,9 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: kv_cache_quant
 short_description: Strip or restore the FP8 KV-cache quantization of a model checkpoint
@@ -91,9 +87,9 @@ seealso:
   - name: vLLM quantized KV cache
     description: How vLLM uses an FP8 KV cache.
     link: https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Ensure the checkpoint does not ask for an FP8 KV cache
   llmserve.vllm.kv_cache_quant:
     path: /models/Kimi-K2.5-NVFP4
@@ -113,9 +109,9 @@ EXAMPLES = r'''
   llmserve.vllm.kv_cache_quant:
     path: /models/Kimi-K2.5-NVFP4
     state: present
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 path:
   description: The checkpoint directory.
   returned: always
@@ -171,7 +167,7 @@ kv_cache_dtype_after:
   returned: always
   type: str
   sample: auto
-'''
+"""
 
 import os
 import time
@@ -213,8 +209,13 @@ def plan(path, state):
         plans, new_record, warnings = plan_strip(path, files, record)
         return files, plans, new_record, warnings, bool(plans)
     if record is None:
-        return files, [], None, ['%s: no record of stripped KV-cache quantization, nothing to restore'
-                                 % label(RECORD_NAME, path)], False
+        return (
+            files,
+            [],
+            None,
+            ['%s: no record of stripped KV-cache quantization, nothing to restore' % label(RECORD_NAME, path)],
+            False,
+        )
     plans, warnings = plan_restore(path, files, record)
     return files, plans, None, warnings, True
 
@@ -240,7 +241,9 @@ def write(path, plans, record, backup):
             transaction.replace(plan.file.full, where, data=plan.new_text.encode('utf-8'))
     if record is not None:
         # Staged after the files, so that a directory that cannot be written is reported by their names.
-        transaction.replace(record_path, label(RECORD_NAME, path), data=render_record(record).encode('utf-8'), first=True)
+        transaction.replace(
+            record_path, label(RECORD_NAME, path), data=render_record(record).encode('utf-8'), first=True
+        )
     if record is None and os.path.lexists(record_path):
         transaction.remove(record_path, label(RECORD_NAME, path))
     transaction.commit()
@@ -254,9 +257,10 @@ def run(module, path, result):
     result['kv_cache_dtype_after'] = checkpoint_kv_cache_dtype(files, plans)
     result['files'] = [plan.result() for plan in plans]
     if module._diff and plans:
-        result['diff'] = [dict(before=plan.file.text, after=plan.new_text,
-                               before_header=plan.file.full, after_header=plan.file.full)
-                          for plan in plans]
+        result['diff'] = [
+            dict(before=plan.file.text, after=plan.new_text, before_header=plan.file.full, after_header=plan.file.full)
+            for plan in plans
+        ]
     if changed and not module.check_mode:
         result['files'] = write(path, plans, new_record, module.params['backup'])
     result['changed'] = changed
@@ -284,7 +288,11 @@ def main():
             warnings = run(module, path, result)
         else:
             with DirectoryLock(path, LOCK_NAME, module.params['lock_timeout'], MODULE_NAME) as lock:
-                warnings = ['removed %s, left by an interrupted run' % stale for stale in remove_stale(path)] if lock.held else []
+                warnings = (
+                    ['removed %s, left by an interrupted run' % stale for stale in remove_stale(path)]
+                    if lock.held
+                    else []
+                )
                 warnings.extend(run(module, path, result))
     except (KvCacheQuantError, FileTransactionError) as exc:
         module.fail_json(msg=str(exc), **result)

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -7,9 +6,6 @@
 `make adversarial` prints them (and writes .build/adversarial-totals.json); every
 outcome other than a clean error or a correct success fails its case.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import collections
 import json
@@ -23,7 +19,7 @@ _TALLY = collections.defaultdict(collections.Counter)
 TOTALS_FILE = os.path.join(os.path.dirname(__file__), '..', '..', '.build', 'adversarial-totals.json')
 
 
-class Verdict(object):
+class Verdict:
     """verdict(module, outcome): records the outcome of the current case and fails it unless it is good."""
 
     def __call__(self, module, outcome, detail=''):
@@ -44,10 +40,18 @@ def pytest_terminal_summary(terminalreporter):
     for module in sorted(_TALLY):
         counts = _TALLY[module]
         totals.update(counts)
-        terminalreporter.write_line('%-18s tried %3d  %s' % (module, sum(counts.values()), ', '.join(
-            '%s %d' % (outcome, counts[outcome]) for outcome in harness.OUTCOMES)))
-    terminalreporter.write_line('%-18s tried %3d  %s' % ('all', sum(totals.values()), ', '.join(
-        '%s %d' % (outcome, totals[outcome]) for outcome in harness.OUTCOMES)))
+        terminalreporter.write_line(
+            '%-18s tried %3d  %s'
+            % (
+                module,
+                sum(counts.values()),
+                ', '.join('%s %d' % (outcome, counts[outcome]) for outcome in harness.OUTCOMES),
+            )
+        )
+    terminalreporter.write_line(
+        '%-18s tried %3d  %s'
+        % ('all', sum(totals.values()), ', '.join('%s %d' % (outcome, totals[outcome]) for outcome in harness.OUTCOMES))
+    )
     os.makedirs(os.path.dirname(TOTALS_FILE), exist_ok=True)
     with open(TOTALS_FILE, 'w') as f:
         json.dump({module: dict(counts) for module, counts in _TALLY.items()}, f, indent=2, sort_keys=True)

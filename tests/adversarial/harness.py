@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -13,11 +12,12 @@ refusal of good input), LEAK (a secret anywhere in the output) and STRAY_FILE
 (something left behind that the case says must not be).
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
+from ansible_collections.llmserve.vllm.tests import support
 
-# The one module runner of the tests, here under the names the adversarial cases use.
-from ansible_collections.llmserve.vllm.tests.support import COLLECTIONS_PATH, Run, run_module  # noqa: F401
+# The one module runner of the tests, under the names the adversarial cases use.
+COLLECTIONS_PATH = support.COLLECTIONS_PATH
+Run = support.Run
+run_module = support.run_module
 
 CLEAN_ERROR = 'clean error'
 CORRECT_SUCCESS = 'correct success'

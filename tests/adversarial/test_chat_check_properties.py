@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,14 +7,11 @@ Each reader either returns a value within its invariants or raises the one error
 (ValueError for the body readers, CheckFailed for the wait); nothing else ever escapes.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
-
 from urllib.parse import urlsplit
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     MASK,
@@ -38,31 +34,38 @@ QUICK = settings(max_examples=200, deadline=None, derandomize=True, database=Non
 
 # JSON values of any shape, with the odd numbers JSON allows Python to write.
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=True) | st.text(max_size=40),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=40),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 ANY = JSON | st.sampled_from(['', 'null', 'x' * 10, 'Paris'])
 # Documents shaped like a chat completion, with any type in any field.
 MESSAGE = st.fixed_dictionaries({}, optional={'content': ANY, 'reasoning': ANY, 'reasoning_content': ANY})
 CHOICE = st.fixed_dictionaries({}, optional={'message': MESSAGE | ANY, 'finish_reason': ANY})
-CHAT = st.fixed_dictionaries({}, optional={
-    'choices': st.lists(CHOICE | ANY, max_size=3) | ANY,
-    'usage': st.fixed_dictionaries({}, optional={'completion_tokens': ANY}) | ANY,
-})
-MODELS = st.fixed_dictionaries({}, optional={
-    'data': st.lists(st.fixed_dictionaries({}, optional={'id': ANY}) | ANY, max_size=4) | ANY})
+CHAT = st.fixed_dictionaries(
+    {},
+    optional={
+        'choices': st.lists(CHOICE | ANY, max_size=3) | ANY,
+        'usage': st.fixed_dictionaries({}, optional={'completion_tokens': ANY}) | ANY,
+    },
+)
+MODELS = st.fixed_dictionaries(
+    {}, optional={'data': st.lists(st.fixed_dictionaries({}, optional={'id': ANY}) | ANY, max_size=4) | ANY}
+)
 
 
 def body(documents):
     """Bodies as a server sends them: the documents as JSON, cut short, or any text at all."""
-    return (documents.map(json.dumps)
-            | documents.map(json.dumps).flatmap(lambda text: st.integers(0, len(text)).map(lambda n: text[:n]))
-            | st.text(max_size=300))
+    return (
+        documents.map(json.dumps)
+        | documents.map(json.dumps).flatmap(lambda text: st.integers(0, len(text)).map(lambda n: text[:n]))
+        | st.text(max_size=300)
+    )
 
 
 def quoted_length_ok(text, limit):
     # quote() keeps `limit` characters and adds a note of what it cut.
-    return len(text) <= limit + len('... (%d more characters)' % 10 ** 9)
+    return len(text) <= limit + len('... (%d more characters)' % 10**9)
 
 
 @QUICK
@@ -71,8 +74,9 @@ def test_parse_chat_returns_a_bounded_reply_or_says_why_not(text):
     try:
         reply = parse_chat(text)
     except ValueError as exc:
-        assert str(exc).startswith(('a body that is not JSON', 'a body without choices', 'a choice without a message',
-                                    'a message whose'))
+        assert str(exc).startswith(
+            ('a body that is not JSON', 'a body without choices', 'a choice without a message', 'a message whose')
+        )
         assert len(str(exc)) < 600
         return
     assert isinstance(reply['answer'], str) and len(reply['answer']) <= MAX_ANSWER_CHARS
@@ -104,8 +108,9 @@ def test_parse_models_returns_names_or_says_why_not(text):
     assert all(isinstance(name, str) and name for name in ids)
 
 
-ERROR = st.fixed_dictionaries({}, optional={
-    'error': ANY | st.fixed_dictionaries({}, optional={'message': ANY}), 'detail': ANY})
+ERROR = st.fixed_dictionaries(
+    {}, optional={'error': ANY | st.fixed_dictionaries({}, optional={'message': ANY}), 'detail': ANY}
+)
 
 
 @QUICK
@@ -115,11 +120,25 @@ def test_error_message_is_short_text(text):
     assert isinstance(message, str) and quoted_length_ok(message, 300)
 
 
-JOURNAL = st.lists(st.sampled_from([
-    'Loading safetensors checkpoint shards:  45% Completed | 54/119', 'ValueError: boom', '\r', '\n', ' ',
-    '(EngineCore pid=1) ERROR 11-30 03:51:22 [core.py:1] ', 'Application startup complete', '\x00', '\ufffd',
-    "vllm.service: Failed with result 'exit-code'.", 'Model loading took 1 GiB',
-]) | st.text(max_size=20), max_size=40).map(''.join)
+JOURNAL = st.lists(
+    st.sampled_from(
+        [
+            'Loading safetensors checkpoint shards:  45% Completed | 54/119',
+            'ValueError: boom',
+            '\r',
+            '\n',
+            ' ',
+            '(EngineCore pid=1) ERROR 11-30 03:51:22 [core.py:1] ',
+            'Application startup complete',
+            '\x00',
+            '\ufffd',
+            "vllm.service: Failed with result 'exit-code'.",
+            'Model loading took 1 GiB',
+        ]
+    )
+    | st.text(max_size=20),
+    max_size=40,
+).map(''.join)
 
 
 @QUICK
@@ -139,8 +158,9 @@ def test_parse_unit_show_reads_any_text(text):
     assert all(isinstance(key, str) and isinstance(value, str) for key, value in state.items())
 
 
-SECRET = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, blacklist_characters='*'),
-                 min_size=1, max_size=16)
+SECRET = st.text(
+    alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_characters='*'), min_size=1, max_size=16
+)
 
 
 @QUICK
@@ -163,9 +183,9 @@ def test_api_key_problem_never_quotes_the_key(key):
         assert key not in problem
 
 
-URL = (st.sampled_from(['http://', 'https://', 'ftp://', '', 'HTTP://'])
-       .flatmap(lambda scheme: st.text(alphabet='abc.-:[]@/?#%1 \n\x00\u00e9', max_size=30)
-                .map(lambda rest: scheme + rest)))
+URL = st.sampled_from(['http://', 'https://', 'ftp://', '', 'HTTP://']).flatmap(
+    lambda scheme: st.text(alphabet='abc.-:[]@/?#%1 \n\x00\u00e9', max_size=30).map(lambda rest: scheme + rest)
+)
 
 
 @QUICK
@@ -181,7 +201,7 @@ def test_url_problem_accepts_only_urls_that_open_url_can_use(url):
         assert isinstance(problem, str)
 
 
-class Server(object):
+class Server:
     """A fake server whose every answer is drawn; the clock moves one second per request."""
 
     def __init__(self, answers):
@@ -203,12 +223,17 @@ STATUS = st.sampled_from([200, 200, 200, 400, 401, 404, 500, 503])
 
 
 @QUICK
-@given(st.tuples(STATUS, st.text(max_size=20)), st.tuples(STATUS, body(MODELS)), st.tuples(STATUS, body(CHAT)),
-       st.sampled_from(['(?i)paris', r'\d', 'x']))
+@given(
+    st.tuples(STATUS, st.text(max_size=20)),
+    st.tuples(STATUS, body(MODELS)),
+    st.tuples(STATUS, body(CHAT)),
+    st.sampled_from(['(?i)paris', r'\d', 'x']),
+)
 def test_the_wait_ends_in_a_result_or_a_check_failure(health, models, chat, expect):
     server = Server({'/health': health, '/v1/models': models, '/v1/chat/completions': chat})
-    check = ChatCheck(server.http, expect=expect, timeout=10, clock=server.clock, epoch=server.clock,
-                      sleep=server.sleep)
+    check = ChatCheck(
+        server.http, expect=expect, timeout=10, clock=server.clock, epoch=server.clock, sleep=server.sleep
+    )
     try:
         result = check.run()
     except CheckFailed as exc:

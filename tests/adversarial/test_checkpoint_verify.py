@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,9 +7,6 @@ Every case runs the module as Ansible does and must end in a clean error that na
 or value and the cause, or in a success whose result is right. Manifests are the fake Hub's
 model info of the checkpoint; servers are the fake Hub or a socket server that misbehaves.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import collections
 import gzip
@@ -39,7 +35,9 @@ def safetensors_bytes(header, data_bytes):
 
 SHARD = safetensors_bytes({'w': {'dtype': 'U8', 'shape': [1000], 'data_offsets': [0, 1000]}}, 1000)
 CONFIG = b'{"model_type": "llama"}\n'
-HF_QUANT = b'{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}\n'
+HF_QUANT = (
+    b'{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}\n'
+)
 
 
 def write(path, content):
@@ -67,12 +65,14 @@ def deep(depth):
 
 def edit_manifest(change):
     """files(): the manifest rewritten by change(doc)."""
+
     def files(c, m, t):
         with open(m) as f:
             doc = json.load(f)
         change(doc)
         with open(m, 'w') as f:
             json.dump(doc, f)
+
     return files
 
 
@@ -82,7 +82,8 @@ def sibling_of(doc, name):
 
 # --- servers that misbehave --------------------------------------------------------------------
 
-class Misbehaving(object):
+
+class Misbehaving:
     """A socket server on loopback: each connection gets behaviour(conn, request) in a thread, until stop()."""
 
     def __init__(self, behaviour):
@@ -124,6 +125,7 @@ def respond(status, body, headers=()):
         head = 'HTTP/1.1 %s\r\nContent-Length: %d\r\nConnection: close\r\n' % (status, len(body))
         head += ''.join('%s: %s\r\n' % h for h in headers)
         conn.sendall(head.encode('latin-1') + b'\r\n' + body)
+
     return behaviour
 
 
@@ -136,6 +138,7 @@ def trickle(prefix):
         conn.sendall(prefix)
         while not server.stopped.wait(0.3):
             conn.sendall(b'x')
+
     return behaviour
 
 
@@ -147,7 +150,7 @@ def endless(server, conn, request):
 
 
 def echo_authorization(server, conn, request):
-    line = next((l for l in request.split(b'\r\n') if l.lower().startswith(b'authorization:')), b'')
+    line = next((header for header in request.split(b'\r\n') if header.lower().startswith(b'authorization:')), b'')
     respond('500 Internal Server Error', b'you sent ' + line)(server, conn, request)
 
 
@@ -170,7 +173,7 @@ Case = collections.namedtuple('Case', 'expect files args server secrets')
 Case.__new__.__defaults__ = (None, None, None, None, ())
 
 
-class Refused(object):
+class Refused:
     """A failure whose message (AnsibleModule's own, worded per ansible-core version) holds all of parts."""
 
     def __init__(self, *parts):
@@ -189,21 +192,26 @@ def case(expect, files=None, server=None, secrets=(), **args):
 
 def passes(**expected):
     """A success with these result values; check(result, fmt), fmt filling the case's placeholders."""
+
     def check(result, fmt):
         return result['ok'] is True and all(result[k] == v for k, v in expected.items())
+
     return check
 
 
 def warned(text, **expected):
     """passes(), with a warning that holds text."""
+
     def check(result, fmt):
         warnings = [w if isinstance(w, str) else w['event']['msg'] for w in result.get('warnings', [])]
         return passes(**expected)(result, fmt) and any(fmt(text) in w for w in warnings)
+
     return check
 
 
-TOKEN_REFUSED = ('token must be printable ASCII, without spaces or control characters (a line break from a YAML block '
-                 'scalar?)')
+TOKEN_REFUSED = (
+    'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)'
+)
 FETCH = '{url}/api/models/org/model/revision/{commit}?blobs=true'
 ONE_PROBLEM = 'checkpoint {c} does not match revision {commit} of manifest {m}: 1 problem: '
 HUB_PROBLEM = 'checkpoint {c} does not match revision {commit} of org/model: 1 problem: '
@@ -211,6 +219,7 @@ HUB_PROBLEM = 'checkpoint {c} does not match revision {commit} of org/model: 1 p
 
 def planted_cache(mode):
     """A cache file that vouches for a corrupted shard, with the given mode."""
+
     def files(c, m, t):
         shard = os.path.join(c, 'model.safetensors')
         with open(m) as f:
@@ -220,15 +229,27 @@ def planted_cache(mode):
         os.mkdir(os.path.join(t, 'cache'), 0o700)
         cache = os.path.join(t, 'cache', 'checkpoint-digests.json')
         with open(cache, 'w') as f:
-            json.dump({'format': 1, 'entries': {shard: {
-                'identity': [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev], 'sha256': digest,
-                'safetensors_header_problem': ''}}}, f)
+            json.dump(
+                {
+                    'format': 1,
+                    'entries': {
+                        shard: {
+                            'identity': [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev],
+                            'sha256': digest,
+                            'safetensors_header_problem': '',
+                        }
+                    },
+                },
+                f,
+            )
         os.chmod(cache, mode)
+
     return files
 
 
 def corrupt_digest(c):
     import hashlib
+
     with open(os.path.join(c, 'model.safetensors'), 'rb') as f:
         return hashlib.sha256(f.read()).hexdigest()
 
@@ -237,10 +258,12 @@ CASES = {
     # --- option values ------------------------------------------------------------------------
     'threads-zero': case('threads must be at least 1, got 0', threads=0),
     'threads-negative': case('threads must be at least 1, got -3', threads=-3),
-    'threads-not-a-number': case(Refused("argument 'threads'", "'many'", 'cannot be converted to an int'), threads='many'),
-    'threads-a-million': case(passes(files=4), threads=10 ** 6),
+    'threads-not-a-number': case(
+        Refused("argument 'threads'", "'many'", 'cannot be converted to an int'), threads='many'
+    ),
+    'threads-a-million': case(passes(files=4), threads=10**6),
     'timeout-zero': case('timeout must be between 1 and 86400 seconds, got 0', timeout=0),
-    'timeout-astronomic': case('timeout must be between 1 and 86400 seconds, got 1' + '0' * 400, timeout=10 ** 400),
+    'timeout-astronomic': case('timeout must be between 1 and 86400 seconds, got 1' + '0' * 400, timeout=10**400),
     'path-nul': case('path must not contain a NUL character', path='{c}\0x'),
     'manifest-path-nul': case('manifest must not contain a NUL character', manifest='{m}\0x'),
     'cache-dir-nul': case('cache_dir must not contain a NUL character', cache_dir='{t}/cache\0x'),
@@ -248,117 +271,209 @@ CASES = {
     'ignore-empty-pattern': case(passes(files=4), ignore=['']),
     'revision-branch': case(Refused('revision "main" is not a commit', 'hf models info'), revision='main'),
     'revision-commit-and-newline': case(Refused('is not a commit'), revision='{commit}\n'),
-    'revision-uppercase': case('revision {COMMIT} must be written in lowercase, as the Hub writes commits',
-                               revision='{COMMIT}'),
-    'revision-other-commit': case('manifest {m} describes commit {commit}, not revision ' + 'f' * 40, revision='f' * 40),
-    'repo-id-traversal': case(Refused('repo_id "../../etc" is not a Hub repository id'), server='hub', repo_id='../../etc'),
-    'repo-id-newline': case(Refused('repo_id "org/model\\n" is not a Hub repository id'), server='hub',
-                            repo_id='org/model\n'),
+    'revision-uppercase': case(
+        'revision {COMMIT} must be written in lowercase, as the Hub writes commits', revision='{COMMIT}'
+    ),
+    'revision-other-commit': case(
+        'manifest {m} describes commit {commit}, not revision ' + 'f' * 40, revision='f' * 40
+    ),
+    'repo-id-traversal': case(
+        Refused('repo_id "../../etc" is not a Hub repository id'), server='hub', repo_id='../../etc'
+    ),
+    'repo-id-newline': case(
+        Refused('repo_id "org/model\\n" is not a Hub repository id'), server='hub', repo_id='org/model\n'
+    ),
     'endpoint-ftp': case('endpoint "ftp://hub" is not an http:// or https:// URL', server='hub', endpoint='ftp://hub'),
-    'endpoint-newline': case('endpoint "http://hub\\n" is not an http:// or https:// URL', server='hub',
-                             endpoint='http://hub\n'),
-    'endpoint-empty-label': case(Refused('cannot fetch http://hub..local/api/models/org/model/revision/'),
-                                 server='hub', endpoint='http://hub..local'),
-    'endpoint-port-not-a-number': case(Refused('cannot fetch http://127.0.0.1:port/api/models/org/model/revision/',
-                                               "nonnumeric port: 'port'"), server='hub', endpoint='http://127.0.0.1:port'),
-    'token-with-newline': case(TOKEN_REFUSED,
-                               server='hub', token=TOKEN + '\n', secrets=(TOKEN,)),
-    'token-with-nul': case(TOKEN_REFUSED,
-                           server='hub', token=TOKEN + '\0', secrets=(TOKEN,)),
-    'token-wrong-not-shown': case(FETCH + ' answered HTTP 401: the token was refused (the Hub says: Invalid credentials '
-                                  'in Authorization header)', server='hub', token='hf_wrong-token',
-                                  secrets=('hf_wrong-token',)),
-
+    'endpoint-newline': case(
+        'endpoint "http://hub\\n" is not an http:// or https:// URL', server='hub', endpoint='http://hub\n'
+    ),
+    'endpoint-empty-label': case(
+        Refused('cannot fetch http://hub..local/api/models/org/model/revision/'),
+        server='hub',
+        endpoint='http://hub..local',
+    ),
+    'endpoint-port-not-a-number': case(
+        Refused('cannot fetch http://127.0.0.1:port/api/models/org/model/revision/', "nonnumeric port: 'port'"),
+        server='hub',
+        endpoint='http://127.0.0.1:port',
+    ),
+    'token-with-newline': case(TOKEN_REFUSED, server='hub', token=TOKEN + '\n', secrets=(TOKEN,)),
+    'token-with-nul': case(TOKEN_REFUSED, server='hub', token=TOKEN + '\0', secrets=(TOKEN,)),
+    'token-wrong-not-shown': case(
+        FETCH + ' answered HTTP 401: the token was refused (the Hub says: Invalid credentials in Authorization header)',
+        server='hub',
+        token='hf_wrong-token',
+        secrets=('hf_wrong-token',),
+    ),
     # --- the manifest file --------------------------------------------------------------------
     'manifest-missing': case('cannot read manifest {t}/none.json: No such file or directory', manifest='{t}/none.json'),
     'manifest-fifo': case('manifest {m} is not a regular file', files=lambda c, m, t: fifo(m)),
     'manifest-directory': case('manifest {t} is not a regular file', manifest='{t}'),
     'manifest-dev-zero': case('manifest {m} is not a regular file', files=lambda c, m, t: link(m, '/dev/zero')),
-    'manifest-not-utf8': case("manifest {m} is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in position 0: "
-                              "invalid start byte", files=lambda c, m, t: write(m, b'\xff{}')),
-    'manifest-deep': case('manifest {m} is nested too deeply to be read as JSON', files=lambda c, m, t: write(m, deep(100000))),
-    'manifest-huge': case('manifest {m} is larger than 67108864 bytes: not a model info',
-                          files=lambda c, m, t: os.truncate(m, (64 << 20) + 10)),
-    'manifest-empty': case('manifest {m} is not valid JSON: Expecting value: line 1 column 1 (char 0)',
-                           files=lambda c, m, t: write(m, b'')),
-    'manifest-size-float': case('manifest {m}: config.json has size 24.0, not a byte count',
-                                files=edit_manifest(lambda d: sibling_of(d, 'config.json').update(size=24.0))),
-    'manifest-size-astronomic': case('manifest {m}: config.json has size 1' + '0' * 30 + ', not a byte count',
-                                     files=edit_manifest(lambda d: sibling_of(d, 'config.json').update(size=10 ** 30))),
-    'manifest-traversal': case('manifest {m}: siblings[0].rfilename "../../etc/passwd" is not a relative path inside the '
-                               'checkpoint', files=edit_manifest(lambda d: d['siblings'][0].update(rfilename='../../etc/passwd'))),
-    'manifest-absolute': case('manifest {m}: siblings[0].rfilename "/etc/passwd" is not a relative path inside the checkpoint',
-                              files=edit_manifest(lambda d: d['siblings'][0].update(rfilename='/etc/passwd'))),
-    'manifest-lfs-sha-short': case('manifest {m}: model.safetensors has lfs {"sha256": "abc"} without a sha256 of 64 hex '
-                                   'digits', files=edit_manifest(lambda d: sibling_of(d, 'model.safetensors').update(
-                                       lfs={'sha256': 'abc'}))),
-    'manifest-no-sha': case('manifest {m} has sha null, not the 40-hex commit of the revision it describes',
-                            files=edit_manifest(lambda d: d.pop('sha'))),
-    'manifest-siblings-null': case("manifest {m} has siblings null, not the list of the revision's files",
-                                   files=edit_manifest(lambda d: d.update(siblings=None))),
-    'manifest-names-a-directory': case(ONE_PROBLEM + 'sub: unreadable (a directory, not a regular file)',
-                                       files=lambda c, m, t: (os.mkdir(os.path.join(c, 'sub')), edit_manifest(
-                                           lambda d: d['siblings'].append({'rfilename': 'sub', 'size': 0,
-                                                                           'blobId': 'e69de29bb2d1d6434b8b29ae775ad8c2e48c5391'}))(c, m, t))),
-
+    'manifest-not-utf8': case(
+        "manifest {m} is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte",
+        files=lambda c, m, t: write(m, b'\xff{}'),
+    ),
+    'manifest-deep': case(
+        'manifest {m} is nested too deeply to be read as JSON', files=lambda c, m, t: write(m, deep(100000))
+    ),
+    'manifest-huge': case(
+        'manifest {m} is larger than 67108864 bytes: not a model info',
+        files=lambda c, m, t: os.truncate(m, (64 << 20) + 10),
+    ),
+    'manifest-empty': case(
+        'manifest {m} is not valid JSON: Expecting value: line 1 column 1 (char 0)', files=lambda c, m, t: write(m, b'')
+    ),
+    'manifest-size-float': case(
+        'manifest {m}: config.json has size 24.0, not a byte count',
+        files=edit_manifest(lambda d: sibling_of(d, 'config.json').update(size=24.0)),
+    ),
+    'manifest-size-astronomic': case(
+        'manifest {m}: config.json has size 1' + '0' * 30 + ', not a byte count',
+        files=edit_manifest(lambda d: sibling_of(d, 'config.json').update(size=10**30)),
+    ),
+    'manifest-traversal': case(
+        'manifest {m}: siblings[0].rfilename "../../etc/passwd" is not a relative path inside the checkpoint',
+        files=edit_manifest(lambda d: d['siblings'][0].update(rfilename='../../etc/passwd')),
+    ),
+    'manifest-absolute': case(
+        'manifest {m}: siblings[0].rfilename "/etc/passwd" is not a relative path inside the checkpoint',
+        files=edit_manifest(lambda d: d['siblings'][0].update(rfilename='/etc/passwd')),
+    ),
+    'manifest-lfs-sha-short': case(
+        'manifest {m}: model.safetensors has lfs {"sha256": "abc"} without a sha256 of 64 hex digits',
+        files=edit_manifest(lambda d: sibling_of(d, 'model.safetensors').update(lfs={'sha256': 'abc'})),
+    ),
+    'manifest-no-sha': case(
+        'manifest {m} has sha null, not the 40-hex commit of the revision it describes',
+        files=edit_manifest(lambda d: d.pop('sha')),
+    ),
+    'manifest-siblings-null': case(
+        "manifest {m} has siblings null, not the list of the revision's files",
+        files=edit_manifest(lambda d: d.update(siblings=None)),
+    ),
+    'manifest-names-a-directory': case(
+        ONE_PROBLEM + 'sub: unreadable (a directory, not a regular file)',
+        files=lambda c, m, t: (
+            os.mkdir(os.path.join(c, 'sub')),
+            edit_manifest(
+                lambda d: d['siblings'].append(
+                    {'rfilename': 'sub', 'size': 0, 'blobId': 'e69de29bb2d1d6434b8b29ae775ad8c2e48c5391'}
+                )
+            )(c, m, t),
+        ),
+    ),
     # --- the checkpoint -----------------------------------------------------------------------
     'path-missing': case('checkpoint directory {t}/none does not exist', path='{t}/none'),
-    'path-fifo': case('checkpoint path {t}/pipe is a FIFO, not a directory', files=lambda c, m, t: fifo(os.path.join(t, 'pipe')),
-                      path='{t}/pipe'),
-    'shard-fifo': case(ONE_PROBLEM + 'model.safetensors: unreadable (a FIFO, not a regular file)',
-                       files=lambda c, m, t: fifo(os.path.join(c, 'model.safetensors'))),
-    'shard-dev-zero': case(ONE_PROBLEM + 'model.safetensors: unreadable (a character device, not a regular file)',
-                           files=lambda c, m, t: link(os.path.join(c, 'model.safetensors'), '/dev/zero')),
-    'shard-header-deep': case(Refused('1 problem: model.safetensors: bad_safetensors_header (',
-                                      'model.safetensors has an invalid header (nested too deeply)'),
-                              files=lambda c, m, t: (write(os.path.join(c, 'model.safetensors'),
-                                                           safetensors_bytes(deep(100000).encode(), 0)),
-                                                     fake_hub_manifest(c, m))),
-    'extra-name-not-utf8': case(ONE_PROBLEM + '\\xff\\xfe.bin: extra_file (in the checkpoint but not in the manifest of '
-                                'revision {commit})', files=lambda c, m, t: write(os.path.join(c.encode(), b'\xff\xfe.bin'), b'')),
-    'extra-socket': case(ONE_PROBLEM + 'sock: extra_file (in the checkpoint (a socket) but not in the manifest of revision '
-                         '{commit})', files=lambda c, m, t: bind_socket(os.path.join(c, 'sock'))),
+    'path-fifo': case(
+        'checkpoint path {t}/pipe is a FIFO, not a directory',
+        files=lambda c, m, t: fifo(os.path.join(t, 'pipe')),
+        path='{t}/pipe',
+    ),
+    'shard-fifo': case(
+        ONE_PROBLEM + 'model.safetensors: unreadable (a FIFO, not a regular file)',
+        files=lambda c, m, t: fifo(os.path.join(c, 'model.safetensors')),
+    ),
+    'shard-dev-zero': case(
+        ONE_PROBLEM + 'model.safetensors: unreadable (a character device, not a regular file)',
+        files=lambda c, m, t: link(os.path.join(c, 'model.safetensors'), '/dev/zero'),
+    ),
+    'shard-header-deep': case(
+        Refused(
+            '1 problem: model.safetensors: bad_safetensors_header (',
+            'model.safetensors has an invalid header (nested too deeply)',
+        ),
+        files=lambda c, m, t: (
+            write(os.path.join(c, 'model.safetensors'), safetensors_bytes(deep(100000).encode(), 0)),
+            fake_hub_manifest(c, m),
+        ),
+    ),
+    'extra-name-not-utf8': case(
+        ONE_PROBLEM + '\\xff\\xfe.bin: extra_file (in the checkpoint but not in the manifest of revision {commit})',
+        files=lambda c, m, t: write(os.path.join(c.encode(), b'\xff\xfe.bin'), b''),
+    ),
+    'extra-socket': case(
+        ONE_PROBLEM + 'sock: extra_file (in the checkpoint (a socket) but not in the manifest of revision {commit})',
+        files=lambda c, m, t: bind_socket(os.path.join(c, 'sock')),
+    ),
     'link-loop': case(passes(files=4), files=lambda c, m, t: os.symlink('.', os.path.join(c, 'loop'))),
-    'record-fifo': case(Refused('.llmserve-kv-cache-quant.json: unreadable (.llmserve-kv-cache-quant.json in {c} is not a '
-                                'regular file'), files=lambda c, m, t: fifo(os.path.join(c, '.llmserve-kv-cache-quant.json'))),
-    'record-deep': case(Refused('.llmserve-kv-cache-quant.json: unreadable (.llmserve-kv-cache-quant.json in {c} nests '
-                                'arrays and objects more than 64 levels deep'),
-                        files=lambda c, m, t: write(os.path.join(c, '.llmserve-kv-cache-quant.json'), deep(100000))),
-
+    'record-fifo': case(
+        Refused(
+            '.llmserve-kv-cache-quant.json: unreadable (.llmserve-kv-cache-quant.json in {c} is not a regular file'
+        ),
+        files=lambda c, m, t: fifo(os.path.join(c, '.llmserve-kv-cache-quant.json')),
+    ),
+    'record-deep': case(
+        Refused(
+            '.llmserve-kv-cache-quant.json: unreadable (.llmserve-kv-cache-quant.json in {c} nests '
+            'arrays and objects more than 64 levels deep'
+        ),
+        files=lambda c, m, t: write(os.path.join(c, '.llmserve-kv-cache-quant.json'), deep(100000)),
+    ),
     # --- the cache ----------------------------------------------------------------------------
-    'cache-dir-is-a-file': case(warned('digest cache {m}/checkpoint-digests.json not written: {m} is a regular file, not a '
-                                       'directory', files=4), cache_dir='{m}'),
-    'cache-forged-world-writable': case(ONE_PROBLEM + 'model.safetensors: digest_mismatch (sha256 {corrupt}, the manifest '
-                                        'says {lfs})', files=planted_cache(0o666), cache_dir='{t}/cache'),
+    'cache-dir-is-a-file': case(
+        warned('digest cache {m}/checkpoint-digests.json not written: {m} is a regular file, not a directory', files=4),
+        cache_dir='{m}',
+    ),
+    'cache-forged-world-writable': case(
+        ONE_PROBLEM + 'model.safetensors: digest_mismatch (sha256 {corrupt}, the manifest says {lfs})',
+        files=planted_cache(0o666),
+        cache_dir='{t}/cache',
+    ),
     'cache-forged-trusted': case(passes(cache_hits=1), files=planted_cache(0o600), cache_dir='{t}/cache'),
-    'cache-garbage': case(warned('not used: unreadable', files=4), cache_dir='{t}/cache',
-                          files=lambda c, m, t: (os.mkdir(os.path.join(t, 'cache'), 0o700),
-                                                 write(os.path.join(t, 'cache', 'checkpoint-digests.json'), b'\xff'))),
-    'cache-wrong-types': case(passes(files=4, cache_hits=0), cache_dir='{t}/cache', files=lambda c, m, t: wrong_type_cache(c, t)),
-    'cache-symlink': case(warned('not used: Too many levels of symbolic links', files=4), cache_dir='{t}/cache',
-                          files=lambda c, m, t: (os.mkdir(os.path.join(t, 'cache'), 0o700),
-                                                 link(os.path.join(t, 'cache', 'checkpoint-digests.json'), '/etc/hostname'))),
-
+    'cache-garbage': case(
+        warned('not used: unreadable', files=4),
+        cache_dir='{t}/cache',
+        files=lambda c, m, t: (
+            os.mkdir(os.path.join(t, 'cache'), 0o700),
+            write(os.path.join(t, 'cache', 'checkpoint-digests.json'), b'\xff'),
+        ),
+    ),
+    'cache-wrong-types': case(
+        passes(files=4, cache_hits=0), cache_dir='{t}/cache', files=lambda c, m, t: wrong_type_cache(c, t)
+    ),
+    'cache-symlink': case(
+        warned('not used: Too many levels of symbolic links', files=4),
+        cache_dir='{t}/cache',
+        files=lambda c, m, t: (
+            os.mkdir(os.path.join(t, 'cache'), 0o700),
+            link(os.path.join(t, 'cache', 'checkpoint-digests.json'), '/etc/hostname'),
+        ),
+    ),
     # --- a Hub that stalls or lies --------------------------------------------------------------
     'hub-silent': case(FETCH + ' gave no complete answer within 2 s', server='silent', timeout=2),
     'hub-trickles-headers': case(FETCH + ' gave no complete answer within 2 s', server='trickled-headers', timeout=2),
     'hub-trickles-body': case(FETCH + ' gave no complete answer within 2 s', server='trickled-body', timeout=2),
-    'hub-endless-body': case(FETCH + ' answered more than 67108864 bytes: not a model info', server='endless-body',
-                             timeout=20),
+    'hub-endless-body': case(
+        FETCH + ' answered more than 67108864 bytes: not a model info', server='endless-body', timeout=20
+    ),
     'hub-html': case(FETCH + ' is not valid JSON: Expecting value: line 1 column 1 (char 0)', server='html'),
     'hub-gzip': case(Refused(FETCH + ' is not UTF-8 text'), server='gzip'),
-    'hub-echoes-the-token': case(FETCH + ' answered HTTP 500: the Hub did not give the model info (the Hub says: you sent '
-                                 'Authorization: Bearer ********)', server='echo-token', secrets=(TOKEN,)),
-    'hub-redirects-elsewhere': case(FETCH + ' answered HTTP 302: a redirect to http://127.0.0.2:1/steal, which is not '
-                                    'followed (the token would go along): was the repository renamed? Use its new name',
-                                    server='redirect-elsewhere', secrets=(TOKEN,)),
-    'hub-error-not-utf8': case(FETCH + ' answered HTTP 404: no repository org/model, or no revision {commit} in it '
-                               '(the Hub says: R\xe9po introuvable)', server='error-not-utf8'),
-    'hub-lost-the-revision': case(FETCH + ' answered HTTP 404: no repository org/model, or no revision {commit} in it '
-                                  '(the Hub says: Invalid rev id: {commit})',
-                                  server='hub', files=lambda c, m, t: os.rename(
-                                          os.path.join(t, 'hub', 'org', 'model', read_commit(m)),
-                                          os.path.join(t, 'hub', 'org', 'model', 'f' * 40))),
+    'hub-echoes-the-token': case(
+        FETCH + ' answered HTTP 500: the Hub did not give the model info (the Hub says: you sent '
+        'Authorization: Bearer ********)',
+        server='echo-token',
+        secrets=(TOKEN,),
+    ),
+    'hub-redirects-elsewhere': case(
+        FETCH + ' answered HTTP 302: a redirect to http://127.0.0.2:1/steal, which is not '
+        'followed (the token would go along): was the repository renamed? Use its new name',
+        server='redirect-elsewhere',
+        secrets=(TOKEN,),
+    ),
+    'hub-error-not-utf8': case(
+        FETCH + ' answered HTTP 404: no repository org/model, or no revision {commit} in it '
+        '(the Hub says: R\xe9po introuvable)',
+        server='error-not-utf8',
+    ),
+    'hub-lost-the-revision': case(
+        FETCH + ' answered HTTP 404: no repository org/model, or no revision {commit} in it '
+        '(the Hub says: Invalid rev id: {commit})',
+        server='hub',
+        files=lambda c, m, t: os.rename(
+            os.path.join(t, 'hub', 'org', 'model', read_commit(m)), os.path.join(t, 'hub', 'org', 'model', 'f' * 40)
+        ),
+    ),
     'hub-good': case(passes(files=4), server='hub'),
 }
 
@@ -389,8 +504,12 @@ def wrong_type_cache(c, t):
     entries = {}
     for name in os.listdir(c):
         info = os.stat(os.path.join(c, name))
-        entries[os.path.join(c, name)] = {'identity': [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev],
-                                          'sha256': 5, 'git-sha1': ['x'], 'safetensors_header_problem': {}}
+        entries[os.path.join(c, name)] = {
+            'identity': [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev],
+            'sha256': 5,
+            'git-sha1': ['x'],
+            'safetensors_header_problem': {},
+        }
     with open(os.path.join(t, 'cache', 'checkpoint-digests.json'), 'w') as f:
         json.dump({'format': 1, 'entries': entries}, f)
     os.chmod(os.path.join(t, 'cache', 'checkpoint-digests.json'), 0o600)
@@ -401,20 +520,33 @@ def model(tmp_path):
     """(checkpoint, manifest file, commit), the checkpoint also published on a hub root in tmp_path/hub."""
     c = tmp_path / 'checkpoint'
     c.mkdir()
-    for name, data in (('config.json', CONFIG), ('hf_quant_config.json', HF_QUANT), ('model.safetensors', SHARD),
-                       ('tokenizer.json', b'{"version": "1.0"}\n')):
+    for name, data in (
+        ('config.json', CONFIG),
+        ('hf_quant_config.json', HF_QUANT),
+        ('model.safetensors', SHARD),
+        ('tokenizer.json', b'{"version": "1.0"}\n'),
+    ):
         (c / name).write_bytes(data)
     commit = fake_hub.publish(str(tmp_path / 'hub'), REPO, str(c))
     m = tmp_path / 'manifest.json'
-    m.write_text(json.dumps({'sha': commit, 'siblings': [fake_hub.sibling(e, True)
-                                                         for e in fake_hub.describe_tree(str(c))]}))
+    m.write_text(
+        json.dumps({'sha': commit, 'siblings': [fake_hub.sibling(e, True) for e in fake_hub.describe_tree(str(c))]})
+    )
     return str(c), str(m), commit
 
 
 def fill(text, c, m, t, url, commit, lfs=''):
     corrupt = corrupt_digest(c) if os.path.isfile(os.path.join(c, 'model.safetensors')) else ''
-    for key, value in (('{c}', c), ('{m}', m), ('{t}', t), ('{url}', url or ''), ('{commit}', commit),
-                       ('{COMMIT}', commit.upper()), ('{corrupt}', corrupt), ('{lfs}', lfs)):
+    for key, value in (
+        ('{c}', c),
+        ('{m}', m),
+        ('{t}', t),
+        ('{url}', url or ''),
+        ('{commit}', commit),
+        ('{COMMIT}', commit.upper()),
+        ('{corrupt}', corrupt),
+        ('{lfs}', lfs),
+    ):
         text = text.replace(key, value)
     return text
 
@@ -449,8 +581,12 @@ def test_bad_input(tmp_path, model, verdict, spec):
         parts = [fill(p, c, m, t, url, commit) for p in spec.expect.parts]
         outcome = harness.judge(run, expect_success=False, check=Refused(*parts), secrets=spec.secrets)
     elif callable(spec.expect):
-        outcome = harness.judge(run, expect_success=True, check=lambda r: spec.expect(r, lambda text: fill(
-            text, c, m, t, url, commit)), secrets=spec.secrets)
+        outcome = harness.judge(
+            run,
+            expect_success=True,
+            check=lambda r: spec.expect(r, lambda text: fill(text, c, m, t, url, commit)),
+            secrets=spec.secrets,
+        )
     else:
         expected = fill(spec.expect, c, m, t, url, commit, lfs)
         outcome = harness.judge(run, expect_success=False, check=lambda r: r['msg'] == expected, secrets=spec.secrets)
@@ -461,8 +597,12 @@ def test_concurrent_runs_share_one_cache(tmp_path, model, verdict):
     c, m, commit = model
     args = {'path': c, 'manifest': m, 'cache_dir': str(tmp_path / 'cache')}
     with ThreadPoolExecutor(max_workers=3) as pool:
-        runs = list(pool.map(lambda i: harness.run_module(MODULE, tmp_path / ('run%d' % i), args, timeout=40),
-                             [(tmp_path / ('run%d' % i)).mkdir() or i for i in range(3)]))
+        runs = list(
+            pool.map(
+                lambda i: harness.run_module(MODULE, tmp_path / ('run%d' % i), args, timeout=40),
+                [(tmp_path / ('run%d' % i)).mkdir() or i for i in range(3)],
+            )
+        )
     for run in runs:
         verdict(MODULE, harness.judge(run, expect_success=True, check=lambda r: passes(files=4)(r, str)), run.result)
     with open(str(tmp_path / 'cache' / 'checkpoint-digests.json')) as f:
@@ -483,5 +623,13 @@ def test_an_immutable_cache_file_is_a_warning(tmp_path, model, verdict):
     finally:
         subprocess.run(['chattr', '-i', cache], check=False)
     check = warned('digest cache %s not written: Operation not permitted' % cache, files=4)
-    verdict(MODULE, harness.judge(run, expect_success=True, check=lambda r: check(r, str),
-                                  stray=[f for f in os.listdir(str(tmp_path / 'cache')) if f.endswith('.tmp')]), run.result)
+    verdict(
+        MODULE,
+        harness.judge(
+            run,
+            expect_success=True,
+            check=lambda r: check(r, str),
+            stray=[f for f in os.listdir(str(tmp_path / 'cache')) if f.endswith('.tmp')],
+        ),
+        run.result,
+    )

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -10,16 +9,14 @@ names, byte counts, lowercase hex digests of the right length. And whatever is d
 checkpoint, the problems name exactly the files that were changed.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
 import os
 import re
 import struct
 import tempfile
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import fingerprint, printable, verify
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
@@ -36,20 +33,35 @@ from ansible_collections.llmserve.vllm.tools import fake_hub
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True)
 HEX = '0123456789abcdefABCDEF'
 
-JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=8))
+JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8))
 JSON_VALUES = st.recursive(
-    JSON_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
-    max_leaves=8)
-NAMES = st.one_of(st.text(max_size=12), st.sampled_from(['config.json', 'a/b.safetensors', '../x', '/etc/passwd', 'a//b',
-                                                         './a', 'a/.', '\udcff', 'a\0b', '']))
-SIZES = st.one_of(st.integers(-1, 2 ** 64), st.sampled_from([0, True, 1.5, '3', None, 2 ** 63 - 1, 2 ** 63]))
+    JSON_SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=8,
+)
+NAMES = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        ['config.json', 'a/b.safetensors', '../x', '/etc/passwd', 'a//b', './a', 'a/.', '\udcff', 'a\0b', '']
+    ),
+)
+SIZES = st.one_of(st.integers(-1, 2**64), st.sampled_from([0, True, 1.5, '3', None, 2**63 - 1, 2**63]))
 DIGESTS = st.one_of(st.text(alphabet=HEX, min_size=38, max_size=66), st.sampled_from(['', None, 5, 'g' * 40]))
-LFS = st.one_of(st.none(), st.fixed_dictionaries({}, optional={'sha256': DIGESTS, 'size': SIZES, 'pointerSize': SIZES}),
-                JSON_SCALARS)
-SIBLINGS = st.one_of(st.fixed_dictionaries({}, optional={'rfilename': NAMES, 'size': SIZES, 'blobId': DIGESTS, 'lfs': LFS}),
-                     JSON_VALUES)
-DOCS = st.fixed_dictionaries({}, optional={'sha': st.one_of(DIGESTS, JSON_SCALARS),
-                                           'siblings': st.one_of(st.lists(SIBLINGS, max_size=4), JSON_VALUES)})
+LFS = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({}, optional={'sha256': DIGESTS, 'size': SIZES, 'pointerSize': SIZES}),
+    JSON_SCALARS,
+)
+SIBLINGS = st.one_of(
+    st.fixed_dictionaries({}, optional={'rfilename': NAMES, 'size': SIZES, 'blobId': DIGESTS, 'lfs': LFS}), JSON_VALUES
+)
+DOCS = st.fixed_dictionaries(
+    {},
+    optional={
+        'sha': st.one_of(DIGESTS, JSON_SCALARS),
+        'siblings': st.one_of(st.lists(SIBLINGS, max_size=4), JSON_VALUES),
+    },
+)
 
 
 @SETTINGS
@@ -63,7 +75,7 @@ def test_parse_manifest_raises_only_its_own_error_and_keeps_its_invariants(doc):
     for name, entry in manifest.files.items():
         assert entry.name == name and name_problem(name) is None
         assert not os.path.isabs(name) and '..' not in name.split('/')
-        assert isinstance(entry.size, int) and not isinstance(entry.size, bool) and 0 <= entry.size <= 2 ** 63 - 1
+        assert isinstance(entry.size, int) and not isinstance(entry.size, bool) and 0 <= entry.size <= 2**63 - 1
         assert re.fullmatch('[0-9a-f]{64}' if entry.algorithm == 'sha256' else '[0-9a-f]{40}', entry.digest)
 
 
@@ -98,8 +110,13 @@ def test_an_accepted_repo_id_makes_a_clean_url(repo_id):
 
 
 @SETTINGS
-@given(st.lists(st.tuples(st.text(max_size=6), st.sampled_from(['sha256', 'git-sha1']), st.text(alphabet=HEX, max_size=6)),
-                max_size=6), st.randoms())
+@given(
+    st.lists(
+        st.tuples(st.text(max_size=6), st.sampled_from(['sha256', 'git-sha1']), st.text(alphabet=HEX, max_size=6)),
+        max_size=6,
+    ),
+    st.randoms(),
+)
 def test_fingerprint_is_order_free_and_sees_every_digest(digests, rand):
     shuffled = list(digests)
     rand.shuffle(shuffled)
@@ -139,22 +156,28 @@ def test_any_cache_file_loads_or_is_set_aside(raw):
 
 
 SHARD_HEADER = b'{"x":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}'
-FILES = {'config.json': b'{"a": 1}\n', 'tokenizer.json': b'{}\n',
-         'w.safetensors': struct.pack('<Q', len(SHARD_HEADER)) + SHARD_HEADER + b'\1\2\3\4'}
+FILES = {
+    'config.json': b'{"a": 1}\n',
+    'tokenizer.json': b'{}\n',
+    'w.safetensors': struct.pack('<Q', len(SHARD_HEADER)) + SHARD_HEADER + b'\1\2\3\4',
+}
 CHANGES = st.sampled_from(['delete', 'append', 'flip', 'truncate'])
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(st.dictionaries(st.sampled_from(sorted(FILES)), CHANGES, max_size=3),
-       st.lists(st.sampled_from(['x.txt', 'sub/y']), max_size=2, unique=True))
+@given(
+    st.dictionaries(st.sampled_from(sorted(FILES)), CHANGES, max_size=3),
+    st.lists(st.sampled_from(['x.txt', 'sub/y']), max_size=2, unique=True),
+)
 def test_the_problems_name_exactly_the_files_changed(changes, extras):
     with tempfile.TemporaryDirectory() as d:
         for name, data in FILES.items():
             with open(os.path.join(d, name), 'wb') as f:
                 f.write(data)
         entries = fake_hub.describe_tree(d)
-        manifest = parse_manifest(json.dumps({'sha': 'a' * 40, 'siblings': [fake_hub.sibling(e, True) for e in entries]})
-                                  .encode('utf-8'), 'M')
+        manifest = parse_manifest(
+            json.dumps({'sha': 'a' * 40, 'siblings': [fake_hub.sibling(e, True) for e in entries]}).encode('utf-8'), 'M'
+        )
         for name, change in changes.items():
             full = os.path.join(d, name)
             data = FILES[name]

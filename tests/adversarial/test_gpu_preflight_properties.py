@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -10,15 +9,13 @@ return keeps the plan's invariants: a positive KV size per token, whole blocks o
 never a fit without a token, and a result that goes back to the controller as JSON.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
 import os
 import struct
 import tempfile
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, load_config
 from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import plan
@@ -34,41 +31,72 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import 
 )
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True)
-GIB = 1024 ** 3
+GIB = 1024**3
 
 # What a hostile config.json holds where an integer belongs.
 ODD_NUMBERS = st.one_of(
     st.integers(min_value=-3, max_value=300),
-    st.sampled_from([0, -1, 2 ** 31, 2 ** 63 - 1, 2 ** 63, 10 ** 400]),
+    st.sampled_from([0, -1, 2**31, 2**63 - 1, 2**63, 10**400]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.booleans(),
     st.none(),
     st.text(max_size=5),
     st.lists(st.integers(), max_size=2),
 )
-LAYOUT_KEYS = ('num_hidden_layers', 'num_attention_heads', 'num_key_value_heads', 'head_dim', 'hidden_size',
-               'kv_lora_rank', 'qk_rope_head_dim', 'q_lora_rank', 'n_routed_experts', 'first_k_dense_replace',
-               'num_nextn_predict_layers', 'max_position_embeddings', 'seq_length')
+LAYOUT_KEYS = (
+    'num_hidden_layers',
+    'num_attention_heads',
+    'num_key_value_heads',
+    'head_dim',
+    'hidden_size',
+    'kv_lora_rank',
+    'qk_rope_head_dim',
+    'q_lora_rank',
+    'n_routed_experts',
+    'first_k_dense_replace',
+    'num_nextn_predict_layers',
+    'max_position_embeddings',
+    'seq_length',
+)
 # Mostly sound layouts, so that the plan's arithmetic is reached, with odd values mixed in.
-SOUND_LAYOUT = st.fixed_dictionaries({
-    'num_hidden_layers': st.integers(1, 8), 'num_attention_heads': st.integers(1, 8), 'num_key_value_heads': st.integers(1, 8),
-    'head_dim': st.integers(1, 256), 'kv_lora_rank': st.integers(1, 512), 'qk_rope_head_dim': st.integers(1, 64),
-    'max_position_embeddings': st.integers(1, 10 ** 6)})
+SOUND_LAYOUT = st.fixed_dictionaries(
+    {
+        'num_hidden_layers': st.integers(1, 8),
+        'num_attention_heads': st.integers(1, 8),
+        'num_key_value_heads': st.integers(1, 8),
+        'head_dim': st.integers(1, 256),
+        'kv_lora_rank': st.integers(1, 512),
+        'qk_rope_head_dim': st.integers(1, 64),
+        'max_position_embeddings': st.integers(1, 10**6),
+    }
+)
 LAYOUT = st.tuples(SOUND_LAYOUT, st.dictionaries(st.sampled_from(LAYOUT_KEYS), ODD_NUMBERS, max_size=2)).map(
-    lambda t: dict(t[0], **t[1]))
+    lambda t: dict(t[0], **t[1])
+)
 CONFIGS = st.one_of(
     LAYOUT.map(lambda d: dict(d, model_type='llama')),
     LAYOUT.map(lambda d: dict(d, model_type='deepseek_v3')),
     LAYOUT.map(lambda d: {'model_type': 'kimi_k25', 'text_config': dict(d, model_type='deepseek_v3')}),
     st.tuples(LAYOUT, st.sampled_from(['llama', 'deepseek_v3'])).map(
-        lambda t: {'text_config': dict(t[0], model_type=t[1]), 'max_position_embeddings': 4096}),
+        lambda t: {'text_config': dict(t[0], model_type=t[1]), 'max_position_embeddings': 4096}
+    ),
 )
-TENSOR_NAMES = st.sampled_from(['model.embed_tokens.weight', 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight',
-                                'model.layers.1.mlp.experts.0.up_proj.weight', 'model.layers.2.self_attn.o_proj.weight',
-                                'model.layers.7.self_attn.k_proj.weight', 'model.norm.weight', 'lm_head.weight',
-                                'vision_tower.layers.9.w'])
-CHECKPOINTS = st.one_of(st.none(), st.tuples(
-    st.dictionaries(TENSOR_NAMES, st.one_of(st.none(), st.integers(0, 2 ** 40))), st.integers(0, 2 ** 44)))
+TENSOR_NAMES = st.sampled_from(
+    [
+        'model.embed_tokens.weight',
+        'model.layers.0.self_attn.kv_a_proj_with_mqa.weight',
+        'model.layers.1.mlp.experts.0.up_proj.weight',
+        'model.layers.2.self_attn.o_proj.weight',
+        'model.layers.7.self_attn.k_proj.weight',
+        'model.norm.weight',
+        'lm_head.weight',
+        'vision_tower.layers.9.w',
+    ]
+)
+CHECKPOINTS = st.one_of(
+    st.none(),
+    st.tuples(st.dictionaries(TENSOR_NAMES, st.one_of(st.none(), st.integers(0, 2**40))), st.integers(0, 2**44)),
+)
 
 
 def checkpoint(spec):
@@ -80,28 +108,43 @@ def checkpoint(spec):
     return ckpt
 
 
-PARAMS = st.fixed_dictionaries({
-    'tensor_parallel_size': st.integers(1, 16),
-    'pipeline_parallel_size': st.integers(1, 4),
-    'gpu_memory_utilization': st.floats(0.01, 1.0),
-    'max_model_len': st.one_of(st.just('auto'), st.integers(1, 10 ** 7)),
-    'kv_cache_dtype': st.sampled_from(['auto', 'bfloat16', 'fp8', 'float32']),
-    'kv_cache_memory_bytes': st.one_of(st.none(), st.integers(0, 2 ** 16), st.integers(0, 2 ** 40)),
-    'weights_bytes_per_gpu': st.one_of(st.none(), st.integers(0, 2 ** 40)),
-    'reserve_bytes_per_gpu': st.integers(0, 2 ** 36),
-    'block_size': st.integers(1, 256),
-    'fail_on_misfit': st.booleans(),
-    'accelerator': st.sampled_from(['nvidia', 'cpu']),
-    'fp8_kv_cache_policy': st.sampled_from(['auto', 'strip', 'keep']),
-    'shm_min_bytes': st.just(0),
-})
-GPUS = st.lists(st.fixed_dictionaries({
-    'name': st.text(max_size=8), 'memory_total_mib': st.integers(1, 2 ** 20), 'memory_used_mib': st.integers(0, 2 ** 20),
-    'compute_capability': st.sampled_from(['9.0', '12.0', '']), 'uuid': st.sampled_from(['u0', 'u1'])}), max_size=4)
+PARAMS = st.fixed_dictionaries(
+    {
+        'tensor_parallel_size': st.integers(1, 16),
+        'pipeline_parallel_size': st.integers(1, 4),
+        'gpu_memory_utilization': st.floats(0.01, 1.0),
+        'max_model_len': st.one_of(st.just('auto'), st.integers(1, 10**7)),
+        'kv_cache_dtype': st.sampled_from(['auto', 'bfloat16', 'fp8', 'float32']),
+        'kv_cache_memory_bytes': st.one_of(st.none(), st.integers(0, 2**16), st.integers(0, 2**40)),
+        'weights_bytes_per_gpu': st.one_of(st.none(), st.integers(0, 2**40)),
+        'reserve_bytes_per_gpu': st.integers(0, 2**36),
+        'block_size': st.integers(1, 256),
+        'fail_on_misfit': st.booleans(),
+        'accelerator': st.sampled_from(['nvidia', 'cpu']),
+        'fp8_kv_cache_policy': st.sampled_from(['auto', 'strip', 'keep']),
+        'shm_min_bytes': st.just(0),
+    }
+)
+GPUS = st.lists(
+    st.fixed_dictionaries(
+        {
+            'name': st.text(max_size=8),
+            'memory_total_mib': st.integers(1, 2**20),
+            'memory_used_mib': st.integers(0, 2**20),
+            'compute_capability': st.sampled_from(['9.0', '12.0', '']),
+            'uuid': st.sampled_from(['u0', 'u1']),
+        }
+    ),
+    max_size=4,
+)
 
 
 # The problems that say why no context length fits.
-NOTHING_FITS = ('No context length fits', 'No available memory for the cache blocks', 'accelerator cpu needs kv_cache_memory_bytes')
+NOTHING_FITS = (
+    'No context length fits',
+    'No available memory for the cache blocks',
+    'accelerator cpu needs kv_cache_memory_bytes',
+)
 
 
 @SETTINGS
@@ -124,7 +167,9 @@ def test_plan_raises_only_its_own_error_and_never_fits_nothing(config, params, g
         assert r['kv_cache_tokens'] > 0 and r['max_model_len'] >= 1 and r['problems'] == []
         assert r['max_model_len'] <= r['max_model_len_fit'] or params['max_model_len'] != 'auto'
     if r['max_model_len_fit'] == 0:
-        assert any(p.startswith(NOTHING_FITS) or 'GPU(s) found' in p for p in r['problems']), 'nothing fits, no problem says so'
+        assert any(p.startswith(NOTHING_FITS) or 'GPU(s) found' in p for p in r['problems']), (
+            'nothing fits, no problem says so'
+        )
 
 
 @SETTINGS
@@ -138,8 +183,9 @@ def test_kv_bytes_per_token_is_positive_or_refused(config, dtype_bytes, tp):
     assert per_token > 0 and attention in ('mla', 'standard')
 
 
-SMI_FIELDS = st.one_of(st.sampled_from(['0', '1', '143771', '[N/A]', '1e400', 'nan', '-5', '9.0', 'GPU-a', '', ' ']),
-                       st.text(max_size=6))
+SMI_FIELDS = st.one_of(
+    st.sampled_from(['0', '1', '143771', '[N/A]', '1e400', 'nan', '-5', '9.0', 'GPU-a', '', ' ']), st.text(max_size=6)
+)
 
 
 @SETTINGS
@@ -150,7 +196,7 @@ def test_nvidia_smi_parsers_raise_only_their_own_error(text):
     except PreflightError as exc:
         assert str(exc).startswith('nvidia-smi printed')
     else:
-        assert all(1 <= g['memory_total_mib'] <= MAX_SMI_NUMBER and 0 <= g['memory_used_mib'] for g in gpus)
+        assert all(1 <= g['memory_total_mib'] <= MAX_SMI_NUMBER and g['memory_used_mib'] >= 0 for g in gpus)
         json.dumps(gpus, allow_nan=False)
     try:
         apps = parse_apps(text)
@@ -162,15 +208,20 @@ def test_nvidia_smi_parsers_raise_only_their_own_error(text):
 
 
 JSON_VALUES = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=6)),
-    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=4), children, max_size=3)),
-    max_leaves=8)
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=6)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=8,
+)
 ENTRIES = st.one_of(
-    st.fixed_dictionaries({
-        'dtype': st.one_of(st.sampled_from(sorted(DTYPE_BITS)), JSON_VALUES),
-        'shape': st.one_of(st.lists(st.integers(-2, 8), max_size=3), JSON_VALUES),
-        'data_offsets': st.one_of(st.lists(st.integers(-4, 64), min_size=2, max_size=2), JSON_VALUES),
-    }),
+    st.fixed_dictionaries(
+        {
+            'dtype': st.one_of(st.sampled_from(sorted(DTYPE_BITS)), JSON_VALUES),
+            'shape': st.one_of(st.lists(st.integers(-2, 8), max_size=3), JSON_VALUES),
+            'data_offsets': st.one_of(st.lists(st.integers(-4, 64), min_size=2, max_size=2), JSON_VALUES),
+        }
+    ),
     JSON_VALUES,
 )
 
@@ -203,7 +254,7 @@ def test_read_header_raises_only_its_own_error(header, data):
 
 
 @SETTINGS
-@given(st.binary(max_size=64), st.one_of(st.none(), st.integers(0, 2 ** 64 - 1)))
+@given(st.binary(max_size=64), st.one_of(st.none(), st.integers(0, 2**64 - 1)))
 def test_read_header_of_any_bytes(raw, length):
     with tempfile.TemporaryDirectory() as d:
         path = write_safetensors(d, raw, length=length, data=0)
@@ -224,7 +275,7 @@ def test_scan_of_any_index_raises_only_its_own_error(weight_map, metadata):
         except CheckpointError as exc:
             assert d in str(exc)
             return
-    assert 0 <= ckpt.total_bytes <= 2 ** 63 - 1
+    assert 0 <= ckpt.total_bytes <= 2**63 - 1
 
 
 @SETTINGS

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -7,9 +6,6 @@
 tests/fixtures/h200 holds /proc/devices and `ls -l /dev/nvidia* /dev/infiniband` captured on an
 NVIDIA H200 host (driver and CUDA as lent to this project).
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import os
 import re
@@ -58,7 +54,7 @@ def allowed():
 
 def test_every_char_name_exists_on_a_real_host():
     majors = char_majors()
-    missing = [entry for entry in allowed() if entry.startswith('char-') and entry[len('char-'):] not in majors]
+    missing = [entry for entry in allowed() if entry.startswith('char-') and entry[len('char-') :] not in majors]
     assert missing == []
 
 
@@ -68,12 +64,18 @@ def test_every_real_device_node_is_allowed():
     allowed_paths = set()
     for entry in allowed():
         if entry.startswith('char-'):
-            allowed_majors |= majors[entry[len('char-'):]]
+            allowed_majors |= majors[entry[len('char-') :]]
         else:
             allowed_paths.add(entry)
     nodes = device_nodes()
     assert sorted(path for path, _major in nodes) == [
-        '/dev/infiniband/rdma_cm', '/dev/nvidia-caps/nvidia-cap1', '/dev/nvidia-caps/nvidia-cap2', '/dev/nvidia-uvm',
-        '/dev/nvidia-uvm-tools', '/dev/nvidia0', '/dev/nvidiactl']
+        '/dev/infiniband/rdma_cm',
+        '/dev/nvidia-caps/nvidia-cap1',
+        '/dev/nvidia-caps/nvidia-cap2',
+        '/dev/nvidia-uvm',
+        '/dev/nvidia-uvm-tools',
+        '/dev/nvidia0',
+        '/dev/nvidiactl',
+    ]
     closed = [path for path, major in nodes if major not in allowed_majors and path not in allowed_paths]
     assert closed == []

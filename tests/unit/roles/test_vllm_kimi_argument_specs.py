@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The role's defaults and meta/argument_specs.yml describe the same variables with the same defaults."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import os
 import re

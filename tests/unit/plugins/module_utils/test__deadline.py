@@ -1,10 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import re
 import signal
@@ -32,18 +29,21 @@ def swallow_exceptions():
         pass
 
 
-@pytest.mark.parametrize('block', [
-    lambda: time.sleep(5),
-    wait_on_a_silent_socket,
-    # re has no timeout of its own; this backtracks for longer than anyone waits.
-    lambda: re.search('(a+)+$', 'a' * 40 + '!'),
-    swallow_exceptions,
-], ids=['sleep', 'silent-socket', 'catastrophic-regex', 'except-exception'])
+@pytest.mark.parametrize(
+    'block',
+    [
+        lambda: time.sleep(5),
+        wait_on_a_silent_socket,
+        # re has no timeout of its own; this backtracks for longer than anyone waits.
+        lambda: re.search('(a+)+$', 'a' * 40 + '!'),
+        swallow_exceptions,
+    ],
+    ids=['sleep', 'silent-socket', 'catastrophic-regex', 'except-exception'],
+)
 def test_a_block_that_runs_late_is_interrupted(block):
     began = time.monotonic()
-    with pytest.raises(DeadlinePassed):
-        with deadline(0.3):
-            block()
+    with pytest.raises(DeadlinePassed), deadline(0.3):
+        block()
     assert 0.3 <= time.monotonic() - began < 2
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Unit tests of _digest: the Hub's digests of a file, and the cache that spares a rerun the reading."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -23,9 +19,16 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._digest import (
 
 # `git hash-object` and `sha256sum` of the same contents.
 VECTORS = [
-    (b'', 'e69de29bb2d1d6434b8b29ae775ad8c2e48c5391', 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'),
-    (b'hello\n', 'ce013625030ba8dba906f756967f9e9ca394464a',
-     '5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03'),
+    (
+        b'',
+        'e69de29bb2d1d6434b8b29ae775ad8c2e48c5391',
+        'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855',
+    ),
+    (
+        b'hello\n',
+        'ce013625030ba8dba906f756967f9e9ca394464a',
+        '5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03',
+    ),
 ]
 
 
@@ -41,12 +44,16 @@ def test_hash_file_gives_git_and_sha256_digests(tmp_path, data, git_sha1, sha256
     assert digest_of_bytes(data, 'sha256') == sha256
 
 
-@pytest.mark.parametrize('make, message', [
-    (os.mkfifo, '{p} is a FIFO, not a regular file'),
-    (os.mkdir, '{p} is a directory, not a regular file'),
-    (lambda p: None, 'cannot read {p}: No such file or directory'),
-    (lambda p: os.symlink('/dev/null', p), '{p} is a character device, not a regular file'),
-], ids=['fifo', 'directory', 'missing', 'device'])
+@pytest.mark.parametrize(
+    'make, message',
+    [
+        (os.mkfifo, '{p} is a FIFO, not a regular file'),
+        (os.mkdir, '{p} is a directory, not a regular file'),
+        (lambda p: None, 'cannot read {p}: No such file or directory'),
+        (lambda p: os.symlink('/dev/null', p), '{p} is a character device, not a regular file'),
+    ],
+    ids=['fifo', 'directory', 'missing', 'device'],
+)
 def test_hash_file_refuses_without_blocking(tmp_path, make, message):
     path = str(tmp_path / 'f')
     make(path)
@@ -69,11 +76,13 @@ def test_hash_file_refuses_a_file_that_grows_while_read(tmp_path, monkeypatch):
     monkeypatch.setattr(os, 'fstat', fstat_at_the_start)
     with pytest.raises(DigestError) as caught:
         hash_file(str(path), ['sha256'])
-    assert str(caught.value) == ('%s changed while it was read: 4 bytes at the start, 8 read '
-                                 '(is a download still writing it?)' % path)
+    assert str(caught.value) == (
+        '%s changed while it was read: 4 bytes at the start, 8 read (is a download still writing it?)' % path
+    )
 
 
 # ---------------------------------------------------------------- the cache
+
 
 @pytest.fixture
 def shard(tmp_path):
@@ -110,9 +119,12 @@ def test_cache_values_of_other_types_are_misses(tmp_path, shard):
     cache = DigestCache(str(tmp_path / 'cache'))
     cache.put(shard, os.stat(shard), {'sha256': 5, 'git-sha1': [7], 'index_shards': ['a.safetensors']})
     info = os.stat(shard)
-    assert [cache.get(shard, info, 'sha256'), cache.get(shard, info, 'git-sha1', list),
-            cache.get(shard, info, 'index_shards'), cache.get(shard, info, 'index_shards', list)] == [
-        None, None, None, ['a.safetensors']]
+    assert [
+        cache.get(shard, info, 'sha256'),
+        cache.get(shard, info, 'git-sha1', list),
+        cache.get(shard, info, 'index_shards'),
+        cache.get(shard, info, 'index_shards', list),
+    ] == [None, None, None, ['a.safetensors']]
 
 
 def test_cache_is_not_rewritten_when_nothing_changed(tmp_path, shard):
@@ -144,16 +156,27 @@ def test_cache_forgets_files_gone_from_the_checkpoint_only(tmp_path, shard):
         assert sorted(json.load(f)['entries']) == ['/elsewhere/model.safetensors', shard]
 
 
-@pytest.mark.parametrize('spoil, warning', [
-    (lambda p: p.write_text('{'), 'digest cache {p} not used: unreadable (Expecting property name enclosed in double '
-                                  'quotes: line 1 column 2 (char 1)); it is rebuilt'),
-    (lambda p: p.write_text('{"format": 9, "entries": {}}'),
-     'digest cache {p} not used: unreadable (not a format 1 digest cache); it is rebuilt'),
-    (lambda p: os.chmod(str(p), 0o666), 'digest cache {p} not used: others may write it (mode 0666)'),
-    (lambda p: (p.unlink(), p.symlink_to('/etc/hostname')),
-     'digest cache {p} not used: Too many levels of symbolic links'),
-    (lambda p: (p.unlink(), os.mkfifo(str(p))), 'digest cache {p} not used: it is a FIFO'),
-], ids=['not-json', 'other-format', 'world-writable', 'symlink', 'fifo'])
+@pytest.mark.parametrize(
+    'spoil, warning',
+    [
+        (
+            lambda p: p.write_text('{'),
+            'digest cache {p} not used: unreadable (Expecting property name enclosed in double '
+            'quotes: line 1 column 2 (char 1)); it is rebuilt',
+        ),
+        (
+            lambda p: p.write_text('{"format": 9, "entries": {}}'),
+            'digest cache {p} not used: unreadable (not a format 1 digest cache); it is rebuilt',
+        ),
+        (lambda p: os.chmod(str(p), 0o666), 'digest cache {p} not used: others may write it (mode 0666)'),
+        (
+            lambda p: (p.unlink(), p.symlink_to('/etc/hostname')),
+            'digest cache {p} not used: Too many levels of symbolic links',
+        ),
+        (lambda p: (p.unlink(), os.mkfifo(str(p))), 'digest cache {p} not used: it is a FIFO'),
+    ],
+    ids=['not-json', 'other-format', 'world-writable', 'symlink', 'fifo'],
+)
 def test_cache_distrusts_what_it_cannot_vouch_for(tmp_path, shard, spoil, warning):
     cache = DigestCache(str(tmp_path / 'cache'))
     cache.put(shard, os.stat(shard), {'sha256': 'x'})
@@ -175,8 +198,10 @@ def test_cache_of_another_user_is_not_used(tmp_path, shard, monkeypatch):
     monkeypatch.setattr(os, 'geteuid', lambda: 4242)
     again = DigestCache(str(tmp_path / 'cache'))
     again.load()
-    assert again.warnings == ['digest cache %s not used: it belongs to uid %d, not to this user'
-                              % (tmp_path / 'cache' / CACHE_NAME, os.getuid())]
+    assert again.warnings == [
+        'digest cache %s not used: it belongs to uid %d, not to this user'
+        % (tmp_path / 'cache' / CACHE_NAME, os.getuid())
+    ]
 
 
 def test_cache_dir_that_is_a_file_is_named(tmp_path, shard):
@@ -184,8 +209,9 @@ def test_cache_dir_that_is_a_file_is_named(tmp_path, shard):
     blocker.write_text('')
     cache = DigestCache(str(blocker))
     cache.put(shard, os.stat(shard), {'sha256': 'x'})
-    assert cache.save(os.path.dirname(shard)) == ('digest cache %s/%s not written: %s is a regular file, not a directory'
-                                                  % (blocker, CACHE_NAME, blocker))
+    assert cache.save(os.path.dirname(shard)) == (
+        'digest cache %s/%s not written: %s is a regular file, not a directory' % (blocker, CACHE_NAME, blocker)
+    )
 
 
 def test_cache_that_cannot_be_written_is_a_warning(tmp_path, shard):
@@ -193,4 +219,6 @@ def test_cache_that_cannot_be_written_is_a_warning(tmp_path, shard):
     blocker.write_text('')
     cache = DigestCache(str(blocker / 'cache'))
     cache.put(shard, os.stat(shard), {'sha256': 'x'})
-    assert cache.save(os.path.dirname(shard)) == 'digest cache %s not written: Not a directory' % (blocker / 'cache' / CACHE_NAME)
+    assert cache.save(os.path.dirname(shard)) == 'digest cache %s not written: Not a directory' % (
+        blocker / 'cache' / CACHE_NAME
+    )

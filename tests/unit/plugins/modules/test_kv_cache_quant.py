@@ -1,10 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import errno
 import json
@@ -25,16 +22,17 @@ RECORD = '.llmserve-kv-cache-quant.json'
 @pytest.fixture
 def run(module_result):
     """run(args, check_mode=False, diff=False) -> (rc, result): the module run as Ansible runs it."""
+
     def run_kv_cache_quant(args, check_mode=False, diff=False):
         return module_result('kv_cache_quant', dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff))
+
     return run_kv_cache_quant
 
 
 def run_in_process(args, capsys):
     """For the cases that patch this process (a full disk): (rc, result)."""
-    with module_args(args):
-        with pytest.raises(SystemExit) as caught:
-            kv_cache_quant.main()
+    with module_args(args), pytest.raises(SystemExit) as caught:
+        kv_cache_quant.main()
     return caught.value.code, json.loads(capsys.readouterr().out)
 
 
@@ -51,15 +49,20 @@ def snapshot(directory):
     return dict((p.name, p.read_bytes()) for p in sorted(directory.iterdir()))
 
 
-EXPECTED_FILES = [{'path': None, 'changes': [{'key': 'quantization.kv_cache_quant_algo', 'before': 'FP8', 'after': None}]}]
+EXPECTED_FILES = [
+    {'path': None, 'changes': [{'key': 'quantization.kv_cache_quant_algo', 'before': 'FP8', 'after': None}]}
+]
 
 
 def expected_files(path):
     return [dict(EXPECTED_FILES[0], path=str(path / 'hf_quant_config.json'))]
 
 
-@pytest.mark.parametrize('check_mode, diff', [(True, False), (True, True), (False, False), (False, True)],
-                         ids=['check', 'check+diff', 'real', 'real+diff'])
+@pytest.mark.parametrize(
+    'check_mode, diff',
+    [(True, False), (True, True), (False, False), (False, True)],
+    ids=['check', 'check+diff', 'real', 'real+diff'],
+)
 def test_strip(run, checkpoint, check_mode, diff):
     before = snapshot(checkpoint)
     rc, result = run({'path': str(checkpoint)}, check_mode=check_mode, diff=diff)
@@ -71,9 +74,14 @@ def test_strip(run, checkpoint, check_mode, diff):
     assert (result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == ('fp8', 'auto')
     assert warning_texts(result) == []
     if diff:
-        assert result['diff'] == [{'before': HF_NESTED, 'after': HF_STRIPPED,
-                                   'before_header': str(checkpoint / 'hf_quant_config.json'),
-                                   'after_header': str(checkpoint / 'hf_quant_config.json')}]
+        assert result['diff'] == [
+            {
+                'before': HF_NESTED,
+                'after': HF_STRIPPED,
+                'before_header': str(checkpoint / 'hf_quant_config.json'),
+                'after_header': str(checkpoint / 'hf_quant_config.json'),
+            }
+        ]
     else:
         assert 'diff' not in result
     if check_mode:
@@ -82,9 +90,9 @@ def test_strip(run, checkpoint, check_mode, diff):
         assert (checkpoint / 'hf_quant_config.json').read_text() == HF_STRIPPED
         assert (checkpoint / 'config.json').read_text() == CONFIG
         record = json.loads((checkpoint / RECORD).read_text())
-        assert [(e['file'], e['key'], e['before'], e['before_text'], e['after'], e['symlink'])
-                for e in record['entries']] == [
-            ('hf_quant_config.json', 'quantization.kv_cache_quant_algo', 'FP8', '"FP8"', None, None)]
+        assert [
+            (e['file'], e['key'], e['before'], e['before_text'], e['after'], e['symlink']) for e in record['entries']
+        ] == [('hf_quant_config.json', 'quantization.kv_cache_quant_algo', 'FP8', '"FP8"', None, None)]
         assert sorted(os.listdir(str(checkpoint))) == [RECORD, 'config.json', 'hf_quant_config.json']
 
 
@@ -95,14 +103,22 @@ def test_strip_twice_then_restore(run, checkpoint):
     rc, result = run({'path': str(checkpoint)})
     assert rc == 0
     assert (result['changed'], result['files'], result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == (
-        False, [], 'auto', 'auto')
+        False,
+        [],
+        'auto',
+        'auto',
+    )
     assert snapshot(checkpoint) == stripped
 
     rc, result = run({'path': str(checkpoint), 'state': 'present'}, check_mode=True)
     assert rc == 0
     assert result['changed'] is True
-    assert result['files'] == [{'path': str(checkpoint / 'hf_quant_config.json'),
-                                'changes': [{'key': 'quantization.kv_cache_quant_algo', 'before': None, 'after': 'FP8'}]}]
+    assert result['files'] == [
+        {
+            'path': str(checkpoint / 'hf_quant_config.json'),
+            'changes': [{'key': 'quantization.kv_cache_quant_algo', 'before': None, 'after': 'FP8'}],
+        }
+    ]
     assert (result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == ('auto', 'fp8')
     assert snapshot(checkpoint) == stripped
 
@@ -114,7 +130,8 @@ def test_strip_twice_then_restore(run, checkpoint):
     assert rc == 0
     assert (result['changed'], result['files']) == (False, [])
     assert warning_texts(result) == [
-        '%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, checkpoint)]
+        '%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, checkpoint)
+    ]
 
 
 def test_backup(run, checkpoint):
@@ -132,7 +149,11 @@ def test_no_kv_cache_quantization(run, tmp_path):
     rc, result = run({'path': str(tmp_path)})
     assert rc == 0
     assert (result['changed'], result['files'], result['kv_cache_dtype_before'], result['kv_cache_dtype_after']) == (
-        False, [], 'auto', 'auto')
+        False,
+        [],
+        'auto',
+        'auto',
+    )
     assert warning_texts(result) == []
     assert sorted(os.listdir(str(tmp_path))) == ['config.json', 'module-run']
 
@@ -144,13 +165,17 @@ def test_other_kv_cache_quantization_warns(run, tmp_path):
     assert result['changed'] is False
     assert warning_texts(result) == [
         'hf_quant_config.json in %s: quantization.kv_cache_quant_algo is "NVFP4", '
-        'not an FP8 KV cache; left unchanged' % tmp_path]
+        'not an FP8 KV cache; left unchanged' % tmp_path
+    ]
 
 
-@pytest.mark.parametrize('config, message', [
-    ('', 'config.json in {path} is empty'),
-    ('{"quantization_config": []}', 'config.json in {path}: quantization_config must be a JSON object, not array'),
-])
+@pytest.mark.parametrize(
+    'config, message',
+    [
+        ('', 'config.json in {path} is empty'),
+        ('{"quantization_config": []}', 'config.json in {path}: quantization_config must be a JSON object, not array'),
+    ],
+)
 def test_bad_second_file_modifies_nothing(run, checkpoint, config, message):
     (checkpoint / 'config.json').write_text(config)
     before = snapshot(checkpoint)
@@ -166,8 +191,14 @@ def test_missing_directory_fails(run, tmp_path):
     assert (rc, result['msg']) == (1, 'checkpoint directory %s does not exist' % (tmp_path / 'missing'))
 
 
-@pytest.mark.parametrize('code, cause', [(errno.EROFS, 'Read-only file system'), (errno.ENOSPC, 'No space left on device'),
-                                         (errno.EDQUOT, 'Disk quota exceeded')])
+@pytest.mark.parametrize(
+    'code, cause',
+    [
+        (errno.EROFS, 'Read-only file system'),
+        (errno.ENOSPC, 'No space left on device'),
+        (errno.EDQUOT, 'Disk quota exceeded'),
+    ],
+)
 def test_unwritable_directory_modifies_nothing(checkpoint, capsys, monkeypatch, code, cause):
     # Staging syncs each temporary file: where a full disk or a quota shows on NFS.
     def refuse(fd):
@@ -178,7 +209,10 @@ def test_unwritable_directory_modifies_nothing(checkpoint, capsys, monkeypatch, 
     rc, result = run_in_process({'path': str(checkpoint)}, capsys)
     assert rc == 1
     assert result['msg'] == 'cannot write hf_quant_config.json in %s: %s (a temporary file in %s)' % (
-        checkpoint, cause, checkpoint)
+        checkpoint,
+        cause,
+        checkpoint,
+    )
     assert snapshot(checkpoint) == before
 
 
@@ -203,7 +237,8 @@ def test_record_is_not_written_through_a_link(run, checkpoint, tmp_path_factory)
     assert elsewhere.read_text() == '{"entries": []}'
     assert not os.path.islink(str(checkpoint / RECORD))
     assert [e['key'] for e in json.loads((checkpoint / RECORD).read_text())['entries']] == [
-        'quantization.kv_cache_quant_algo']
+        'quantization.kv_cache_quant_algo'
+    ]
 
 
 def test_hugging_face_cache_layout(run, tmp_path):
