@@ -46,13 +46,15 @@ collection-link:
 	mkdir -p $(dir $(COLLECTION_LINK))
 	ln -sfn ../../../.. $(COLLECTION_LINK)
 
-# Python lint and format (ruff.toml) of the collection's code and of the tests and tools kept with it.
+# Python lint and format (ruff.toml) of the collection's code and of the tests and tools kept with it;
+# types (.mypy.ini) of the collection's code, imported as Ansible imports it.
 RUFF_PATHS := plugins tests/unit tests/adversarial tests/conftest.py tests/support.py tools/fake_hub.py
 lint: tools
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
 	$(BIN)/ruff check $(RUFF_PATHS)
 	$(BIN)/ruff format --check $(RUFF_PATHS)
+	$(BIN)/mypy --config-file .mypy.ini -p ansible_collections.llmserve.vllm.plugins
 
 # ansible-test needs a real ansible_collections/<ns>/<name> tree, so sanity runs on a copy.
 # Its pip bootstrap script comes from a host these machines cannot reach: seed its cache

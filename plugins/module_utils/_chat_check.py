@@ -19,6 +19,7 @@ import socket
 import time
 import unicodedata
 from http.client import BadStatusLine, HTTPException, IncompleteRead
+from typing import Any, Callable, NoReturn, Optional
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 
@@ -113,10 +114,14 @@ _LOG_PREFIX = re.compile(
 )
 
 
+# http(method, path, payload, timeout, limit) -> (status, text): see make_transport.
+Http = Callable[[str, str, Optional[dict[str, Any]], float, int], tuple[int, str]]
+
+
 class CheckFailed(Exception):
     """The gate failed; msg says why, details go into the module's result."""
 
-    def __init__(self, msg, **details):
+    def __init__(self, msg: str, **details: Any) -> None:
         super().__init__(msg)
         self.msg = msg
         self.details = details
@@ -125,7 +130,7 @@ class CheckFailed(Exception):
 class Unreachable(Exception):
     """The endpoint did not answer at all (refused, reset, timed out)."""
 
-    def __init__(self, reason):
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
@@ -133,12 +138,12 @@ class Unreachable(Exception):
 class TooLarge(Exception):
     """The endpoint answered with more bytes than the check reads from it."""
 
-    def __init__(self, limit):
+    def __init__(self, limit: int) -> None:
         self.reason = 'an answer of more than %d bytes' % limit
         super().__init__(self.reason)
 
 
-def api_key_problem(api_key):
+def api_key_problem(api_key: str) -> Optional[str]:
     """Why api_key cannot travel as a Bearer token, or None. The message never quotes the key."""
     for position, char in enumerate(api_key, 1):
         if unicodedata.category(char) == 'Cc':
@@ -151,7 +156,7 @@ def api_key_problem(api_key):
     return None
 
 
-def url_problem(url):
+def url_problem(url: str) -> Optional[str]:
     """Why url cannot be the base URL of a vLLM server, or None.
 
     A typo fails here at once instead of making every poll fail until the timeout.
@@ -184,7 +189,7 @@ def url_problem(url):
     return None
 
 
-def expect_problem(expect):
+def expect_problem(expect: str) -> Optional[str]:
     """Why expect cannot judge an answer, or None."""
     try:
         pattern = re.compile(expect)
@@ -198,7 +203,7 @@ def expect_problem(expect):
     return None
 
 
-def mask(text, secret):
+def mask(text: str, secret: Optional[str]) -> str:
     """text with secret replaced by ********, as it is and as JSON or Python's repr escape it.
 
     Ansible masks a no_log value only as it is; a server or a traceback may quote it escaped.
@@ -212,7 +217,7 @@ def mask(text, secret):
     return text
 
 
-def quote(text, limit=MAX_QUOTE):
+def quote(text: Any, limit: int = MAX_QUOTE) -> str:
     """Shorten text for a message, marking what was cut."""
     text = to_text(text if text is not None else '')
     if len(text) > limit:
@@ -220,7 +225,7 @@ def quote(text, limit=MAX_QUOTE):
     return text
 
 
-def describe_unreachable(exc, timeout):
+def describe_unreachable(exc: BaseException, timeout: float) -> str:
     """Say in a few words why a request got no HTTP answer."""
     reason = getattr(exc, 'reason', exc)
     if isinstance(reason, ConnectionRefusedError):
@@ -235,7 +240,7 @@ def describe_unreachable(exc, timeout):
             counts += ', %d more expected' % reason.expected
         return 'connection closed in the middle of the answer (%s)' % counts
     if isinstance(reason, BadStatusLine):
-        return 'an answer that is not HTTP: %r' % reason.line
+        return 'an answer that is not HTTP: %r' % reason.args[0]  # the status line
     if isinstance(reason, socket.gaierror):
         return 'host name not resolved (%s)' % to_text(reason)
     text = to_text(reason)
@@ -244,14 +249,16 @@ def describe_unreachable(exc, timeout):
     return text or type(reason).__name__
 
 
-def format_seconds(value):
+def format_seconds(value: float) -> str:
     value = float(value)
     if value == int(value):
         return '%d' % value
     return '%.1f' % value
 
 
-def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
+def make_transport(
+    base_url: str, api_key: Optional[str] = None, validate_certs: bool = True, use_proxy: bool = True
+) -> Http:
     """Return http(method, path, payload, timeout, limit) -> (status, text) through open_url.
 
     Any HTTP status comes back as a value. The whole exchange, the body included, ends
@@ -261,7 +268,13 @@ def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
     """
     base_url = base_url.rstrip('/')
 
-    def call(method, path, payload=None, timeout=DEFAULT_REQUEST_TIMEOUT, limit=MAX_HEALTH_BYTES):
+    def call(
+        method: str,
+        path: str,
+        payload: Optional[dict[str, Any]] = None,
+        timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        limit: int = MAX_HEALTH_BYTES,
+    ) -> tuple[int, str]:
         headers = {'Accept': 'application/json'}
         data = None
         if payload is not None:
@@ -300,7 +313,7 @@ def make_transport(base_url, api_key=None, validate_certs=True, use_proxy=True):
     return call
 
 
-def read_body(response, limit):
+def read_body(response: Any, limit: int) -> bytes:
     """Read at most limit bytes of a response's body; TooLarge when it has more.
 
     IncompleteRead when the connection closed before the Content-Length that the
@@ -315,7 +328,7 @@ def read_body(response, limit):
     return body
 
 
-def parse_unit_show(text):
+def parse_unit_show(text: Any) -> dict[str, str]:
     """Parse `systemctl show -p A,B unit` output into a dict of strings."""
     state = {}
     for line in to_text(text).splitlines():
@@ -325,14 +338,14 @@ def parse_unit_show(text):
     return state
 
 
-def _int(value, default=0):
+def _int(value: Any, default: int = 0) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
         return default
 
 
-def describe_unit(state):
+def describe_unit(state: dict[str, str]) -> str:
     """One parenthesis that tells the unit's state, e.g. '(ActiveState=failed, ...)'."""
     parts = []
     for key in ('ActiveState', 'SubState', 'Result', 'ExecMainStatus', 'NRestarts'):
@@ -341,7 +354,7 @@ def describe_unit(state):
     return '(%s)' % ', '.join(parts)
 
 
-def judge_unit(unit, state, baseline_restarts, max_restarts):
+def judge_unit(unit: str, state: dict[str, str], baseline_restarts: int, max_restarts: int) -> Optional[str]:
     """Decide whether waiting on a unit still makes sense.
 
     Returns None while the unit may still come up, otherwise the reason to
@@ -372,7 +385,7 @@ def judge_unit(unit, state, baseline_restarts, max_restarts):
     return None
 
 
-def journal_lines(text):
+def journal_lines(text: Any) -> list[str]:
     """Split journal text into lines; a carriage return (progress bars) also ends a line."""
     lines = []
     for line in to_text(text).splitlines():
@@ -383,18 +396,18 @@ def journal_lines(text):
     return lines
 
 
-def strip_log_prefix(line):
+def strip_log_prefix(line: str) -> str:
     """Drop vLLM's log prefix: '(EngineCore pid=7) ERROR 11-30 03:50:07 [core.py:1510] '."""
     return _LOG_PREFIX.sub('', line, count=1).strip()
 
 
-def explaining_lines(lines, limit=DEFAULT_JOURNAL_LINES):
+def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> list[str]:
     """Pick the journal lines that explain a failure: the last `limit`, each once.
 
     vLLM logs a failure twice (the engine process, then the API server), with
     and without its log prefix; lines are compared and quoted without it.
     """
-    picked = []
+    picked: list[str] = []
     for line in lines:
         if any(p.search(line) for p in _EXPLAIN_PATTERNS):
             line = strip_log_prefix(line)
@@ -406,9 +419,9 @@ def explaining_lines(lines, limit=DEFAULT_JOURNAL_LINES):
     return picked[-limit:]
 
 
-def progress_lines(lines, limit=MAX_PROGRESS_LINES):
+def progress_lines(lines: list[str], limit: int = MAX_PROGRESS_LINES) -> list[str]:
     """Pick the loading-progress lines; consecutive shard-progress updates keep only the latest."""
-    picked = []
+    picked: list[str] = []
     for line in lines:
         if not any(p.search(line) for p in _PROGRESS_PATTERNS):
             continue
@@ -420,7 +433,7 @@ def progress_lines(lines, limit=MAX_PROGRESS_LINES):
     return picked[-limit:]
 
 
-def parse_json(text):
+def parse_json(text: str) -> tuple[Any, Optional[str]]:
     """Parse a JSON body; return (value, None) or (None, reason)."""
     try:
         return json.loads(text), None
@@ -430,7 +443,7 @@ def parse_json(text):
         return None, 'a body that is not JSON (nested too deeply): %s' % quote(text, 200)
 
 
-def parse_models(text):
+def parse_models(text: str) -> list[str]:
     """Return the model ids that /v1/models lists, or raise ValueError with the reason."""
     doc, error = parse_json(text)
     if error:
@@ -443,7 +456,7 @@ def parse_models(text):
     ]
 
 
-def error_message(text):
+def error_message(text: str) -> str:
     """The message of an OpenAI-style error body, else the body itself (shortened)."""
     doc, error = parse_json(text)
     if not error and isinstance(doc, dict):
@@ -457,7 +470,7 @@ def error_message(text):
     return quote(text, 300)
 
 
-def parse_chat(text):
+def parse_chat(text: str) -> dict[str, Any]:
     """Read one chat completion.
 
     Returns a dict with answer, content, reasoning, finish_reason and
@@ -499,26 +512,26 @@ def parse_chat(text):
     }
 
 
-def _count(value):
+def _count(value: Any) -> Optional[int]:
     """value when it is a count, else None: an int (a bool is one to Python) that is not negative."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None
 
 
-def _answer_end(text):
+def _answer_end(text: Optional[str]) -> Optional[str]:
     """The last MAX_ANSWER_CHARS characters of text, which the check judges and returns."""
     if text is None:
         return None
     return text[-MAX_ANSWER_CHARS:]
 
 
-def answer_matches(expect, answer):
+def answer_matches(expect: str, answer: Optional[str]) -> bool:
     """True when the regular expression finds a match anywhere in the answer."""
     return re.search(expect, answer or '') is not None
 
 
-def unauthorized_message(what, status, url, api_key_set):
+def unauthorized_message(what: str, status: int, url: str, api_key_set: bool) -> str:
     if api_key_set:
         cause = 'the api_key is wrong (it was sent as a Bearer token and refused)'
     else:
@@ -544,26 +557,26 @@ class ChatCheck:
 
     def __init__(
         self,
-        http,
-        url=DEFAULT_URL,
-        model=None,
-        prompt=DEFAULT_PROMPT,
-        expect=DEFAULT_EXPECT,
-        max_tokens=DEFAULT_MAX_TOKENS,
-        timeout=DEFAULT_TIMEOUT,
-        interval=DEFAULT_INTERVAL,
-        request_timeout=DEFAULT_REQUEST_TIMEOUT,
-        api_key_set=False,
-        extra_body=None,
-        unit=None,
-        probe_unit=None,
-        read_journal=None,
-        max_restarts=DEFAULT_MAX_RESTARTS,
-        journal_lines=DEFAULT_JOURNAL_LINES,
-        clock=time.monotonic,
-        epoch=time.time,
-        sleep=time.sleep,
-    ):
+        http: Http,
+        url: str = DEFAULT_URL,
+        model: Optional[str] = None,
+        prompt: str = DEFAULT_PROMPT,
+        expect: str = DEFAULT_EXPECT,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        timeout: float = DEFAULT_TIMEOUT,
+        interval: float = DEFAULT_INTERVAL,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        api_key_set: bool = False,
+        extra_body: Optional[dict[str, Any]] = None,
+        unit: Optional[str] = None,
+        probe_unit: Optional[Callable[[float], dict[str, str]]] = None,
+        read_journal: Optional[Callable[..., str]] = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        journal_lines: int = DEFAULT_JOURNAL_LINES,
+        clock: Callable[[], float] = time.monotonic,
+        epoch: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.http = http
         self.url = url.rstrip('/')
         self.model = model
@@ -583,22 +596,23 @@ class ChatCheck:
         self.clock = clock
         self.epoch = epoch
         self.sleep = sleep
-        self.start = None
-        self.start_epoch = None
-        self.baseline_restarts = None
-        self.unit_state = {}
+        # Set when run() begins.
+        self.start = 0.0
+        self.start_epoch = 0.0
+        self.baseline_restarts: Optional[int] = None
+        self.unit_state: dict[str, str] = {}
         self.last_state = 'nothing yet'
-        self.healthy_after = None
+        self.healthy_after: Optional[float] = None
 
     # -- helpers ---------------------------------------------------------
 
-    def _elapsed(self):
+    def _elapsed(self) -> float:
         return round(self.clock() - self.start, 3)
 
-    def _remaining(self):
+    def _remaining(self) -> float:
         return self.start + self.timeout - self.clock()
 
-    def _details(self):
+    def _details(self) -> dict[str, Any]:
         details = {
             'elapsed': self._elapsed(),
             'url': self.url,
@@ -613,12 +627,12 @@ class ChatCheck:
             details['progress'] = []
         return details
 
-    def _restarts(self):
+    def _restarts(self) -> int:
         if self.baseline_restarts is None:
             return 0
         return max(0, _int(self.unit_state.get('NRestarts')) - self.baseline_restarts)
 
-    def _journal(self, **kwargs):
+    def _journal(self, **kwargs: Any) -> list[str]:
         if not self.read_journal:
             return []
         try:
@@ -628,21 +642,21 @@ class ChatCheck:
             self.read_journal = None
             return []
 
-    def _main_start_epoch(self):
+    def _main_start_epoch(self) -> Optional[int]:
         """When the unit's main process last started (epoch seconds), or None."""
         started = _int(self.unit_state.get('ExecMainStartTimestampMonotonic'))
         if started <= 0:
             return None
         return int(self.epoch() - (self.clock() - started / 1e6))
 
-    def _progress(self):
+    def _progress(self) -> list[str]:
         """Progress of the unit's current run: its journal since its main process started."""
         since = self._main_start_epoch()
         if since is None:
             since = int(self.start_epoch)
         return progress_lines(self._journal(since=since))
 
-    def _fail(self, msg, explain=False):
+    def _fail(self, msg: str, explain: bool = False) -> NoReturn:
         details = self._details()
         if explain and self.unit:
             # The runs that matter: those during the wait, or the one that failed just before it.
@@ -655,14 +669,17 @@ class ChatCheck:
                 msg = '%s. From its journal:\n%s' % (msg.rstrip('.'), '\n'.join('  ' + line for line in lines))
         raise CheckFailed(msg, **details)
 
-    def _check_unit(self):
+    def _check_unit(self) -> None:
+        probe, unit = self.probe_unit, self.unit
+        if probe is None or unit is None:
+            return  # no unit to watch
         try:
-            self.unit_state = self.probe_unit(max(1.0, min(UNIT_PROBE_SECONDS, self._remaining())))
+            self.unit_state = probe(max(1.0, min(UNIT_PROBE_SECONDS, self._remaining())))
         except CheckFailed as exc:
             self._fail(exc.msg)
         if self.baseline_restarts is None:
             self.baseline_restarts = _int(self.unit_state.get('NRestarts'))
-        reason = judge_unit(self.unit, self.unit_state, self.baseline_restarts, self.max_restarts)
+        reason = judge_unit(unit, self.unit_state, self.baseline_restarts, self.max_restarts)
         if reason:
             self._fail(
                 '%s while waiting %s s for %s to answer' % (reason, format_seconds(self._elapsed()), self.url),
@@ -671,7 +688,7 @@ class ChatCheck:
 
     # -- the phases --------------------------------------------------------
 
-    def _health(self):
+    def _health(self) -> bool:
         status, text = self.http(
             'GET', '/health', None, max(1.0, min(self.request_timeout, self._remaining())), MAX_HEALTH_BYTES
         )
@@ -681,7 +698,7 @@ class ChatCheck:
         self.last_state = '/health answered %d' % status
         return False
 
-    def _models(self):
+    def _models(self) -> Optional[str]:
         status, text = self.http(
             'GET', '/v1/models', None, max(1.0, min(self.request_timeout, self._remaining())), MAX_MODELS_BYTES
         )
@@ -707,7 +724,7 @@ class ChatCheck:
             )
         return self.model
 
-    def _chat(self, model):
+    def _chat(self, model: str) -> Optional[dict[str, Any]]:
         payload = {
             'model': model,
             'messages': [{'role': 'user', 'content': self.prompt}],
@@ -748,13 +765,14 @@ class ChatCheck:
 
     # -- the wait ----------------------------------------------------------
 
-    def run(self):
+    def run(self) -> dict[str, Any]:
         problem = expect_problem(self.expect)
         if problem:
             raise CheckFailed(problem)
         self.start = self.clock()
         self.start_epoch = self.epoch()
         phase = 'health'
+        model: Optional[str] = None
         while True:
             if self.unit:
                 self._check_unit()
@@ -765,7 +783,7 @@ class ChatCheck:
                     model = self._models()
                     if model is not None:
                         phase = 'chat'
-                if phase == 'chat':
+                if phase == 'chat' and model is not None:
                     reply = self._chat(model)
                     if reply is not None:
                         return self._judge(model, reply)
@@ -781,7 +799,7 @@ class ChatCheck:
                 self._timeout(phase)
             self.sleep(min(self.interval, remaining))
 
-    def _timeout(self, phase):
+    def _timeout(self, phase: str) -> NoReturn:
         waited_for = {
             'health': '/health to answer 200',
             'models': '/v1/models to list a model',
@@ -800,8 +818,9 @@ class ChatCheck:
                 msg += "; its last loading progress: '%s'" % progress[-1]
         self._fail(msg, explain=True)
 
-    def _judge(self, model, reply):
+    def _judge(self, model: str, reply: dict[str, Any]) -> dict[str, Any]:
         answer = reply['answer']
+        msg: Optional[str] = None
         try:
             with deadline(MATCH_SECONDS):
                 matched = answer_matches(self.expect, answer)
@@ -812,7 +831,6 @@ class ChatCheck:
                 % (self.expect, format_seconds(MATCH_SECONDS), model, self.url, len(answer))
             )
         else:
-            msg = None
             if not matched:
                 msg = "The answer from %s at %s did not match '%s': '%s'" % (
                     model,

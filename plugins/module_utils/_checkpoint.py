@@ -11,6 +11,7 @@ Only the Python standard library is used.
 import json
 import os
 import stat
+from typing import IO, Any, Optional
 
 CONFIG_NAME = 'config.json'
 HF_QUANT_CONFIG_NAME = 'hf_quant_config.json'
@@ -61,11 +62,17 @@ MLA_MODEL_TYPES = (
 )
 
 
+# A config.json or hf_quant_config.json as parsed: any JSON object.
+Config = dict[str, Any]
+# resolve_kv_cache_dtype's answer: the dtype, where it comes from, and a warning or None.
+DtypeInfo = tuple[str, str, Optional[str]]
+
+
 class CheckpointError(Exception):
     """A checkpoint file is missing or malformed; the message names file and cause."""
 
 
-def open_regular(path):
+def open_regular(path: str) -> IO[bytes]:
     """Open path for reading in binary, refusing anything but a regular file.
 
     A FIFO would block the open or the read for ever, a device can be endless; the
@@ -78,7 +85,7 @@ def open_regular(path):
     return os.fdopen(fd, 'rb')
 
 
-def read_json(path):
+def read_json(path: str) -> Config:
     """Return the parsed JSON object in path, or raise CheckpointError naming it."""
     try:
         with open_regular(path) as f:
@@ -98,7 +105,7 @@ def read_json(path):
     return obj
 
 
-def load_config(model_path):
+def load_config(model_path: str) -> Config:
     """The checkpoint's config.json as a dict."""
     path = os.path.join(model_path, CONFIG_NAME)
     if not os.path.exists(path):
@@ -106,7 +113,7 @@ def load_config(model_path):
     return read_json(path)
 
 
-def text_config(config):
+def text_config(config: Config) -> Config:
     """The language model's config: ``text_config`` of a multimodal checkpoint, else the config itself."""
     sub = config.get('text_config')
     if isinstance(sub, dict):
@@ -114,7 +121,7 @@ def text_config(config):
     return config
 
 
-def read_hf_quant_config(model_path, config):
+def read_hf_quant_config(model_path: Optional[str], config: Config) -> Optional[Config]:
     """hf_quant_config.json (ModelOpt <= 0.29) when vLLM reads it: config.json has no quantization_config."""
     path = os.path.join(model_path, HF_QUANT_CONFIG_NAME) if model_path else None
     if config.get('quantization_config') is None and path and os.path.exists(path):
@@ -122,7 +129,7 @@ def read_hf_quant_config(model_path, config):
     return None
 
 
-def normalize_quant_method(quant_cfg):
+def normalize_quant_method(quant_cfg: Config) -> str:
     """The quant_method vLLM gives this config (model_arch_config_convertor._normalize_quantization_config)."""
     producer = quant_cfg.get('producer')
     producer_name = producer.get('name') if isinstance(producer, dict) else None
@@ -140,7 +147,7 @@ def normalize_quant_method(quant_cfg):
     return str(method).lower().replace('compressed_tensors', 'compressed-tensors')
 
 
-def kv_cache_quant_algo_string(quant_cfg):
+def kv_cache_quant_algo_string(quant_cfg: Config) -> Optional[str]:
     """Mirror of vLLM's get_kv_cache_quant_algo_string (vllm/utils/torch_utils.py).
 
     None when the checkpoint asks for no KV-cache quantization, ``auto`` when it asks
@@ -170,7 +177,7 @@ def kv_cache_quant_algo_string(quant_cfg):
     return None
 
 
-def model_dtype(config):
+def model_dtype(config: Config) -> str:
     """The dtype vLLM runs the model in with --dtype auto, as a string.
 
     float32 checkpoints are downcast to the platform's first 16-bit type (bfloat16 on
@@ -191,7 +198,7 @@ def model_dtype(config):
     return 'bfloat16'
 
 
-def is_mla(config):
+def is_mla(config: Config) -> bool:
     """Whether vLLM 0.32.0 runs the language model's attention as MLA (ModelConfig.use_mla).
 
     As vLLM decides it for its own model implementations: the text config's model_type is one
@@ -208,7 +215,7 @@ def is_mla(config):
     return True
 
 
-def auto_kv_cache_dtype(config, hf_quant_config):
+def auto_kv_cache_dtype(config: Config, hf_quant_config: Optional[Config]) -> tuple[Optional[str], Optional[str]]:
     """What vLLM 0.32.0 makes of ``--kv-cache-dtype auto``: (cache dtype, where it comes from).
 
     The dtype is None when the KV cache keeps the model's dtype. The one answer every module
@@ -243,7 +250,7 @@ def auto_kv_cache_dtype(config, hf_quant_config):
     return None, None
 
 
-def resolve_kv_cache_dtype(requested, model_path, config):
+def resolve_kv_cache_dtype(requested: str, model_path: Optional[str], config: Config) -> DtypeInfo:
     """The KV-cache dtype vLLM ends up with for ``--kv-cache-dtype requested``: auto_kv_cache_dtype's answer.
 
     Returns (dtype, source, warning): where the dtype came from, and a warning or None. The
@@ -284,7 +291,7 @@ def resolve_kv_cache_dtype(requested, model_path, config):
     )
 
 
-def kv_dtype_bytes(dtype):
+def kv_dtype_bytes(dtype: str) -> Optional[int]:
     """Bytes per KV-cache element of a resolved vLLM cache dtype, or None if unknown."""
     if dtype in KV_CACHE_DTYPE_BYTES:
         return KV_CACHE_DTYPE_BYTES[dtype]

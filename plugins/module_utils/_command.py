@@ -18,6 +18,7 @@ import selectors
 import signal
 import subprocess
 import time
+from typing import IO, Any, Callable, cast
 
 # nvidia-smi's answers for eight GPUs and a hundred processes are a few KiB.
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
@@ -33,7 +34,9 @@ class CommandTimeout(CommandError):
     """The command ran past its deadline."""
 
 
-def run(argv, timeout, max_output=MAX_OUTPUT_BYTES, clock=time.monotonic):
+def run(
+    argv: list[str], timeout: float, max_output: int = MAX_OUTPUT_BYTES, clock: Callable[[], float] = time.monotonic
+) -> tuple[int, str, str]:
     """Run argv; return (rc, stdout, stderr) as text. rc is -N when signal N killed it.
 
     Raises OSError when argv cannot be started, CommandTimeout when it does not finish
@@ -46,7 +49,9 @@ def run(argv, timeout, max_output=MAX_OUTPUT_BYTES, clock=time.monotonic):
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
-    chunks = {proc.stdout: [], proc.stderr: []}
+    # Both are pipes: Popen was asked for them.
+    stdout, stderr = cast(IO[bytes], proc.stdout), cast(IO[bytes], proc.stderr)
+    chunks: dict[Any, list[bytes]] = {stdout: [], stderr: []}
     size = 0
     try:
         with selectors.DefaultSelector() as selector:
@@ -72,13 +77,13 @@ def run(argv, timeout, max_output=MAX_OUTPUT_BYTES, clock=time.monotonic):
         except subprocess.TimeoutExpired:
             raise _killed(proc, CommandTimeout(late)) from None
     finally:
-        proc.stdout.close()
-        proc.stderr.close()
-    out, err = (b''.join(chunks[pipe]).decode('utf-8', 'replace') for pipe in (proc.stdout, proc.stderr))
+        stdout.close()
+        stderr.close()
+    out, err = (b''.join(chunks[pipe]).decode('utf-8', 'replace') for pipe in (stdout, stderr))
     return rc, out, err
 
 
-def _killed(proc, error):
+def _killed(proc: subprocess.Popen[bytes], error: CommandError) -> CommandError:
     """SIGKILL the command's process group (a shell's children too) and reap it if it dies at once; return error."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -10,6 +10,9 @@ Only the modules of llmserve.vllm may import it.
 
 import contextlib
 import signal
+from collections.abc import Iterator
+from types import FrameType
+from typing import NoReturn, Optional
 
 
 class DeadlinePassed(BaseException):
@@ -21,7 +24,7 @@ class DeadlinePassed(BaseException):
 
 
 @contextlib.contextmanager
-def deadline(seconds):
+def deadline(seconds: float) -> Iterator[None]:
     """Interrupt the block with DeadlinePassed once `seconds` (> 0) of wall time have passed.
 
     It works by SIGALRM, so it ends what a socket timeout or a clock read between
@@ -31,7 +34,7 @@ def deadline(seconds):
     Main thread only; blocks must not nest.
     """
 
-    def expire(signum, frame):
+    def expire(signum: int, frame: Optional[FrameType]) -> NoReturn:
         raise DeadlinePassed()
 
     previous = signal.signal(signal.SIGALRM, expire)

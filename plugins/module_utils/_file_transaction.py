@@ -24,6 +24,8 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Iterator
+from typing import Callable, Optional
 
 TEMP_PREFIX = '.llmserve-kvq-'
 LOCK_POLL_SECONDS = 0.1
@@ -39,16 +41,20 @@ FILE_KINDS = (
 )
 
 
+# A step of a transaction: (action, dest, where, staged, undo); see Transaction.
+Step = tuple[str, str, str, Optional[str], Optional[str]]
+
+
 class FileTransactionError(Exception):
     """A file cannot be locked, staged or replaced; the message names it and the cause."""
 
 
-def file_kind(mode):
+def file_kind(mode: int) -> str:
     """'a FIFO', 'a directory', ... for a mode that is not a regular file's."""
     return next((kind for test, kind in FILE_KINDS if test(mode)), 'an unknown kind of file')
 
 
-def cause(exc):
+def cause(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
@@ -60,19 +66,27 @@ class DirectoryLock:
     directory) nothing is locked: nothing can change there.
     """
 
-    def __init__(self, directory, name, timeout, holder, clock=time.monotonic, sleep=time.sleep):
+    def __init__(
+        self,
+        directory: str,
+        name: str,
+        timeout: float,
+        holder: str,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.path = os.path.join(directory, name)
         self.timeout = timeout
         self.holder = holder
         self._clock = clock
         self._sleep = sleep
-        self._fd = None
+        self._fd: Optional[int] = None
 
     @property
-    def held(self):
+    def held(self) -> bool:
         return self._fd is not None
 
-    def __enter__(self):
+    def __enter__(self) -> 'DirectoryLock':
         deadline = self._clock() + self.timeout
         while self._fd is None:
             fd = self._open()
@@ -85,7 +99,7 @@ class DirectoryLock:
                 raise
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         if self._fd is not None:
             # Removed while held: a run that opened this file meanwhile sees it is gone and retries.
             try:
@@ -95,7 +109,7 @@ class DirectoryLock:
             os.close(self._fd)
             self._fd = None
 
-    def _open(self):
+    def _open(self) -> Optional[int]:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -111,7 +125,7 @@ class DirectoryLock:
             raise FileTransactionError('cannot lock %s: not a regular file (%s)' % (self.path, file_kind(mode)))
         return fd
 
-    def _lock(self, fd, deadline):
+    def _lock(self, fd: int, deadline: float) -> Optional[int]:
         """fd once it holds the lock on the file that is still at self.path, else None (open again)."""
         while True:
             try:
@@ -137,16 +151,16 @@ class DirectoryLock:
         return None
 
 
-def temp_name(directory):
+def temp_name(directory: str) -> str:
     return os.path.join(directory, TEMP_PREFIX + binascii.hexlify(os.urandom(8)).decode('ascii'))
 
 
-def remove_stale(directory):
+def remove_stale(directory: str) -> list[str]:
     """Remove the temporary files a killed run left in ``directory``; call it only under the lock.
 
     Returns the paths removed. What cannot be removed stays: the run's own writes will say why.
     """
-    removed = []
+    removed: list[str] = []
     try:
         names = sorted(os.listdir(directory))
     except OSError:
@@ -172,13 +186,15 @@ class Transaction:
     every temporary file of a transaction that is not committed.
     """
 
-    def __init__(self):
-        self._temps = []
+    def __init__(self) -> None:
+        self._temps: list[str] = []
         # (action, dest, where, staged, undo): 'replace' and 'create' rename staged to dest
         # (undo: a copy of the original, None for a new file); 'remove' renames dest to undo.
-        self._steps = []
+        self._steps: list[Step] = []
 
-    def replace(self, dest, where, data=None, link=None, first=False):
+    def replace(
+        self, dest: str, where: str, data: Optional[bytes] = None, link: Optional[str] = None, first: bool = False
+    ) -> None:
         """Stage ``data`` (bytes) or a symbolic link to ``link`` for ``dest``, named ``where`` in messages.
 
         ``first``: commit it before the steps added so far.
@@ -191,27 +207,27 @@ class Transaction:
             undo = self._copy('write', where, dest, original) if original is not None else None
             self._steps.insert(0 if first else len(self._steps), ('replace', dest, where, staged, undo))
 
-    def backup(self, source, where, backup_path):
+    def backup(self, source: str, where: str, backup_path: str) -> None:
         """A copy of ``source`` (of its content, for a symbolic link) at the new name ``backup_path``."""
         with self._staging():
             staged = self._copy('back up', where, source, _stat(source, where))
             self._steps.append(('create', backup_path, backup_path, staged, None))
 
-    def remove(self, dest, where):
+    def remove(self, dest: str, where: str) -> None:
         """Remove ``dest``: renamed onto a temporary name at commit, so that it can be put back."""
         with self._staging():
             undo = self._stage('write', where, os.path.dirname(dest), data=b'')
             self._steps.append(('remove', dest, where, None, undo))
 
-    def commit(self):
-        done = []
+    def commit(self) -> None:
+        done: list[Step] = []
         try:
             for step in self._steps:
                 action, dest, where, staged, undo = step
                 try:
-                    if action == 'remove':
+                    if action == 'remove' and undo is not None:
                         os.rename(dest, undo)
-                    else:
+                    elif staged is not None:
                         os.rename(staged, dest)
                 except OSError as exc:
                     raise FileTransactionError(
@@ -221,7 +237,7 @@ class Transaction:
         finally:
             self.abort()
 
-    def abort(self):
+    def abort(self) -> None:
         for temp in self._temps:
             try:
                 os.unlink(temp)
@@ -230,14 +246,14 @@ class Transaction:
         self._temps = []
 
     @contextlib.contextmanager
-    def _staging(self):
+    def _staging(self) -> Iterator[None]:
         try:
             yield
         except FileTransactionError:
             self.abort()
             raise
 
-    def _undo(self, done):
+    def _undo(self, done: list[Step]) -> str:
         """Undo the steps done, last first; returns the end of the failure's message."""
         failures = []
         for _action, dest, where, _staged, undo in reversed(done):
@@ -257,7 +273,9 @@ class Transaction:
             return '; ' + '; '.join(failures)
         return '; nothing was changed'
 
-    def _stage(self, action, where, directory, data=None, link=None):
+    def _stage(
+        self, action: str, where: str, directory: str, data: Optional[bytes] = None, link: Optional[str] = None
+    ) -> str:
         """A new temporary file holding ``data`` (or a symbolic link to ``link``) in ``directory``."""
         staged = temp_name(directory)
         try:
@@ -269,7 +287,7 @@ class Transaction:
             fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             self._temps.append(staged)
             try:
-                view = memoryview(data)
+                view = memoryview(data or b'')
                 while view:
                     view = view[os.write(fd, view) :]
                 # A full disk or a quota shows on some file systems (NFS) only here.
@@ -282,7 +300,7 @@ class Transaction:
             ) from exc
         return staged
 
-    def _copy(self, action, where, source, source_stat):
+    def _copy(self, action: str, where: str, source: str, source_stat: os.stat_result) -> str:
         """A temporary copy of ``source`` as it is: a symbolic link stays a link; a file keeps its attributes."""
         directory = os.path.dirname(source)
         if stat.S_ISLNK(source_stat.st_mode):
@@ -297,7 +315,7 @@ class Transaction:
         return copy
 
 
-def _lstat(path, where):
+def _lstat(path: str, where: str) -> Optional[os.stat_result]:
     """lstat of ``path``, None when there is nothing."""
     try:
         return os.lstat(path)
@@ -307,14 +325,16 @@ def _lstat(path, where):
         raise FileTransactionError('cannot read %s: %s' % (where, cause(exc))) from exc
 
 
-def _stat(path, where):
+def _stat(path: str, where: str) -> os.stat_result:
     try:
         return os.stat(path)
     except OSError as exc:
         raise FileTransactionError('cannot read %s: %s' % (where, cause(exc))) from exc
 
 
-def _take_attributes(staged, dest, original, where, keep_times=False):
+def _take_attributes(
+    staged: str, dest: str, original: Optional[os.stat_result], where: str, keep_times: bool = False
+) -> None:
     """Give ``staged`` the owner, mode and extended attributes (SELinux context) of ``dest``, as atomic_move does.
 
     A new file (``original`` None) gets the mode the umask allows, as atomic_move gives it.

@@ -14,9 +14,12 @@ the plan.
 """
 
 import math
+from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     CONFIG_NAME,
+    Config,
+    DtypeInfo,
     is_mla,
     kv_dtype_bytes,
     model_dtype,
@@ -36,7 +39,9 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import
     config_int,
     derived_max_model_len,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import App, Gpu
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import MIB, PreflightError, gib
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import Checkpoint
 from ansible_collections.llmserve.vllm.plugins.module_utils._weights import weights_per_gpu
 
 # vLLM's --gpu-memory-utilization when it is not given.
@@ -44,20 +49,24 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # What max_model_len says when the plan is to choose the longest context that fits.
 AUTO_MAX_MODEL_LEN = (None, 'auto', -1, '-1')
 
+# The module's options; the host's facts by name: 'belongs'(pid), 'name'(pid), 'shm'(path), 'port'(host, port).
+Params = dict[str, Any]
+Host = dict[str, Callable[..., Any]]
+
 
 class Findings:
     """What the steps of a plan report, in the order they find it."""
 
-    def __init__(self):
-        self.warnings = []
-        self.problems = []  # what would make vLLM's start fail
-        self.remedies = []  # changes that would make the plan fit
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+        self.problems: list[str] = []  # what would make vLLM's start fail
+        self.remedies: list[str] = []  # changes that would make the plan fit
 
 
 class Memory:
     """One GPU's memory as the plan divides it, in bytes."""
 
-    def __init__(self, params, total, weights, reserve, per_token):
+    def __init__(self, params: Params, total: Optional[int], weights: int, reserve: int, per_token: int) -> None:
         self.total = total  # the smallest GPU's, None without GPUs (the CPU build)
         self.weights = weights
         self.reserve = reserve
@@ -69,7 +78,15 @@ class Memory:
         self.tokens = 0  # the budget holds, in whole blocks
 
 
-def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
+def plan(
+    params: Params,
+    config: Config,
+    checkpoint: Optional[Checkpoint],
+    gpus: list[Gpu],
+    apps: list[App],
+    dtype_info: DtypeInfo,
+    host: Optional[Host] = None,
+) -> dict[str, Any]:
     """Compute the whole preflight answer.
 
     params: the module's options (dict). config: config.json. checkpoint: a
@@ -124,7 +141,9 @@ def plan(params, config, checkpoint, gpus, apps, dtype_info, host=None):
     }
 
 
-def kv_cache_dtype(params, config, gpus_used, dtype_info, cpu, found):
+def kv_cache_dtype(
+    params: Params, config: Config, gpus_used: list[Gpu], dtype_info: DtypeInfo, cpu: bool, found: Findings
+) -> tuple[str, str, bool, bool]:
     """The KV-cache dtype the plan uses once the checkpoint's FP8 KV cache is kept or stripped.
 
     Returns (dtype, where it comes from, whether these GPUs need the strip, whether the deploy strips).
@@ -155,9 +174,10 @@ def kv_cache_dtype(params, config, gpus_used, dtype_info, cpu, found):
     return dtype, source, strip, stripped
 
 
-def check_pipeline_stages(config, pp):
+def check_pipeline_stages(config: Config, pp: int) -> None:
     """Each pipeline stage must hold a layer."""
-    layers = config_int(config, 'num_hidden_layers')
+    # kv_bytes_per_token() has refused a config without num_hidden_layers already.
+    layers = config_int(config, 'num_hidden_layers', missing=0)
     if pp > layers:
         raise PreflightError(
             'pipeline_parallel_size %d exceeds the %d layers of the model (%s in %s): a pipeline stage '
@@ -165,7 +185,9 @@ def check_pipeline_stages(config, pp):
         )
 
 
-def weights_on_a_gpu(params, config, checkpoint, tp, pp, found):
+def weights_on_a_gpu(
+    params: Params, config: Config, checkpoint: Optional[Checkpoint], tp: int, pp: int, found: Findings
+) -> tuple[int, int]:
     """(bytes of all weights, bytes on the most loaded GPU): weights_bytes_per_gpu as given, or from the checkpoint."""
     given = params.get('weights_bytes_per_gpu')
     if checkpoint is not None:
@@ -187,7 +209,9 @@ def weights_on_a_gpu(params, config, checkpoint, tp, pp, found):
     return checkpoint.total_bytes, weights
 
 
-def gpu_memory(params, gpus, gpus_used, apps, host, found):
+def gpu_memory(
+    params: Params, gpus: list[Gpu], gpus_used: list[Gpu], apps: list[App], host: Host, found: Findings
+) -> Optional[int]:
     """The smallest GPU's memory in bytes, None without GPUs; too few GPUs, or memory other processes hold,
     are problems."""
     tp = params['tensor_parallel_size']
@@ -203,7 +227,14 @@ def gpu_memory(params, gpus, gpus_used, apps, host, found):
     return min(g['memory_total_mib'] for g in gpus_used) * MIB if gpus_used else None
 
 
-def check_gpu_holders(gpu, apps, belongs, name_of, util, found):
+def check_gpu_holders(
+    gpu: Gpu,
+    apps: list[App],
+    belongs: Callable[[int], bool],
+    name_of: Optional[Callable[[int], Optional[str]]],
+    util: float,
+    found: Findings,
+) -> None:
     """Whether one GPU has the memory vLLM asks for; what our own service holds counts as free."""
     mine = [a for a in apps if a['gpu_uuid'] == gpu.get('uuid') and belongs(a['pid'])]
     foreign = [a for a in apps if a['gpu_uuid'] == gpu.get('uuid') and not belongs(a['pid'])]
@@ -235,7 +266,7 @@ def check_gpu_holders(gpu, apps, belongs, name_of, util, found):
         )
 
 
-def size_kv_cache(memory, found):
+def size_kv_cache(memory: Memory, found: Findings) -> None:
     """The KV-cache budget per GPU and the tokens it holds: kv_cache_memory_bytes as given, else what
     gpu_memory_utilization leaves beside the weights and the reserve."""
     util = memory.utilization
@@ -268,13 +299,13 @@ def size_kv_cache(memory, found):
         )
 
 
-def choose_context_length(params, config, memory, found):
+def choose_context_length(params: Params, config: Config, memory: Memory, found: Findings) -> tuple[int, int, bool]:
     """(the longest context that fits, the max_model_len to start vLLM with, whether the requested one fits)."""
     model_max = derived_max_model_len(config)
     fit = memory.tokens if model_max is None else min(memory.tokens, model_max)
     requested = params.get('max_model_len')
     if requested in AUTO_MAX_MODEL_LEN:
-        if fit < (model_max or 0):
+        if model_max is not None and fit < model_max:
             found.warnings.append("max_model_len auto: %d tokens fit, below the model's %d" % (fit, model_max))
         return fit, fit, fit > 0
     requested = int(requested)
@@ -297,7 +328,7 @@ def choose_context_length(params, config, memory, found):
     return fit, fit, False
 
 
-def remedy_misfit(requested, needed, fit, memory, found):
+def remedy_misfit(requested: int, needed: int, fit: int, memory: Memory, found: Findings) -> None:
     """What would make a requested context length of needed KV-cache bytes fit."""
     if fit > 0:
         found.remedies.append(
@@ -319,7 +350,7 @@ def remedy_misfit(requested, needed, fit, memory, found):
             )
 
 
-def check_host(params, host, found):
+def check_host(params: Params, host: Host, found: Findings) -> None:
     """/dev/shm large enough, the port free: what else breaks a start."""
     shm_path = params.get('shm_path') or DEFAULT_SHM_PATH
     if params.get('shm_min_bytes') and host.get('shm'):

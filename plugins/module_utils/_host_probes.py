@@ -12,6 +12,7 @@ Read from /proc and statvfs, without tools that a minimal host may lack (ss, lso
 import errno
 import os
 import socket
+from typing import Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import GIB, PreflightError
 
@@ -23,7 +24,7 @@ DEFAULT_SHM_MIN_BYTES = GIB
 DEFAULT_SHM_PATH = '/dev/shm'
 
 
-def read_proc(path):
+def read_proc(path: str) -> Optional[str]:
     """The text of a /proc file, or None when it cannot be read; bytes that are not UTF-8 (a process may give
     itself any name) are replaced, so that they can be returned as JSON."""
     try:
@@ -33,11 +34,11 @@ def read_proc(path):
         return None
 
 
-def proc_cgroup(pid, proc='/proc'):
+def proc_cgroup(pid: int, proc: str = '/proc') -> str:
     return read_proc(os.path.join(proc, str(pid), 'cgroup')) or ''
 
 
-def belongs_to_service(pid, service_name, proc='/proc'):
+def belongs_to_service(pid: int, service_name: Optional[str], proc: str = '/proc') -> bool:
     """Whether pid runs in the systemd unit service_name (its cgroup path names the unit)."""
     if not service_name:
         return False
@@ -49,7 +50,7 @@ def belongs_to_service(pid, service_name, proc='/proc'):
     return False
 
 
-def listening_inodes(port, proc='/proc'):
+def listening_inodes(port: int, proc: str = '/proc') -> Optional[set[str]]:
     """Inodes of TCP sockets listening on port (any local address), from /proc/net/tcp{,6}."""
     inodes = set()
     found_table = False
@@ -67,10 +68,10 @@ def listening_inodes(port, proc='/proc'):
     return inodes if found_table else None
 
 
-def socket_owners(inodes, proc='/proc'):
+def socket_owners(inodes: set[str], proc: str = '/proc') -> set[int]:
     """PIDs whose file descriptors hold one of these socket inodes."""
     wanted = set('socket:[%s]' % i for i in inodes)
-    owners = set()
+    owners: set[int] = set()
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()]
     except OSError:
@@ -91,13 +92,13 @@ def socket_owners(inodes, proc='/proc'):
     return owners
 
 
-def process_name(pid, proc='/proc'):
+def process_name(pid: int, proc: str = '/proc') -> Optional[str]:
     """The command name of pid, or None when it cannot be read (another PID namespace, gone)."""
     name = read_proc(os.path.join(proc, str(pid), 'comm'))
     return name.strip() if name is not None else None
 
 
-def port_conflict(host, port, service_name, proc='/proc'):
+def port_conflict(host: str, port: int, service_name: Optional[str], proc: str = '/proc') -> Optional[str]:
     """None if host:port is free (or held by our own service), else a problem string."""
     inodes = listening_inodes(port, proc)
     if inodes is None:
@@ -122,7 +123,7 @@ def port_conflict(host, port, service_name, proc='/proc'):
     return 'port %d is already in use by another process' % port
 
 
-def shm_size(path):
+def shm_size(path: str) -> Optional[int]:
     """Total bytes of the filesystem at path (tmpfs /dev/shm)."""
     try:
         st = os.statvfs(path)

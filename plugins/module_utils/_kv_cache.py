@@ -7,7 +7,7 @@
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, is_mla
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, Config, is_mla
 from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_field, config_int
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import GIB, PreflightError, ceil_div, gib
 
@@ -26,7 +26,7 @@ DEFAULT_RESERVE_BYTES = 5 * GIB
 DEFAULT_BLOCK_SIZE = 16
 
 
-def kv_bytes_per_token(config, dtype_bytes, tp):
+def kv_bytes_per_token(config: Config, dtype_bytes: int, tp: int) -> tuple[int, str]:
     """KV-cache bytes one token takes on one GPU, and the attention kind.
 
     MLA caches one latent (kv_lora_rank + qk_rope_head_dim) per layer, on every rank
@@ -35,7 +35,7 @@ def kv_bytes_per_token(config, dtype_bytes, tp):
     DeepSeek configs carry head_dim and num_key_value_heads too: MLA wins.
     """
 
-    def required(key):
+    def required(key: str) -> int:
         value = config_int(config, key)
         if value is None:
             raise PreflightError('%s has no %s: cannot size the KV cache' % (CONFIG_NAME, config_field(config, key)))
@@ -57,25 +57,25 @@ def kv_bytes_per_token(config, dtype_bytes, tp):
     return 2 * ceil_div(kv, tp) * head_dim * dtype_bytes * layers, 'standard'
 
 
-def tokens_for(budget, per_token, block_size):
+def tokens_for(budget: int, per_token: int, block_size: int) -> int:
     """Tokens a KV budget holds, in whole blocks (vLLM allocates num_blocks = budget // page bytes)."""
     if budget <= 0 or per_token <= 0:
         return 0
     return (budget // (per_token * block_size)) * block_size
 
 
-def bytes_for(tokens, per_token, block_size):
+def bytes_for(tokens: int, per_token: int, block_size: int) -> int:
     """KV-cache bytes a context of tokens needs, in whole blocks."""
     return ceil_div(tokens, block_size) * block_size * per_token
 
 
-def utilization_for(needed_kv, weights, reserve, total):
+def utilization_for(needed_kv: int, weights: int, reserve: int, total: int) -> float:
     """Smallest gpu_memory_utilization (in hundredths, rounded up) that leaves needed_kv for the cache."""
     need = needed_kv + weights + reserve
     return ceil_div(need * 100, total) / 100.0
 
 
-def misfit_message(max_model_len, needed, available, fit):
+def misfit_message(max_model_len: int, needed: int, available: int, fit: int) -> str:
     """vLLM's own words (kv_cache_utils._check_enough_kv_cache_memory)."""
     msg = (
         "To serve at least one request with the model's max seq len (%d), (%s GiB KV cache is needed, "

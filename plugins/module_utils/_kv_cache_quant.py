@@ -18,9 +18,11 @@ import os
 import re
 import stat
 import time
-from json.decoder import scanstring
+from collections.abc import Sequence
+from json.decoder import scanstring  # type: ignore[attr-defined]  # in the stdlib, not in typeshed
+from typing import Any, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, auto_kv_cache_dtype
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
 
 CONFIG_JSON = 'config.json'
@@ -43,11 +45,17 @@ MAX_DEPTH = 64
 _WS = re.compile(r'[ \t\n\r]*')
 
 
+# A planned change of one value: keys (tuple), before, after, and before_text / after_text, its exact JSON text.
+Change = dict[str, Any]
+# The record beside the checkpoint of what state=absent replaced (see new_record).
+Record = dict[str, Any]
+
+
 class KvCacheQuantError(Exception):
     """Bad input: the message names the file and the cause."""
 
 
-def json_type(value):
+def json_type(value: Any) -> str:
     """The JSON name of a Python value's type, for messages."""
     if value is None:
         return 'null'
@@ -62,17 +70,17 @@ def json_type(value):
     return 'number'
 
 
-def compact(value):
+def compact(value: Any) -> str:
     """A value as one line of JSON, for messages and warnings."""
     return json.dumps(value, sort_keys=False, separators=(', ', ': '))
 
 
-def label(name, path):
+def label(name: str, path: str) -> str:
     """How messages name a file: 'config.json in /models/x'."""
     return '%s in %s' % (name, path)
 
 
-def too_deep(value):
+def too_deep(value: Any) -> bool:
     """Whether ``value`` nests arrays and objects more than MAX_DEPTH levels (checked without recursion)."""
     pending = [(value, 1)]
     while pending:
@@ -85,7 +93,7 @@ def too_deep(value):
     return False
 
 
-def parse_json(text, where):
+def parse_json(text: str, where: str) -> Any:
     """Any JSON value, with the file named in every failure; deep nesting is refused, not a RecursionError."""
     deep = KvCacheQuantError('%s nests arrays and objects more than %d levels deep' % (where, MAX_DEPTH))
     try:
@@ -99,7 +107,7 @@ def parse_json(text, where):
     return value
 
 
-def parse_document(text, where):
+def parse_document(text: str, where: str) -> Config:
     """Parse a config file's text; it must hold a JSON object."""
     if not text.strip():
         raise KvCacheQuantError('%s is empty' % where)
@@ -109,12 +117,12 @@ def parse_document(text, where):
     return doc
 
 
-def canonical(value):
+def canonical(value: Any) -> str:
     """One text per JSON value, so that values compare equal even when they hold NaN."""
     return json.dumps(value, sort_keys=True)
 
 
-def read_bytes(full, where):
+def read_bytes(full: str, where: str) -> bytes:
     """The bytes of a regular file of at most MAX_FILE_BYTES; a FIFO or device is refused, never waited on."""
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -142,7 +150,7 @@ def read_bytes(full, where):
         os.close(fd)
 
 
-def read_text(full, where):
+def read_text(full: str, where: str) -> str:
     """Read a file as UTF-8 text, with a message that says why it failed."""
     data = read_bytes(full, where)
     try:
@@ -154,7 +162,7 @@ def read_text(full, where):
 class ConfigFile:
     """One config file of the checkpoint as read from disk."""
 
-    def __init__(self, name, full, text, doc, link):
+    def __init__(self, name: str, full: str, text: str, doc: Config, link: Optional[str]) -> None:
         self.name = name
         self.full = full
         self.text = text
@@ -163,7 +171,7 @@ class ConfigFile:
         self.link = link
 
 
-def read_checkpoint(path):
+def read_checkpoint(path: str) -> dict[str, ConfigFile]:
     """Read config.json and hf_quant_config.json of a checkpoint directory.
 
     Returns a dict file name -> ConfigFile for the files that exist.
@@ -185,7 +193,7 @@ def read_checkpoint(path):
     return files
 
 
-def check_directory(path):
+def check_directory(path: str) -> None:
     """The checkpoint path must be a directory; the message says what it is instead."""
     try:
         info = os.stat(path)
@@ -197,9 +205,9 @@ def check_directory(path):
         raise KvCacheQuantError('checkpoint path %s is not a directory' % path)
 
 
-def _section(doc, keys, where):
+def _section(doc: Config, keys: tuple[str, ...], where: str) -> Optional[Config]:
     """The object at ``keys`` in ``doc``; None when absent or null; an error for another type."""
-    node = doc
+    node: Any = doc
     for depth, key in enumerate(keys):
         node = node.get(key)
         if node is None:
@@ -211,7 +219,7 @@ def _section(doc, keys, where):
     return node
 
 
-def find_kv_entries(name, doc, where):
+def find_kv_entries(name: str, doc: Config, where: str) -> list[tuple[tuple[str, ...], Any]]:
     """Every KV-cache quantization key of one config file, as (key path tuple, value).
 
     config.json: quantization_config and text_config.quantization_config (multimodal
@@ -235,7 +243,7 @@ def find_kv_entries(name, doc, where):
     return entries
 
 
-def kv_key_paths(name):
+def kv_key_paths(name: str) -> set[tuple[str, ...]]:
     """Every key path find_kv_entries() looks at in the config file ``name``."""
     return set(
         section + inner + (key,)
@@ -245,7 +253,7 @@ def kv_key_paths(name):
     )
 
 
-def classify(value):
+def classify(value: Any) -> str:
     """'none' (no KV-cache quantization), 'fp8' (to strip) or 'other' (left alone)."""
     if value is None:
         return 'none'
@@ -258,11 +266,11 @@ def classify(value):
     return 'other'
 
 
-def dotted(keys):
+def dotted(keys: Sequence[str]) -> str:
     return '.'.join(keys)
 
 
-def get_path(doc, keys):
+def get_path(doc: Config, keys: Sequence[str]) -> Any:
     """The value at ``keys``; raises KeyError when a key is missing on the way."""
     node = doc
     for key in keys:
@@ -272,22 +280,23 @@ def get_path(doc, keys):
     return node
 
 
-def set_path(doc, keys, value):
+def set_path(doc: Config, keys: Sequence[str], value: Any) -> None:
     node = doc
     for key in keys[:-1]:
         node = node[key]
     node[keys[-1]] = value
 
 
-def _skip_ws(text, pos):
-    return _WS.match(text, pos).end()
+def _skip_ws(text: str, pos: int) -> int:
+    match = _WS.match(text, pos)  # always, if only the empty string
+    return match.end() if match else pos
 
 
-def value_span(text, keys):
+def value_span(text: str, keys: Sequence[str]) -> tuple[int, int]:
     """(start, end) of the JSON text of the value at ``keys``, the last of duplicate keys as json.loads does."""
     decoder = json.JSONDecoder()
     start = _skip_ws(text, 0)
-    end = None
+    end = len(text)
     for key in keys:
         if text[start : start + 1] != '{':
             raise KeyError(key)
@@ -312,7 +321,7 @@ def value_span(text, keys):
     return start, end
 
 
-def detect_indent(text):
+def detect_indent(text: str) -> Optional[str]:
     """The indent unit of a pretty-printed JSON text (spaces or a tab), None when on one line."""
     match = re.search(r'\n([ \t]+)\S', text)
     if match is None:
@@ -321,7 +330,7 @@ def detect_indent(text):
     return '\t' if unit.startswith('\t') else ' ' * len(unit)
 
 
-def dumps(value, **options):
+def dumps(value: Any, **options: Any) -> str:
     """json.dumps with non-ASCII text as it is, unless that text cannot be UTF-8 (a lone surrogate from a \\ud800 escape)."""
     rendered = json.dumps(value, ensure_ascii=False, **options)
     try:
@@ -331,18 +340,19 @@ def dumps(value, **options):
     return rendered
 
 
-def render_value(value, text, start):
+def render_value(value: Any, text: str, start: int) -> str:
     """JSON text for ``value`` placed at ``start`` of ``text``, in the document's style."""
     indent = detect_indent(text)
     if indent is None or not isinstance(value, (dict, list)) or not value:
         return dumps(value)
     line_start = text.rfind('\n', 0, start) + 1
-    lead = re.match(r'[ \t]*', text[line_start:start]).group(0)
+    before = text[line_start:start]
+    lead = before[: len(before) - len(before.lstrip(' \t'))]
     rendered = dumps(value, indent=indent, separators=(',', ': '))
     return rendered.replace('\n', '\n' + lead)
 
 
-def apply_changes(text, doc, changes, where):
+def apply_changes(text: str, doc: Config, changes: list[Change], where: str) -> tuple[str, Config]:
     """Render ``changes`` into ``text``; every byte outside the changed values stays.
 
     Each change is a dict with ``keys`` (tuple), ``after`` (the new value) and
@@ -366,14 +376,21 @@ def apply_changes(text, doc, changes, where):
     return new_text, new_doc
 
 
-def utc_now():
+def utc_now() -> str:
     return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
 
 
 class FilePlan:
     """The planned edit of one config file."""
 
-    def __init__(self, config_file, changes, new_text, new_doc, relink=None):
+    def __init__(
+        self,
+        config_file: ConfigFile,
+        changes: list[Change],
+        new_text: str,
+        new_doc: Config,
+        relink: Optional[str] = None,
+    ) -> None:
         self.file = config_file
         self.changes = changes
         self.new_text = new_text
@@ -381,14 +398,16 @@ class FilePlan:
         # state=present: the symbolic link target to put back instead of a real file.
         self.relink = relink
 
-    def result(self):
+    def result(self) -> dict[str, Any]:
         return {
             'path': self.file.full,
             'changes': [{'key': dotted(c['keys']), 'before': c['before'], 'after': c['after']} for c in self.changes],
         }
 
 
-def plan_strip(path, files, record, now=None):
+def plan_strip(
+    path: str, files: dict[str, ConfigFile], record: Optional[Record], now: Optional[str] = None
+) -> tuple[list[FilePlan], Optional[Record], list[str]]:
     """Plan state=absent: every FP8 KV-cache key becomes null.
 
     Returns (list of FilePlan, new record dict or None when nothing changes, warnings).
@@ -444,7 +463,7 @@ def plan_strip(path, files, record, now=None):
     return plans, new_record(path, kept + new_entries), warnings
 
 
-def new_record(path, entries):
+def new_record(path: str, entries: list[dict[str, Any]]) -> Record:
     return {
         'format': RECORD_FORMAT,
         'module': MODULE_NAME,
@@ -457,11 +476,11 @@ def new_record(path, entries):
     }
 
 
-def render_record(record):
+def render_record(record: Record) -> str:
     return dumps(record, indent=2) + '\n'
 
 
-def read_record(path):
+def read_record(path: str) -> Optional[Record]:
     """The record beside the checkpoint, or None when there is none."""
     full = os.path.join(path, RECORD_NAME)
     where = label(RECORD_NAME, path)
@@ -484,7 +503,7 @@ def read_record(path):
     return record
 
 
-def _check_record_checkpoint(recorded, path, where):
+def _check_record_checkpoint(recorded: Any, path: str, where: str) -> None:
     """A record copied from another checkpoint would restore that one's values here; records of earlier versions name none."""
     if not isinstance(recorded, str):
         raise KvCacheQuantError('%s: checkpoint must be a string, not %s' % (where, json_type(recorded)))
@@ -498,7 +517,7 @@ def _check_record_checkpoint(recorded, path, where):
     raise KvCacheQuantError('%s was written for %s, not for this checkpoint' % (where, recorded))
 
 
-def _entry_problem(entry):
+def _entry_problem(entry: Any) -> Optional[str]:
     if not isinstance(entry, dict):
         return 'must be a JSON object, not %s' % json_type(entry)
     name = entry.get('file')
@@ -527,13 +546,13 @@ def _entry_problem(entry):
     return None
 
 
-def plan_restore(path, files, record):
+def plan_restore(path: str, files: dict[str, ConfigFile], record: Record) -> tuple[list[FilePlan], list[str]]:
     """Plan state=present: put back every value the record holds.
 
     Returns (list of FilePlan, warnings). The caller removes the record afterwards.
     """
     warnings = []
-    by_file = {}
+    by_file: dict[str, list[Change]] = {}
     for entry in record['entries']:
         name = entry['file']
         where = label(name, path)
@@ -586,7 +605,7 @@ def plan_restore(path, files, record):
     return plans, warnings
 
 
-def kv_cache_dtype(config_doc, hf_quant_doc):
+def kv_cache_dtype(config_doc: Optional[Config], hf_quant_doc: Optional[Config]) -> str:
     """'fp8' when vLLM 0.32.0 resolves --kv-cache-dtype auto to an FP8 cache for this checkpoint, else 'auto'.
 
     The answer is _checkpoint.auto_kv_cache_dtype's, the one the GPU preflight gives too.
@@ -595,7 +614,7 @@ def kv_cache_dtype(config_doc, hf_quant_doc):
     return 'fp8' if dtype is not None and dtype.startswith('fp8') else 'auto'
 
 
-def checkpoint_kv_cache_dtype(files, plans=None):
+def checkpoint_kv_cache_dtype(files: dict[str, ConfigFile], plans: Optional[list[FilePlan]] = None) -> str:
     """kv_cache_dtype() of the files as they are, or as they will be after ``plans``."""
     docs = dict((name, f.doc) for name, f in files.items())
     for plan in plans or []:
@@ -603,7 +622,7 @@ def checkpoint_kv_cache_dtype(files, plans=None):
     return kv_cache_dtype(docs.get(CONFIG_JSON), docs.get(HF_QUANT_CONFIG_JSON))
 
 
-def shipped_with_fp8_kv_cache(path):
+def shipped_with_fp8_kv_cache(path: str) -> bool:
     """Whether the checkpoint as shipped asks for an FP8 KV cache that this module stripped.
 
     Planners (the GPU preflight) must judge the checkpoint as shipped: judged from the

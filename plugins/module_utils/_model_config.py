@@ -8,8 +8,9 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 """
 
 import json
+from typing import Any, Optional, overload
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, text_config
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, Config, text_config
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 
 # Config fields are int64 in vLLM (torch); larger ones are corrupt and would overflow the float arithmetic.
@@ -19,7 +20,21 @@ MAX_CONFIG_INT = 2**63 - 1
 MAX_LENGTH_KEYS = ('max_position_embeddings', 'n_positions', 'max_seq_len', 'seq_length', 'max_sequence_length')
 
 
-def config_int(config, key, minimum=1, maximum=MAX_CONFIG_INT, missing=None):
+@overload
+def config_int(config: Config, key: str, minimum: int = ..., maximum: int = ..., *, missing: int) -> int:
+    """With an int for missing, always an int."""
+
+
+@overload
+def config_int(
+    config: Config, key: str, minimum: int = ..., maximum: int = ..., missing: Optional[int] = ...
+) -> Optional[int]:
+    """Else None when the field is absent or null."""
+
+
+def config_int(
+    config: Config, key: str, minimum: int = 1, maximum: int = MAX_CONFIG_INT, missing: Optional[int] = None
+) -> Optional[int]:
     """The integer field key of the language model's config (text_config of a multimodal one), or missing when
     absent or null. Anything but a JSON integer from minimum to maximum raises PreflightError naming the field."""
     value = text_config(config).get(key)
@@ -28,7 +43,7 @@ def config_int(config, key, minimum=1, maximum=MAX_CONFIG_INT, missing=None):
     return checked_int(value, config_field(config, key), minimum, maximum)
 
 
-def checked_int(value, field, minimum=1, maximum=MAX_CONFIG_INT):
+def checked_int(value: Any, field: str, minimum: int = 1, maximum: int = MAX_CONFIG_INT) -> int:
     """value, the config.json field named field, when it is a JSON integer from minimum to maximum."""
     # JSON true is no layer count, though bool is an int in Python.
     is_int = isinstance(value, int) and not isinstance(value, bool)
@@ -40,12 +55,12 @@ def checked_int(value, field, minimum=1, maximum=MAX_CONFIG_INT):
     return value
 
 
-def config_field(config, key):
+def config_field(config: Config, key: str) -> str:
     """How a message names the field key: text_config.key where the language model's config is text_config."""
     return key if text_config(config) is config else 'text_config.' + key
 
 
-def derived_max_model_len(config):
+def derived_max_model_len(config: Config) -> Optional[int]:
     """The longest context the model's config allows (vLLM's derived max_model_len, simplified)."""
     for key in MAX_LENGTH_KEYS:
         value = config_int(config, key)

@@ -8,6 +8,7 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 """
 
 import math
+from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
@@ -19,8 +20,12 @@ MAX_SMI_NUMBER = 2**43
 # Seconds each query may take: a healthy driver answers in well under one.
 DEFAULT_NVIDIA_SMI_TIMEOUT = 30
 
+# A GPU and a process on one, as parse_gpus() and parse_apps() give them.
+Gpu = dict[str, Any]
+App = dict[str, Any]
 
-def _number(text):
+
+def _number(text: str) -> Optional[int]:
     """The integer nvidia-smi printed, or None for "[N/A]" and anything else that is no finite number."""
     try:
         value = float(text)
@@ -29,7 +34,7 @@ def _number(text):
     return int(value) if math.isfinite(value) else None
 
 
-def _int(text, what, line, minimum=0):
+def _int(text: str, what: str, line: str, minimum: int = 0) -> int:
     value = _number(text)
     if value is None:
         raise PreflightError('nvidia-smi printed %s %r where a number was expected, in line: %s' % (what, text, line))
@@ -41,7 +46,7 @@ def _int(text, what, line, minimum=0):
     return value
 
 
-def parse_gpus(text):
+def parse_gpus(text: str) -> list[Gpu]:
     """nvidia-smi --query-gpu=NVIDIA_SMI_GPU_FIELDS --format=csv,noheader,nounits -> list of dicts."""
     gpus = []
     for line in text.splitlines():
@@ -68,7 +73,7 @@ def parse_gpus(text):
     return gpus
 
 
-def parse_apps(text):
+def parse_apps(text: str) -> list[App]:
     """nvidia-smi --query-compute-apps=NVIDIA_SMI_APP_FIELDS --format=csv,noheader,nounits -> list of dicts."""
     apps = []
     for line in text.splitlines():
@@ -90,7 +95,7 @@ def parse_apps(text):
     return apps
 
 
-def query_nvidia_smi(run, nvidia_smi):
+def query_nvidia_smi(run: Callable[[list[str]], tuple[int, str, str]], nvidia_smi: str) -> tuple[list[Gpu], list[App]]:
     """Run nvidia-smi twice through run(argv) -> (rc, stdout, stderr), _command.run with a deadline; return (gpus, apps)."""
     results = []
     for query in ('--query-gpu=' + NVIDIA_SMI_GPU_FIELDS, '--query-compute-apps=' + NVIDIA_SMI_APP_FIELDS):

@@ -15,11 +15,11 @@ class PreflightError(Exception):
     """The preflight cannot answer (nvidia-smi missing, malformed input); the message says why."""
 
 
-def ceil_div(a, b):
+def ceil_div(a: int, b: int) -> int:
     """a / b rounded up, exact for integers of any size (a float would round 540 GB)."""
     return -(-a // b)
 
 
-def gib(n):
+def gib(n: float) -> str:
     """Bytes as GiB with two decimals, as vLLM writes them."""
     return '%.2f' % (n / float(GIB))

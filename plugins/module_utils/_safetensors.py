@@ -17,6 +17,7 @@ import math
 import os
 import re
 import struct
+from typing import Any, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, open_regular, read_json
 
@@ -54,17 +55,17 @@ OFFSET_LIMIT = 2**64
 MAX_TOTAL_SIZE = 2**63 - 1
 
 
-def _is_int(value):
+def _is_int(value: Any) -> bool:
     """Whether value is a JSON integer: true and false are no offsets or dimensions, though bool is an int in Python."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _shown(value):
+def _shown(value: Any) -> str:
     """A JSON value for a message, cut short."""
     return json.dumps(value)[:200]
 
 
-def entry_problem(info):
+def entry_problem(info: Any) -> Optional[str]:
     """Why one header entry describes no tensor, or None when it does.
 
     The checks safetensors makes before it loads: offsets within u64 and in order, a known
@@ -106,7 +107,7 @@ def entry_problem(info):
 class Shard:
     """One safetensors file's header: tensors {name: nbytes} and sizes."""
 
-    def __init__(self, path, tensors, header_bytes, data_bytes, file_bytes):
+    def __init__(self, path: str, tensors: dict[str, int], header_bytes: int, data_bytes: int, file_bytes: int) -> None:
         self.path = path
         self.tensors = tensors
         self.header_bytes = header_bytes
@@ -114,7 +115,7 @@ class Shard:
         self.file_bytes = file_bytes
 
 
-def read_header(path):
+def read_header(path: str) -> Shard:
     """Parse one safetensors file's header without touching tensor data.
 
     Raises CheckpointError naming the file and what is wrong with it.
@@ -197,17 +198,17 @@ class Checkpoint:
     shards the index names that are missing or truncated.
     """
 
-    def __init__(self):
-        self.tensors = {}
+    def __init__(self) -> None:
+        self.tensors: dict[str, Optional[int]] = {}
         self.total_bytes = 0
         self.source = 'headers'
-        self.shards = []
-        self.missing = []
-        self.problems = []
-        self.index_total_size = None
+        self.shards: list[Shard] = []
+        self.missing: list[str] = []
+        self.problems: list[str] = []
+        self.index_total_size: Optional[int] = None
 
 
-def scan(model_path):
+def scan(model_path: str) -> Checkpoint:
     """Read a checkpoint's safetensors headers (or, without shards, its index)."""
     # Parsing 280,000 header entries creates millions of short-lived objects; the cyclic
     # garbage collector would rescan them again and again (2-3x the parse time). None
@@ -224,13 +225,13 @@ def scan(model_path):
 _NUMBERED = re.compile(r'^(.+)-(\d+)-of-(\d+)\.safetensors$')
 
 
-def complete_numbered_set(model_path):
+def complete_numbered_set(model_path: str) -> Optional[list[str]]:
     """The shard files if the directory holds every one of a numbered set (model-00001-of-00119 ...), else None.
 
     Then nothing the index could name is missing, and its weight_map (30 MB of JSON for
     Kimi-K2.5, as long to parse as all the headers) need not be read.
     """
-    sets = {}
+    sets: dict[tuple[str, str], set[int]] = {}
     for f in os.listdir(model_path):
         m = _NUMBERED.match(f)
         if m:
@@ -243,7 +244,7 @@ def complete_numbered_set(model_path):
     return ['%s-%s-of-%s.safetensors' % (prefix, str(i).zfill(len(total)), total) for i in range(1, int(total) + 1)]
 
 
-def _add_shard(ckpt, path):
+def _add_shard(ckpt: Checkpoint, path: str) -> None:
     """Add one shard's tensors to ckpt, or its problem when its header is broken."""
     try:
         shard = read_header(path)
@@ -254,14 +255,14 @@ def _add_shard(ckpt, path):
     ckpt.tensors.update(shard.tensors)
 
 
-def _scan(model_path):
+def _scan(model_path: str) -> Checkpoint:
     ckpt = Checkpoint()
     index_path = os.path.join(model_path, INDEX_NAME)
     complete = complete_numbered_set(model_path)
     if complete is not None:
         for name in complete:
             _add_shard(ckpt, os.path.join(model_path, name))
-        ckpt.total_bytes = sum(ckpt.tensors.values())
+        ckpt.total_bytes = sum(b for b in ckpt.tensors.values() if b)
         if ckpt.problems and os.path.exists(index_path):
             return _scan_with_index(model_path, index_path)
         return ckpt
@@ -270,14 +271,16 @@ def _scan(model_path):
     return _scan_files(model_path)
 
 
-def _scan_with_index(model_path, index_path):
+def _scan_with_index(model_path: str, index_path: str) -> Checkpoint:
     """The index says which shards make the model: report those missing or broken."""
     ckpt = Checkpoint()
     index = read_json(index_path)
     weight_map = index.get('weight_map')
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError('%s has no weight_map: not a safetensors index' % index_path)
-    meta = index.get('metadata') if isinstance(index.get('metadata'), dict) else {}
+    meta = index.get('metadata')
+    if not isinstance(meta, dict):
+        meta = {}
     if meta.get('total_size') is not None:
         ckpt.index_total_size = _byte_count(meta['total_size'])
         if ckpt.index_total_size is None:
@@ -321,7 +324,7 @@ def _scan_with_index(model_path, index_path):
     return ckpt
 
 
-def _byte_count(value):
+def _byte_count(value: Any) -> Optional[int]:
     """value as an int when it is a whole number of bytes (some tools write total_size as a float), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -330,7 +333,7 @@ def _byte_count(value):
     return int(value) if 0 <= value <= MAX_TOTAL_SIZE else None
 
 
-def _scan_files(model_path):
+def _scan_files(model_path: str) -> Checkpoint:
     """No index: every *.safetensors file in the directory."""
     ckpt = Checkpoint()
     files = sorted(f for f in os.listdir(model_path) if f.endswith('.safetensors'))
@@ -340,5 +343,5 @@ def _scan_files(model_path):
         shard = read_header(os.path.join(model_path, name))
         ckpt.shards.append(shard)
         ckpt.tensors.update(shard.tensors)
-    ckpt.total_bytes = sum(ckpt.tensors.values())
+    ckpt.total_bytes = sum(b for b in ckpt.tensors.values() if b)
     return ckpt

@@ -8,8 +8,10 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 """
 
 import re
+from collections.abc import Mapping
+from typing import Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import is_mla
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, is_mla
 from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_int
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import ceil_div
 
@@ -28,8 +30,11 @@ _KV_PROJ = re.compile(r'\.(?:k_proj|v_proj)\.')
 _EMBED = re.compile(r'embed_tokens\.|(?:^|\.)wte\.')
 _SKIP = re.compile(r'rotary_emb\.inv_freq$')
 
+# Bytes of each tensor by name; None where only the index names it (not downloaded yet).
+Tensors = Mapping[str, Optional[int]]
 
-def pp_partitions(num_layers, pp):
+
+def pp_partitions(num_layers: int, pp: int) -> list[tuple[int, int]]:
     """vLLM's get_pp_indices (vllm/distributed/utils.py) for every stage: [(start, end)]."""
     per = num_layers // pp
     parts = [per] * pp
@@ -44,7 +49,7 @@ def pp_partitions(num_layers, pp):
     return out
 
 
-def tensor_bytes_per_rank(name, nbytes, tp, num_kv_heads):
+def tensor_bytes_per_rank(name: str, nbytes: int, tp: int, num_kv_heads: Optional[int]) -> int:
     """Bytes of one tensor on one tensor-parallel rank.
 
     The cheap string tests come first: Kimi-K2.5 has 280,000 tensors, most of them routed experts.
@@ -63,7 +68,7 @@ def tensor_bytes_per_rank(name, nbytes, tp, num_kv_heads):
     return ceil_div(nbytes, tp)
 
 
-def estimated_replicated_bytes(config):
+def estimated_replicated_bytes(config: Config) -> int:
     """Bytes of the replicated tensors of an MLA model, from config.json (the index gives no sizes).
 
     The q_a/kv_a down-projections (BF16 in NVFP4 and FP8 checkpoints alike) and the
@@ -86,14 +91,14 @@ def estimated_replicated_bytes(config):
     return layers * hidden * (q_lora + kv_lora + rope) * 2 + max(layers - dense, 0) * experts * hidden * 2
 
 
-def _estimated_share(config, unknown, known, tp, pp):
+def _estimated_share(config: Config, unknown: int, known: int, tp: int, pp: int) -> int:
     """Bytes per GPU of the weights whose sizes the index does not give: split over all GPUs, but for
     the replicated ones (estimated when no size is known at all), which every rank of a stage holds."""
     replicated = min(estimated_replicated_bytes(config), unknown) if known == 0 else 0
     return ceil_div(unknown - replicated, tp * pp) + ceil_div(replicated, pp)
 
 
-def weights_per_gpu(tensors, total_bytes, config, tp, pp):
+def weights_per_gpu(tensors: Tensors, total_bytes: int, config: Config, tp: int, pp: int) -> tuple[int, bool]:
     """The most weight bytes any one GPU holds under tensor x pipeline parallelism.
 
     tensors: {name: bytes or None (size unknown: index only)}. Tensors of layers at or
@@ -117,7 +122,9 @@ def weights_per_gpu(tensors, total_bytes, config, tp, pp):
     return max(per_stage), unknown > 0
 
 
-def _weights_one_stage(tensors, config, tp, num_layers, kv_heads):
+def _weights_one_stage(
+    tensors: Tensors, config: Config, tp: int, num_layers: int, kv_heads: Optional[int]
+) -> tuple[list[int], int]:
     """([bytes per GPU], bytes of known size) without pipeline parallelism: the hot path, string tests only."""
     # Layers past num_hidden_layers are DeepSeek's MTP layers (num_nextn_predict_layers, 1 when unset; more MTP
     # layers than decoder layers is no config, and a tuple that long would not fit in memory).
@@ -135,7 +142,9 @@ def _weights_one_stage(tensors, config, tp, num_layers, kv_heads):
     return [per_gpu], known
 
 
-def _weights_per_stage(tensors, tp, pp, num_layers, kv_heads):
+def _weights_per_stage(
+    tensors: Tensors, tp: int, pp: int, num_layers: int, kv_heads: Optional[int]
+) -> tuple[list[int], int]:
     """([bytes per GPU of each pipeline stage], bytes of known size)."""
     stages = pp_partitions(num_layers, pp) if num_layers and pp > 1 else [(0, num_layers or 10**9)]
     stage_of = {}
@@ -155,7 +164,7 @@ def _weights_per_stage(tensors, tp, pp, num_layers, kv_heads):
     return per_stage, known
 
 
-def _pipeline_stage(name, num_layers, stage_of, last):
+def _pipeline_stage(name: str, num_layers: int, stage_of: dict[int, int], last: int) -> Optional[int]:
     """The pipeline stage that loads tensor name; None for a layer vLLM does not load (DeepSeek's MTP layer)."""
     layer = _layer_number(name)
     if layer is not None:
@@ -169,7 +178,7 @@ def _pipeline_stage(name, num_layers, stage_of, last):
     return 0
 
 
-def _layer_number(name):
+def _layer_number(name: str) -> Optional[int]:
     """The decoder layer of a tensor ('model.layers.12.mlp...' is 12); None outside the decoder layers."""
     # String operations, not a regex: this runs once for each of 280,000 tensors.
     at = name.find('layers.')
