@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """A real systemd host on this machine, reached over SSH like any other host.
 
     tools/sandbox create NAME --ssh-port PORT [--port PORT ...] [--models DIR]
