@@ -46,6 +46,48 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def chat_completion(content, reasoning=None, finish='stop', tokens=8, reasoning_key='reasoning', usage=True):
+    """A chat completion as vLLM answers it (tests/fixtures/chat_check/vllm-chat.json), with these values."""
+    doc = {
+        'object': 'chat.completion',
+        'model': 'tiny-chat',
+        'choices': [
+            {
+                'index': 0,
+                'message': {'role': 'assistant', 'content': content, reasoning_key: reasoning},
+                'finish_reason': finish,
+            }
+        ],
+    }
+    if usage:
+        doc['usage'] = {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens}
+    return doc
+
+
+# Names itself argv[1] (prctl PR_SET_NAME), listens on a free loopback port, prints the port, then waits.
+_LISTENER = r"""
+import ctypes, os, socket, sys, time
+ctypes.CDLL(None).prctl(15, os.fsencode(sys.argv[1]), 0, 0, 0)
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+s.listen(1)
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+@contextlib.contextmanager
+def named_listener(name):
+    """(pid, port) of a process that calls itself name (bytes, of any kind) and listens on a loopback port."""
+    proc = subprocess.Popen([sys.executable.encode(), b'-c', _LISTENER.encode(), name], stdout=subprocess.PIPE)
+    try:
+        yield proc.pid, int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
 class Run:
     """One module run: rc, the parsed result (None when the output was no JSON), raw output, hung."""
 

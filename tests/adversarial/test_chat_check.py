@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
-from ansible_collections.llmserve.vllm.tests.support import fixture_path
+from ansible_collections.llmserve.vllm.tests.support import chat_completion, fixture_path
 
 MODULE = 'chat_check'
 PARIS = 'The capital of France is Paris.'
@@ -31,19 +31,8 @@ def fixture(name):
         return f.read()
 
 
-def chat_doc(content=PARIS, reasoning=None, finish='stop', tokens=8):
-    return {
-        'object': 'chat.completion',
-        'model': 'tiny-chat',
-        'choices': [
-            {
-                'index': 0,
-                'message': {'role': 'assistant', 'content': content, 'reasoning': reasoning},
-                'finish_reason': finish,
-            }
-        ],
-        'usage': {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens},
-    }
+def chat_doc(content=PARIS, **values):
+    return chat_completion(content, **values)
 
 
 def chat_json(**kwargs):

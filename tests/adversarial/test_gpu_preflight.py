@@ -13,12 +13,11 @@ import json
 import os
 import stat
 import struct
-import subprocess
-import sys
 
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
+from ansible_collections.llmserve.vllm.tests.support import named_listener
 
 MODULE = 'gpu_preflight'
 GIB = 1024**3
@@ -632,28 +631,12 @@ def test_bad_input(tmp_path, verdict, spec):
     verdict(MODULE, outcome, '%s\n%s' % (run.result, run.stderr.decode('utf-8', 'replace')[-2000:]))
 
 
-# A process may give itself any name, bytes that are not UTF-8 included (prctl PR_SET_NAME).
-LISTENER = """
-import ctypes, socket, time
-ctypes.CDLL(None).prctl(15, b'py\\xff\\xfe', 0, 0, 0)
-s = socket.socket()
-s.bind(('127.0.0.1', 0))
-s.listen(1)
-print(s.getsockname()[1], flush=True)
-time.sleep(60)
-"""
-
-
 @pytest.fixture
 def odd_listener():
-    """(pid, port) of a process named b'py\\xff\\xfe' listening on a loopback port."""
-    proc = subprocess.Popen([sys.executable, '-c', LISTENER], stdout=subprocess.PIPE)
-    try:
-        yield proc.pid, int(proc.stdout.readline())
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
+    """(pid, port) of a process named b'py\\xff\\xfe' listening on a loopback port: a process may give itself any
+    name, bytes that are not UTF-8 included (prctl PR_SET_NAME)."""
+    with named_listener(b'py\xff\xfe') as listener:
+        yield listener
 
 
 def test_port_held_by_a_process_named_in_bytes_that_are_not_utf8(tmp_path, verdict, odd_listener):

@@ -19,55 +19,20 @@ __metaclass__ = type
 
 import json
 import os
-import subprocess
 
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype, is_mla
-from ansible_collections.llmserve.vllm.tests.support import REPO, recorded
+from ansible_collections.llmserve.vllm.tests.integration import vllm_oracle
+from ansible_collections.llmserve.vllm.tests.support import recorded
 
-VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
+VLLM_PYTHON = vllm_oracle.VLLM_PYTHON
 FORMS = json.loads(recorded('kv_cache_dtype', 'forms.json'))
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
 ]
-
-# Reads each checkpoint directory given on the command line with vLLM's code; prints one JSON object.
-ORACLE = r'''
-import json, sys, types
-import vllm.config  # noqa: F401  (imported first: vllm.transformers_utils imports it circularly)
-from vllm.transformers_utils.config import get_config
-from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
-from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
-from vllm.model_executor.layers.quantization import get_quantization_config
-
-out = {}
-for path in sys.argv[1:]:
-    try:
-        cfg = get_config(path, trust_remote_code=False)
-        text_cfg = cfg.get_text_config()
-        convertor = ModelArchConfigConvertorBase(cfg, text_cfg)
-        quant_cfg = convertor.get_quantization_config()  # normalizes quant_method in place, as ModelConfig does
-        mla = bool(convertor.is_deepseek_mla() and getattr(text_cfg, 'is_causal', True))
-        resolved = resolve_kv_cache_dtype_string('auto', types.SimpleNamespace(hf_config=cfg))
-        layer_kv_cache_scheme = False
-        if quant_cfg is not None:
-            name = quant_cfg['quant_method']
-            for override in ('modelopt_fp4', 'modelopt'):
-                if get_quantization_config(override).override_quantization_method(quant_cfg, None, hf_config=cfg):
-                    name = override
-                    break
-            loaded = get_quantization_config(name).from_config(dict(quant_cfg))
-            layer_kv_cache_scheme = getattr(loaded, 'kv_cache_scheme', None) is not None
-        dtype = 'fp8' if resolved == 'auto' and layer_kv_cache_scheme and not mla else resolved
-        out[path] = {'kv_cache_dtype': dtype, 'mla': mla}
-    except Exception as exc:
-        out[path] = {'error': '%s: %s' % (type(exc).__name__, exc)}
-print('ORACLE ' + json.dumps(out))
-'''
-
 
 @pytest.fixture(scope='module')
 def vllm_answers(tmp_path_factory):
@@ -81,12 +46,15 @@ def vllm_answers(tmp_path_factory):
         if form['hf_quant_config'] is not None:
             (path / 'hf_quant_config.json').write_text(json.dumps(form['hf_quant_config']))
         paths.append(str(path))
-    proc = subprocess.run([VLLM_PYTHON, '-c', ORACLE] + paths, capture_output=True, text=True, check=False,
-                          env=dict(os.environ, VLLM_TARGET_DEVICE='cpu', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1'))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith('ORACLE ')]
-    assert proc.returncode == 0 and len(lines) == 1, proc.stdout + proc.stderr
-    answers = json.loads(lines[0][len('ORACLE '):])
-    return dict((form['id'], answers[path]) for form, path in zip(FORMS, paths))
+    reports = vllm_oracle.judge(paths)
+    return dict((form['id'], answer(reports[path])) for form, path in zip(FORMS, paths))
+
+
+def answer(seen):
+    """What the forms record of vLLM's report: the KV-cache dtype and whether the attention is MLA."""
+    if 'error' in seen:
+        return {'error': seen['error']}
+    return {'kv_cache_dtype': vllm_oracle.kv_cache_dtype(seen), 'mla': seen['mla']}
 
 
 def test_the_forms_ask_questions_with_different_answers():

@@ -26,8 +26,10 @@ import subprocess
 
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
-VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
+from ansible_collections.llmserve.vllm.tests.integration import vllm_oracle
+from ansible_collections.llmserve.vllm.tests.support import REPO
+
+VLLM_PYTHON = vllm_oracle.VLLM_PYTHON
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'targets', 'kv_cache_quant', 'playbook.yml')
 ANSIBLE_PLAYBOOK = os.path.join(REPO, '.venv', 'bin', 'ansible-playbook')
 LOCAL_PYTHON = os.path.join(REPO, '.venv', 'bin', 'python')
@@ -36,45 +38,6 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
 ]
-
-# Reads each checkpoint directory given on the command line with vLLM's code; prints one JSON object.
-ORACLE = r'''
-import json, sys, types
-import vllm.config  # noqa: F401  (imported first: vllm.transformers_utils imports it circularly)
-from vllm.transformers_utils.config import get_config
-from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
-from vllm.utils.torch_utils import resolve_kv_cache_dtype_string
-from vllm.model_executor.layers.quantization import get_quantization_config
-
-out = {}
-for path in sys.argv[1:]:
-    report = {}
-    try:
-        cfg = get_config(path, trust_remote_code=False)
-        text_cfg = cfg.get_text_config()
-        convertor = ModelArchConfigConvertorBase(cfg, text_cfg)
-        quant_cfg = convertor.get_quantization_config()  # normalizes quant_method in place, as ModelConfig does
-        report['config_class'] = type(cfg).__name__
-        report['quant_method'] = quant_cfg and quant_cfg['quant_method']
-        report['mla'] = convertor.is_deepseek_mla()
-        report['resolved'] = resolve_kv_cache_dtype_string('auto', types.SimpleNamespace(hf_config=cfg))
-        if quant_cfg is not None:
-            name = quant_cfg['quant_method']
-            for override in ('modelopt_fp4', 'modelopt'):
-                if get_quantization_config(override).override_quantization_method(quant_cfg, None, hf_config=cfg):
-                    name = override
-                    break
-            # weight_utils.get_quant_config: the checkpoint's quant class reads this dict.
-            loaded = get_quantization_config(name).from_config(dict(quant_cfg))
-            report['loader'] = type(loaded).__name__
-            report['loader_kv_cache_quant_algo'] = getattr(loaded, 'kv_cache_quant_algo', None)
-            # attention.py: a kv_cache_scheme on the quant config turns 'auto' into 'fp8'.
-            report['attention_kv_cache_scheme'] = getattr(loaded, 'kv_cache_scheme', None) is not None
-    except Exception as exc:
-        report['error'] = '%s: %s' % (type(exc).__name__, exc)
-    out[path] = report
-print('ORACLE ' + json.dumps(out))
-'''
 
 KIMI_CONFIG = {
     'architectures': ['KimiK25ForConditionalGeneration'],
@@ -130,11 +93,7 @@ CHECKPOINTS = {
 
 def vllm_dtype(report):
     """'fp8' when vLLM runs this checkpoint's KV cache in FP8 under --kv-cache-dtype auto."""
-    if report['resolved'].startswith('fp8'):
-        return 'fp8'
-    if report.get('attention_kv_cache_scheme') and not report['mla']:
-        return 'fp8'
-    return 'auto'
+    return 'fp8' if vllm_oracle.kv_cache_dtype(report).startswith('fp8') else 'auto'
 
 
 def write_checkpoint(path, files):
@@ -151,15 +110,6 @@ def strip(tmp_path, path):
                           cwd=REPO, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(result_file.read_text())
-
-
-def oracle(paths):
-    proc = subprocess.run([VLLM_PYTHON, '-c', ORACLE] + [str(p) for p in paths], capture_output=True, text=True,
-                          env=dict(os.environ, VLLM_TARGET_DEVICE='cpu', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1'),
-                          check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith('ORACLE ')]
-    assert proc.returncode == 0 and len(lines) == 1, proc.stdout + proc.stderr
-    return json.loads(lines[0][len('ORACLE '):])
 
 
 @pytest.fixture(scope='module')
@@ -181,7 +131,7 @@ def judged(tmp_path_factory):
     del nested['quantization']['kv_cache_quant_algo']
     write_checkpoint(deleted, {'config.json': KIMI_CONFIG, 'hf_quant_config.json': nested})
     paths.append(deleted)
-    reports = oracle(paths)
+    reports = vllm_oracle.judge(paths)
     return dict((name, (results[name], reports[str(tmp_path / (name + '-original'))],
                         reports[str(tmp_path / (name + '-stripped'))])) for name in CHECKPOINTS), reports[str(deleted)]
 

@@ -32,7 +32,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     strip_log_prefix,
     url_problem,
 )
-from ansible_collections.llmserve.vllm.tests.support import recorded
+from ansible_collections.llmserve.vllm.tests.support import chat_completion, recorded
 
 
 def fixture(name):
@@ -317,11 +317,7 @@ def test_parse_models_errors(text, expected):
 
 
 def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning', usage=True):
-    message = {'role': 'assistant', 'content': content, key: reasoning}
-    doc = {'object': 'chat.completion', 'choices': [{'index': 0, 'message': message, 'finish_reason': finish}]}
-    if usage:
-        doc['usage'] = {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens}
-    return json.dumps(doc)
+    return json.dumps(chat_completion(content, reasoning, finish, tokens, reasoning_key=key, usage=usage))
 
 
 @pytest.mark.parametrize(

@@ -196,19 +196,17 @@ def test_fp8_kv_cache_policy_decides_the_strip_and_the_plan(kimi, policy, gpu, n
     ) == (need, stripped, dtype, per_token)
 
 
-def test_plan_names_processes_holding_gpu_memory():
-    # Real capture: PID 578 holds 10758 MiB on GPU 0, PID 579 20998 MiB on GPU 1 (H200, 143771 MiB).
+def plan_on_busy_h200s(host):
+    """The tiny Llama's plan on the two H200s of the busy capture: PID 578 holds 10758 MiB on GPU 0,
+    PID 579 20998 MiB on GPU 1 (of 143771 MiB each)."""
     gpus, apps = parse_gpus(smi('query-gpu-busy.txt')), parse_apps(smi('query-apps-busy.txt'))
+    p = params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB)
+    return plan(p, LLAMA, None, gpus, apps, ('bfloat16', 'model dtype', None), host)
+
+
+def test_plan_names_processes_holding_gpu_memory():
     names = {578: 'python3', 579: 'python3'}
-    r = plan(
-        params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB),
-        LLAMA,
-        None,
-        gpus,
-        apps,
-        ('bfloat16', 'model dtype', None),
-        {'name': names.get},
-    )
+    r = plan_on_busy_h200s({'name': names.get})
     # 0.9 x 143771 MiB = 126.36 GiB needed free; GPU 0 has 129.89 GiB free, GPU 1 119.89 GiB.
     assert r['warnings'] == ['GPU 0 (NVIDIA H200) memory is held by PID 578 (python3, 10758 MiB)']
     assert r['problems'] == [
@@ -219,16 +217,7 @@ def test_plan_names_processes_holding_gpu_memory():
 
 
 def test_plan_our_own_service_memory_counts_as_free():
-    gpus, apps = parse_gpus(smi('query-gpu-busy.txt')), parse_apps(smi('query-apps-busy.txt'))
-    r = plan(
-        params(tensor_parallel_size=2, weights_bytes_per_gpu=10 * GIB),
-        LLAMA,
-        None,
-        gpus,
-        apps,
-        ('bfloat16', 'model dtype', None),
-        {'belongs': lambda pid: True},
-    )
+    r = plan_on_busy_h200s({'belongs': lambda pid: True})
     assert (r['problems'], r['warnings'], r['fits']) == ([], [], True)
 
 

@@ -5,7 +5,6 @@
 
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +14,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import 
     process_name,
     shm_size,
 )
+from ansible_collections.llmserve.vllm.tests.support import named_listener
 
 
 @pytest.mark.parametrize(
@@ -34,28 +34,11 @@ def test_belongs_to_service(tmp_path, cgroup, service, expected):
     assert belongs_to_service(42, service, str(tmp_path)) is expected
 
 
-# Listens on a free loopback port under a name of its own (prctl PR_SET_NAME), prints the port, then waits.
-LISTENER = r"""
-import ctypes, socket, sys, time
-ctypes.CDLL(None).prctl(15, b'llmserve-listen', 0, 0, 0)
-s = socket.socket()
-s.bind(('127.0.0.1', 0))
-s.listen(1)
-print(s.getsockname()[1], flush=True)
-time.sleep(60)
-"""
-
-
 def test_port_conflict_names_the_listener():
-    listener = subprocess.Popen([sys.executable, '-c', LISTENER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(listener.stdout.readline())
+    with named_listener(b'llmserve-listen') as (pid, port):
         conflict = port_conflict('127.0.0.1', port, None)
-        assert conflict == 'port %d is already in use by PID %d (llmserve-listen)' % (port, listener.pid)
+        assert conflict == 'port %d is already in use by PID %d (llmserve-listen)' % (port, pid)
         assert port_conflict('127.0.0.1', port, 'no-such-unit') == conflict
-    finally:
-        listener.kill()
-        listener.wait()
     assert port_conflict('127.0.0.1', port, None) is None
 
 

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.support import recorded
+from ansible_collections.llmserve.vllm.tests.support import chat_completion, recorded
 
 PARIS = 'The capital of France is Paris.'
 
@@ -31,20 +31,7 @@ def fixture(name):
 
 
 def chat_body(content, finish='stop', tokens=8):
-    return json.dumps(
-        {
-            'object': 'chat.completion',
-            'model': 'tiny-chat',
-            'choices': [
-                {
-                    'index': 0,
-                    'message': {'role': 'assistant', 'content': content, 'reasoning': None},
-                    'finish_reason': finish,
-                }
-            ],
-            'usage': {'prompt_tokens': 10, 'completion_tokens': tokens, 'total_tokens': 10 + tokens},
-        }
-    )
+    return json.dumps(chat_completion(content, finish=finish, tokens=tokens))
 
 
 class FakeVllm:
