@@ -34,6 +34,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
 ]
 
+
 @pytest.fixture(scope='module')
 def vllm_answers(tmp_path_factory):
     """vLLM's answer for every form, by form id."""
