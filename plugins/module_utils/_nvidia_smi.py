@@ -8,6 +8,7 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 """
 
 import math
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
@@ -46,46 +47,43 @@ def _int(text: str, what: str, line: str, minimum: int = 0) -> int:
     return value
 
 
-def parse_gpus(text: str) -> list[Gpu]:
-    """nvidia-smi --query-gpu=NVIDIA_SMI_GPU_FIELDS --format=csv,noheader,nounits -> list of dicts."""
-    gpus = []
+def _rows(text: str, fields: str, skip: tuple[str, ...] = ()) -> Iterator[tuple[str, list[str]]]:
+    """(line, its values) for each line of an answer in CSV but the blank ones and those that start with skip;
+    a line without one value for each of fields is refused."""
+    expected = len(fields.split(','))
     for line in text.splitlines():
         line = line.strip()
-        if not line:
+        if not line or line.startswith(skip):
             continue
         cols = [c.strip() for c in line.split(',')]
-        if len(cols) != 7:
+        if len(cols) != expected:
             raise PreflightError(
-                'nvidia-smi printed %d fields where 7 (%s) were expected, in line: %s'
-                % (len(cols), NVIDIA_SMI_GPU_FIELDS, line)
+                'nvidia-smi printed %d fields where %d (%s) were expected, in line: %s'
+                % (len(cols), expected, fields, line)
             )
-        gpus.append(
-            {
-                'index': _int(cols[0], 'index', line),
-                'name': cols[1],
-                'memory_total_mib': _int(cols[2], 'memory.total', line, minimum=1),
-                'memory_used_mib': _int(cols[3], 'memory.used', line),
-                'compute_capability': cols[4],
-                'driver_version': cols[5],
-                'uuid': cols[6],
-            }
-        )
-    return gpus
+        yield line, cols
+
+
+def parse_gpus(text: str) -> list[Gpu]:
+    """nvidia-smi --query-gpu=NVIDIA_SMI_GPU_FIELDS --format=csv,noheader,nounits -> list of dicts."""
+    return [
+        {
+            'index': _int(cols[0], 'index', line),
+            'name': cols[1],
+            'memory_total_mib': _int(cols[2], 'memory.total', line, minimum=1),
+            'memory_used_mib': _int(cols[3], 'memory.used', line),
+            'compute_capability': cols[4],
+            'driver_version': cols[5],
+            'uuid': cols[6],
+        }
+        for line, cols in _rows(text, NVIDIA_SMI_GPU_FIELDS)
+    ]
 
 
 def parse_apps(text: str) -> list[App]:
     """nvidia-smi --query-compute-apps=NVIDIA_SMI_APP_FIELDS --format=csv,noheader,nounits -> list of dicts."""
     apps = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith('No running'):
-            continue
-        cols = [c.strip() for c in line.split(',')]
-        if len(cols) != 4:
-            raise PreflightError(
-                'nvidia-smi printed %d fields where 4 (%s) were expected, in line: %s'
-                % (len(cols), NVIDIA_SMI_APP_FIELDS, line)
-            )
+    for line, cols in _rows(text, NVIDIA_SMI_APP_FIELDS, skip=('No running',)):
         used = _number(cols[2])  # None for "[N/A]" or "[Insufficient Permissions]"
         if used is not None and not 0 <= used <= MAX_SMI_NUMBER:
             used = None
