@@ -25,7 +25,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.unit.plugins.modules import utils as module_runner
+from ansible_collections.llmserve.vllm.tests import support
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
@@ -40,7 +40,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
 ]
 
-run_module = functools.partial(module_runner.run_module, 'checkpoint_verify')
+run_module = functools.partial(support.module_result, 'checkpoint_verify')
 
 DOWNLOAD = '''
 import json, sys
