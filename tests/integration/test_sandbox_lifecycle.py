@@ -22,7 +22,7 @@ __metaclass__ = type
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOL = os.path.join(REPO, "tools", "sandbox")
 NAME = "sandbox-lifecycle"
-SSH_PORT = 2251
+SSH_PORT = 2271
 EXTRA_PORT = 8051
 SANDBOX_DIR = os.path.join(REPO, ".cache", "sandbox", NAME)
 
