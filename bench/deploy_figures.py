@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Deploy figures on a fresh sandbox host (make bench-deploy).
 
 1. The first deploy's wall time (playbooks/deploy.yml on a just-booted sandbox:

@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """tools/sandbox for real: boot a sandbox host, reach it like a real host, tear it down without a trace.
 
 Needs root, debootstrap and systemd-nspawn; the Debian tree is built once

@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """What the deploy left on the sandbox host, checked from outside (testinfra over SSH)."""
 
 from __future__ import absolute_import, division, print_function

@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Rolling changes across three replica sandbox hosts (molecule scenario `fleet`), real vLLM and the real role.
 
 While each playbooks/upgrade.yml run goes on, a watcher asks every replica the

@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Fixtures for the fault scenarios on a sandbox host where the deploy already ran.
 
 They run inside `molecule verify` (make molecule), on the sandbox molecule

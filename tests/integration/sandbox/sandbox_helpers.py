@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """How the sandbox fault tests act on a deployed sandbox host (see conftest.py)."""
 
 from __future__ import absolute_import, division, print_function

@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Fault scenarios on the sandbox host, with the real vLLM (CPU build) and the real role.
 
 1. A context that does not fit the KV cache: the play stops in the preflight and

@@ -1,5 +1,6 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Record every task result of a run as JSON, for the sandbox tests to judge.
 
 ansible-core 2.19 has no json callback of its own (it moved to ansible.posix).
