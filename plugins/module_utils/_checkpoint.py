@@ -85,6 +85,18 @@ def open_regular(path: str) -> IO[bytes]:
     return os.fdopen(fd, 'rb')
 
 
+def decode_json(data: bytes, where: str, error: type[Exception]) -> Any:
+    """The JSON value in data, or error(a message naming where and the cause)."""
+    try:
+        return json.loads(data.decode('utf-8'))
+    except UnicodeDecodeError as exc:
+        raise error('%s is not UTF-8 text: %s' % (where, exc)) from exc
+    except ValueError as exc:
+        raise error('%s is not valid JSON: %s' % (where, exc)) from exc
+    except RecursionError:
+        raise error('%s is nested too deeply to be read as JSON' % where) from None
+
+
 def read_json(path: str) -> Config:
     """Return the parsed JSON object in path, or raise CheckpointError naming it."""
     try:
@@ -92,14 +104,7 @@ def read_json(path: str) -> Config:
             data = f.read()
     except OSError as exc:
         raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc)) from exc
-    try:
-        obj = json.loads(data.decode('utf-8'))
-    except UnicodeDecodeError as exc:
-        raise CheckpointError('%s is not UTF-8 text: %s' % (path, exc)) from exc
-    except ValueError as exc:
-        raise CheckpointError('%s is not valid JSON: %s' % (path, exc)) from exc
-    except RecursionError:
-        raise CheckpointError('%s is nested too deeply to be read as JSON' % path) from None
+    obj = decode_json(data, path, CheckpointError)
     if not isinstance(obj, dict):
         raise CheckpointError('%s does not hold a JSON object' % path)
     return obj

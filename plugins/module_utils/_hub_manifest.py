@@ -24,7 +24,11 @@ from urllib.parse import quote
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, open_regular
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+    CheckpointError,
+    decode_json,
+    open_regular,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import GIT_SHA1, SHA256
 
@@ -167,14 +171,7 @@ def _file_entry(sibling, where, position):
 
 def parse_manifest(data, where):
     """The Manifest in ``data`` (bytes of model-info JSON); ``where`` names its source in messages."""
-    try:
-        doc = json.loads(data.decode('utf-8'))
-    except UnicodeDecodeError as exc:
-        raise ManifestError('%s is not UTF-8 text: %s' % (where, exc)) from exc
-    except ValueError as exc:
-        raise ManifestError('%s is not valid JSON: %s' % (where, exc)) from exc
-    except RecursionError:
-        raise ManifestError('%s is nested too deeply to be read as JSON' % where) from None
+    doc = decode_json(data, where, ManifestError)
     if not isinstance(doc, dict):
         raise ManifestError("%s does not hold a JSON object (the Hub's model info)" % where)
     revision = doc.get('sha')
