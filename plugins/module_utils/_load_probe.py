@@ -200,8 +200,9 @@ def verdict(
     """(why the figures fail the gate or None, percent below the baseline or None)."""
     measured = figures['output_tokens_per_second']
     regression = None
-    if baseline_tokens_per_second:
-        regression = round(100.0 * (baseline_tokens_per_second - measured) / baseline_tokens_per_second, 1)
+    baseline = baseline_tokens_per_second or 0.0
+    if baseline:
+        regression = round(100.0 * (baseline - measured) / baseline, 1)
     if figures['failed_requests']:
         return (
             '%d of %d requests of the load probe failed: %s'
@@ -224,7 +225,7 @@ def verdict(
         return (
             "output throughput %.1f tokens/s is %.1f %% below the previous release's %.1f tokens/s on this host "
             '(max_regression_percent %s)'
-            % (measured, regression, baseline_tokens_per_second, _number(max_regression_percent)),
+            % (measured, regression, baseline, _number(max_regression_percent)),
             regression,
         )
     return None, regression
