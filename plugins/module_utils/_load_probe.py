@@ -224,8 +224,7 @@ def verdict(
     if regression is not None and regression > max_regression_percent:
         return (
             "output throughput %.1f tokens/s is %.1f %% below the previous release's %.1f tokens/s on this host "
-            '(max_regression_percent %s)'
-            % (measured, regression, baseline, _number(max_regression_percent)),
+            '(max_regression_percent %s)' % (measured, regression, baseline, _number(max_regression_percent)),
             regression,
         )
     return None, regression
