@@ -3,6 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Fixtures every test level shares (tests/support.py has them as plain functions too)."""
 
+import os
+import shutil
+
 import pytest
 
 from ansible_collections.llmserve.vllm.tests import support
@@ -31,3 +34,16 @@ def module_result(tmp_path):
         return support.module_result(module, workdir, args, path_prefix=path_prefix, timeout=timeout)
 
     return run
+
+
+@pytest.fixture(scope='session')
+def promtool():
+    """promtool: $LLMSERVE_PROMTOOL (the Makefile sets it), the one `make promtool` unpacks, or one on PATH."""
+    built = os.path.join(support.REPO, '.build', 'prometheus', 'usr', 'bin', 'promtool')
+    for candidate in (os.environ.get('LLMSERVE_PROMTOOL'), built, shutil.which('promtool')):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail(
+        "promtool is missing: run `make promtool` (it unpacks Debian's prometheus package into .build/prometheus) "
+        'or set LLMSERVE_PROMTOOL to a promtool.'
+    )

@@ -18,7 +18,6 @@ import yaml
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
 PLAYBOOK = os.path.join(ROOT, 'playbooks', 'monitoring.yml')
 RULES_TEST = os.path.join(ROOT, 'tests', 'unit', 'prometheus', 'llmserve_alerts_test.yml')
-BUILT_PROMTOOL = os.path.join(ROOT, '.build', 'prometheus', 'usr', 'bin', 'promtool')
 
 # Two replicas (one without ansible_host, one on another port), a two-node model whose head is listed second in the
 # vllm group (the cluster group's order decides, as in vllm_kimi), and a host on IPv6 with its own service name.
@@ -53,18 +52,6 @@ EXPECTED_NODE = [
     {'labels': {'cluster': 'kimi_mn', 'env': 'test', 'replica': 'mn-head'}, 'targets': ['10.0.1.1:9100']},
     {'labels': {'env': 'test', 'replica': 'v6'}, 'targets': ['[fd00::5]:9100']},
 ]
-
-
-@pytest.fixture(scope='module')
-def promtool():
-    """promtool: $LLMSERVE_PROMTOOL (the Makefile sets it), the one `make promtool` unpacks, or one on PATH."""
-    for candidate in (os.environ.get('LLMSERVE_PROMTOOL'), BUILT_PROMTOOL, shutil.which('promtool')):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.fail(
-        "promtool is missing: run `make promtool` (it unpacks Debian's prometheus package into .build/prometheus) "
-        'or set LLMSERVE_PROMTOOL to a promtool.'
-    )
 
 
 def run_playbook(directory, promtool, *args, inventory=None):
