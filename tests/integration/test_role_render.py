@@ -163,3 +163,10 @@ def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
 def test_a_single_node_sets_no_cluster_environment(gpu_unit):
     environment = gpu_unit[1].splitlines()
     assert not [line for line in environment if line.split('=')[0] in ('VLLM_HOST_IP', 'GLOO_SOCKET_IFNAME')]
+
+
+def test_service_settings_land_in_the_service_section(tmp_path):
+    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                  vllm_kimi_service_settings={'CPUAffinity': '0-47', 'MemoryMax': '900G'})[0]
+    service = unit.split('[Service]', 1)[1].split('[Install]', 1)[0]
+    assert 'CPUAffinity=0-47\nMemoryMax=900G\n' in service
