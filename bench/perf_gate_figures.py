@@ -80,7 +80,7 @@ class Vllm(object):
             except OSError:
                 if self.proc.poll() is not None or time.time() - started > 600:
                     self.stop()
-                    raise SystemExit("vLLM did not come up; see .cache/bench/perf_gate_vllm.log")
+                    raise SystemExit("vLLM did not come up; see .cache/bench/perf_gate_vllm.log") from None
                 time.sleep(1)
         self.ready_after = time.time() - started
 
@@ -171,8 +171,9 @@ def main():
             name, s["tokens_per_second_median"], s["tokens_per_second_min"], s["tokens_per_second_max"],
             s["spread_percent"], s["ttft_p50"], s["ttft_p95"], s["tpot_p50"]))
     if "throttled_drop_percent" in figures:
-        print("throttled: %.1f %% below the unthrottled median (vLLM ready after %.0f s instead of %.0f s)" % (
-            figures["throttled_drop_percent"], figures["throttled_ready_after_seconds"], figures["ready_after_seconds"]))
+        print("throttled: %.1f %% below the unthrottled median (vLLM ready after %.0f s instead of %.0f s)"
+              % (figures["throttled_drop_percent"], figures["throttled_ready_after_seconds"],
+                 figures["ready_after_seconds"]))
     print("figures written to %s" % options.json)
 
 
