@@ -283,7 +283,7 @@ class LoadProbe:
 
     def run(self) -> dict[str, Any]:
         until = self.clock() + self.duration
-        threads = [self.start_thread(lambda: self._client(until)) for _ in range(self.concurrency)]
+        threads = [self.start_thread(lambda: self._client(until)) for client in range(self.concurrency)]
         give_up = until + self.request_timeout + JOIN_GRACE_SECONDS
         for thread in threads:
             thread.join(max(0.0, give_up - self.clock()))

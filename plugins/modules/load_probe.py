@@ -233,6 +233,8 @@ regression_percent:
   sample: 4.3
 """
 
+import math
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
@@ -283,7 +285,7 @@ def validate(p):
         if value is None:
             continue
         # NaN compares false with everything: refuse it explicitly.
-        if value != value or value < low or (high is not None and value > high) or value == float('inf'):
+        if math.isnan(value) or value < low or (high is not None and value > high) or math.isinf(value):
             return '%s must be a number %s, got %s' % (
                 name,
                 'of at least %s' % low if high is None else 'from %s to %s' % (low, high),
@@ -305,8 +307,8 @@ def main():
             concurrency=dict(type='int', default=DEFAULT_CONCURRENCY),
             duration=dict(type='int', default=DEFAULT_DURATION),
             request_timeout=dict(type='int', default=DEFAULT_REQUEST_TIMEOUT),
-            min_tokens_per_second=dict(type='float', default=0.0),
-            baseline_tokens_per_second=dict(type='float'),
+            min_tokens_per_second=dict(type='float', default=0.0, no_log=False),
+            baseline_tokens_per_second=dict(type='float', no_log=False),
             max_regression_percent=dict(type='float', default=DEFAULT_MAX_REGRESSION_PERCENT),
             validate_certs=dict(type='bool', default=True),
             use_proxy=dict(type='bool', default=True),

@@ -170,9 +170,9 @@ def test_verdict(measured, floor, baseline, allowed, failure, regression):
 
 
 def test_verdict_fails_on_failed_or_no_requests_whatever_the_throughput():
-    why, _ = verdict(dict(figures(1000.0, failed=1), errors=['answered 404: no such model']), 0, None)
+    why, regression = verdict(dict(figures(1000.0, failed=1), errors=['answered 404: no such model']), 0, None)
     assert why == '1 of 11 requests of the load probe failed: answered 404: no such model'
-    why, _ = verdict(figures(0.0, requests=0), 0, None)
+    why, regression = verdict(figures(0.0, requests=0), 0, None)
     assert why == 'no request of the load probe completed'
 
 
