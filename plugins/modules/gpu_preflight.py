@@ -265,7 +265,7 @@ reserve_bytes_per_gpu:
 reserve:
   description:
     - Where RV(reserve_bytes_per_gpu) comes from, in bytes per GPU. C(source) is V(given) (O(reserve_bytes_per_gpu)),
-      V(cpu) (0), V(estimated) or V(fallback) (5 GiB: C(config.json) lacks the sizes). An estimate also has its parts
+      V(cpu) (0), V(estimated) or V(fallback) (5 GiB, as C(config.json) lacks the sizes). An estimate also has its parts
       and the batching it assumed.
   returned: always
   type: dict
