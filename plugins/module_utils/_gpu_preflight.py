@@ -110,7 +110,8 @@ def plan(
     check_pipeline_stages(config, pp)
     weights_total, weights = weights_on_a_gpu(params, config, checkpoint, tp, pp, found)
     total = None if cpu else gpu_memory(params, gpus, gpus_used, apps, host, found)
-    reserve_parts = reserve_per_gpu(params, config, total, cpu, found)
+    gpu_name = str(gpus_used[0].get('name') or '') if gpus_used and not cpu else ''
+    reserve_parts = reserve_per_gpu(params, config, total, cpu, found, gpu_name)
     reserve = int(reserve_parts['total'])  # type: ignore[call-overload]
     memory = Memory(params, total, weights, reserve, per_token)
     size_kv_cache(memory, found)
@@ -175,7 +176,7 @@ def kv_cache_dtype(
 
 
 def reserve_per_gpu(
-    params: Params, config: Config, total: Optional[int], cpu: bool, found: Findings
+    params: Params, config: Config, total: Optional[int], cpu: bool, found: Findings, gpu_name: str = ''
 ) -> dict[str, object]:
     """The reserve beside weights and KV cache and where it comes from: reserve_bytes_per_gpu as given, 0 on the
     CPU build (its KV space is fixed), else _reserve's estimate from config.json and vLLM's batching."""
@@ -191,6 +192,7 @@ def reserve_per_gpu(
         total or 0,
         params.get('max_num_seqs'),
         params.get('max_num_batched_tokens'),
+        gpu_name=gpu_name,
     )
     if not parts['estimated']:
         found.warnings.append(

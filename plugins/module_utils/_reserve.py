@@ -44,16 +44,36 @@ ACTIVATION_BYTES = 2
 # 0.92 GiB apart: 109,760 B a token, against 110,592 here).
 INTERMEDIATE_COPIES = 3
 HIDDEN_COPIES = 3
-# The sampler's dummy run holds float32 logits, probabilities and log-probabilities over the vocabulary.
-SAMPLER_COPIES = 3
-SAMPLER_BYTES = 4
+# The sampler's dummy run over max_num_seqs rows of the vocabulary: float32 logits and their scaled, softmaxed,
+# log-softmaxed and sorted copies, the sort's int64 indices. 40 bytes a logit: two logs with the same 256 x 151,936
+# logits (Qwen2.5-Math-1.5B on vLLM 0.7.2 V0 and Qwen3-235B on 0.10.2 V1) both print a 1.40 GiB activation peak,
+# 38.6 bytes a logit, where their forward passes need 0.24 and 0.19 GiB; rounded up.
+SAMPLER_BYTES_PER_LOGIT = 40
 
-# Non-torch memory grown during the profile: 0.35 GiB logged at tensor parallel 1 (RTX 3090, Llama-3.1-8B,
-# vllm-project/vllm#10517). Tensor parallel adds NCCL's and the custom all-reduce's buffers: 256 MiB is a
-# figure from vLLM's source (8 MiB IPC buffers per peer, NCCL's 4 MiB per channel), not a measurement; no
-# measurement on an H200 was available when this was written.
+# Non-torch memory grown during the profile (cuBLAS workspaces and the like). vLLM 0.6 printed 0.35 GiB at tensor
+# parallel 1 (RTX 3090, Llama-3.1-8B, vllm-project/vllm#10517); 0.7 and later, whose baseline is taken after the
+# CUDA context exists, 0.01 to 0.25 GiB, tensor parallel included where the communicators are not counted (0.21 GiB
+# at TP 8 on L40S, 0.25 GiB at TP 2 on RTX 4090); each rounded up.
 NON_TORCH_BYTES = 360 * MIB
-NON_TORCH_TP_BYTES = 256 * MIB
+NON_TORCH_BYTES_SINCE_07 = 256 * MIB
+# V0 (worker/worker.py init_device) takes its baseline snapshot before init_worker_distributed_environment, so
+# the NCCL communicators it then builds count as non-torch memory; V1 (v1/worker/gpu_worker.py) takes it after,
+# and they come out of the (1 - utilization) headroom instead. Two communicators (vLLM's PyNccl one and
+# torch.distributed's device group), measured on an H200 pair: 0.820 GiB for the first, 0.475 GiB for the second
+# (tests/fixtures/h200/nontorch_memory.json, tp2). NCCL keeps those buffers in device memory where the GPUs reach
+# each other peer to peer (NVLink boards); GeForce and L40-class boards without peer access go through host
+# shared memory (0.25 GiB non-torch at TP 2 on two RTX 4090s), so the term applies to the data-centre boards.
+NCCL_COMMUNICATORS_BYTES = 1326 * MIB
+# NCCL's NVLink SHARP buffers on NVSwitch Hopper boards at more than two GPUs. Not measured: the one log with the
+# figure (DeepSeek-R1, 8 x H200, vLLM 0.7.3 V0) prints 7.16 GiB of non-torch memory, 5.5 GiB more than the two
+# terms above; that excess, rounded up, until a measurement replaces it.
+NVLS_BYTES = 5632 * MIB
+NVLS_GPU_NAMES = ('H100 80GB HBM3', 'H100 SXM', 'H200', 'H800', 'H20')
+PEER_GPU_NAMES = ('A100', 'A800', 'H100', 'H200', 'H800', 'H20', 'B200', 'B300', 'GB200', 'GB300')
+NVLS_MIN_TP = 4
+# vLLM versions before this ran V0's accounting; 0.8 and 0.9 could fall back to V0 (pipeline parallel without
+# Ray, some attention backends), so they get V0's larger reserve too.
+V1_ACCOUNTING_SINCE = (0, 10)
 
 # CUDA graphs, estimated by vLLM and subtracted since 0.21 ("CUDA graph memory profiling is enabled (default
 # since v0.21.0)"): 16 MiB a layer, against the 0.52 GiB vLLM 0.21 estimated for Qwen3-8B's 36 layers
@@ -61,9 +81,13 @@ NON_TORCH_TP_BYTES = 256 * MIB
 CUDAGRAPH_BYTES_PER_LAYER = 16 * MIB
 CUDAGRAPH_ESTIMATE_SINCE = (0, 21)
 
-# nvidia-smi's total less CUDA's (cudaMemGetInfo): 24576 MiB against 23.58 GiB logged on an RTX 3090
-# (430 ± 5 MiB), rounded up.
-DRIVER_RESERVED_BYTES = 448 * MIB
+# nvidia-smi's total less CUDA's (cudaMemGetInfo), which is what vLLM multiplies by the utilization: the memory
+# nvidia-smi reports as reserved (memory.reserved). The host's own reading is best (estimate's driver_reserved);
+# without it, measured on an H200: 616 MiB (tests/fixtures/h200/nontorch_memory.json, smi_reserved_mib); elsewhere
+# it depends on the board and the driver, 430 to 625 MiB in the collected logs (RTX 3090 24576 MiB against
+# 23.58 GiB; A100-SXM4-40GB 40960 MiB against 39.39 GiB), so the larger, rounded up.
+DRIVER_RESERVED_BYTES = {'H200': 616 * MIB}
+DRIVER_RESERVED_DEFAULT = 640 * MIB
 
 
 def default_batching(gpu_memory_bytes: int) -> tuple[int, int]:
@@ -103,6 +127,31 @@ def activation_elements_per_token(config: Config, tp: int) -> Optional[int]:
     return dense + HIDDEN_COPIES * hidden
 
 
+def v0_accounting(version: Optional[tuple[int, int]]) -> bool:
+    """Whether a vLLM of this (major, minor) counts the NCCL communicators in its non-torch memory (V0's
+    accounting); None, a current vLLM, does not."""
+    return version is not None and version < V1_ACCOUNTING_SINCE
+
+
+def non_torch_bytes(tp: int, gpu_name: str, version: Optional[tuple[int, int]]) -> int:
+    """Non-torch memory vLLM subtracts, per GPU: the profile's own growth, and under V0's accounting on
+    peer-to-peer boards the NCCL communicators (and NVLink SHARP buffers on NVSwitch Hopper boards beyond two GPUs)."""
+    total = NON_TORCH_BYTES if version is not None and version < (0, 7) else NON_TORCH_BYTES_SINCE_07
+    if v0_accounting(version) and tp > 1 and any(name in gpu_name for name in PEER_GPU_NAMES):
+        total += NCCL_COMMUNICATORS_BYTES
+        if tp >= NVLS_MIN_TP and any(name in gpu_name for name in NVLS_GPU_NAMES):
+            total += NVLS_BYTES
+    return total
+
+
+def driver_reserved_bytes(gpu_name: str) -> int:
+    """nvidia-smi's total less the total CUDA reports, for this GPU: measured where known, else the larger figure."""
+    for name, reserved in DRIVER_RESERVED_BYTES.items():
+        if name in gpu_name:
+            return reserved
+    return DRIVER_RESERVED_DEFAULT
+
+
 def estimate(
     config: Config,
     tp: int,
@@ -111,12 +160,16 @@ def estimate(
     max_num_seqs: Optional[int] = None,
     max_num_batched_tokens: Optional[int] = None,
     vllm_version: Optional[str] = None,
+    gpu_name: str = '',
+    driver_reserved: Optional[int] = None,
 ) -> dict[str, object]:
     """The reserve per GPU in bytes and its parts.
 
     max_num_seqs and max_num_batched_tokens default to vLLM's for `vllm serve` on this GPU; vllm_version
-    (None: a current one) decides whether the CUDA-graph estimate is subtracted. Without hidden_size or
-    vocab_size in config.json the reserve is FALLBACK_RESERVE_BYTES and 'estimated' is False.
+    (None: a current one) decides V0's or V1's accounting of the NCCL communicators and whether the CUDA-graph
+    estimate is subtracted; gpu_name (nvidia-smi's) the peer-to-peer and NVLink SHARP terms and, unless
+    driver_reserved (nvidia-smi's memory.reserved, bytes) is given, the driver's reserved memory.
+    Without hidden_size or vocab_size in config.json the reserve is FALLBACK_RESERVE_BYTES and 'estimated' is False.
     """
     seqs, tokens = default_batching(gpu_memory_bytes)
     seqs = max_num_seqs or seqs
@@ -130,15 +183,17 @@ def estimate(
         return parts
     hidden = _field(config, 'hidden_size') or 0
     forward = tokens * per_token * ACTIVATION_BYTES
-    sampler = seqs * vocab * SAMPLER_BYTES * SAMPLER_COPIES + tokens * hidden * ACTIVATION_BYTES
+    sampler = seqs * vocab * SAMPLER_BYTES_PER_LOGIT + tokens * hidden * ACTIVATION_BYTES
     version = version_tuple(vllm_version)
     terms = {
         'activation': max(forward, sampler),
-        'non_torch': NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0),
+        'non_torch': non_torch_bytes(tp, gpu_name, version),
         'cuda_graphs': 0
         if version is not None and version < CUDAGRAPH_ESTIMATE_SINCE
         else layers * CUDAGRAPH_BYTES_PER_LAYER,
-        'driver': int(DRIVER_RESERVED_BYTES * utilization),
+        'driver': int(
+            (driver_reserved if driver_reserved is not None else driver_reserved_bytes(gpu_name)) * utilization
+        ),
     }
     parts.update(terms, estimated=True, total=sum(terms.values()))
     return parts
