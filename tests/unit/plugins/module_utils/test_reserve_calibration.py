@@ -3,8 +3,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The reserve model against real vLLM start-up logs on NVIDIA GPUs (tests/fixtures/startup_logs).
 
-Each log's weights are vLLM's own "Model loading took" figure, so the error is the reserve's. Logs marked
-held_out were not looked at when the model's two fitted figures were chosen; they are judged apart.
+Each log's weights are vLLM's own "Model loading took" figure and its driver-reserved memory the host's (nvidia-smi's
+total less the CUDA total the log prints), so the error is the reserve's. Logs marked held_out were not looked at
+when the model's figures read from logs (the sampler's bytes a logit, the NVLink SHARP term, the non-torch base)
+were chosen; they are judged apart. Where a vLLM padded the cache (0.7's MLA alignment) the log's own bytes a
+token turn the budget into tokens (support.log_bytes_per_token).
 """
 
 import statistics
