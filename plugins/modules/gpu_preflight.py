@@ -137,9 +137,10 @@ options:
         RV(reserve): the larger of the activation peak of the profile run at O(max_num_batched_tokens) tokens (from
         C(hidden_size), C(intermediate_size) and, for mixtures of experts, C(moe_intermediate_size) and
         C(num_experts_per_tok) in C(config.json), divided by tensor parallelism) and the sampler's dummy run over
-        O(max_num_seqs) × C(vocab_size) float32 logits; non-torch memory (cuBLAS, and NCCL and custom all-reduce
-        buffers at tensor parallel 2 or more); the CUDA-graph memory vLLM estimates and subtracts since 0.21 (16 MiB a
-        layer); and gpu_memory_utilization × 448 MiB that nvidia-smi counts but CUDA does not offer."
+        O(max_num_seqs) × C(vocab_size) logits (40 bytes each); non-torch memory (cuBLAS and the like; the current
+        vLLM leaves the NCCL communicators to the headroom, so they are not counted); the CUDA-graph memory vLLM
+        estimates and subtracts since 0.21 (16 MiB a layer); and gpu_memory_utilization × the memory nvidia-smi
+        counts but CUDA does not offer (616 MiB on an H200, measured; 640 MiB on other GPUs)."
       - A C(config.json) without C(hidden_size) or C(vocab_size) gets 5 GiB (5368709120) and a warning. 0 on the CPU
         build, whose KV space is fixed. Ignored when O(kv_cache_memory_bytes) is given.
       - Calibrated against real vLLM start-up logs (C(tests/fixtures/startup_logs); the README's section "Preflight
