@@ -168,9 +168,12 @@ def startup_logs():
 
 
 def logged_tokens(log):
-    """The KV-cache tokens a start-up log shows: printed, else those its printed available memory holds."""
+    """The KV-cache tokens a start-up log shows: printed, else those its printed available memory holds; and those
+    the available memory holds (None where the log prints no available memory, only tokens and blocks)."""
     from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import tokens_for
 
+    if log['logged']['available_kv_gib'] is None:
+        return log['logged']['kv_tokens'], None
     per_token = log_bytes_per_token(log)
     from_memory = tokens_for(int(log['logged']['available_kv_gib'] * 1024**3), per_token, log['block_size'])
     return log['logged']['kv_tokens'] or from_memory, from_memory
