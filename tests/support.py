@@ -154,3 +154,73 @@ def module_args(args):
 def checkpoint_config(name):
     """The config.json of a checkpoint under tests/fixtures/checkpoints, as a dict."""
     return json.loads(recorded('checkpoints', name, 'config.json'))
+
+
+def startup_logs():
+    """The recorded vLLM start-up logs on NVIDIA GPUs (tests/fixtures/startup_logs), by name."""
+    folder = fixture_path('startup_logs')
+    logs = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith('.json'):
+            with open(os.path.join(folder, name)) as handle:
+                logs.append(json.load(handle))
+    return logs
+
+
+def logged_tokens(log):
+    """The KV-cache tokens a start-up log shows: printed, else those its printed available memory holds; and those
+    the available memory holds (None where the log prints no available memory, only tokens and blocks)."""
+    from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import tokens_for
+
+    if log['logged']['available_kv_gib'] is None:
+        return log['logged']['kv_tokens'], None
+    per_token = log_bytes_per_token(log)
+    from_memory = tokens_for(int(log['logged']['available_kv_gib'] * 1024**3), per_token, log['block_size'])
+    return log['logged']['kv_tokens'] or from_memory, from_memory
+
+
+def log_bytes_per_token(log):
+    """KV bytes a token took in the logged run: the fixture's own figure where that vLLM padded the cache
+    (kv_bytes_per_token, with its note), else the collection's arithmetic."""
+    from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import kv_bytes_per_token
+
+    return log.get('kv_bytes_per_token') or kv_bytes_per_token(log['config'], 2, log['tensor_parallel_size'])[0]
+
+
+def driver_reserved(log):
+    """What nvidia-smi's memory.reserved read on the logged host: its total less the CUDA total the log prints
+    (to the 0.01 GiB it prints), in whole MiB; None where the log prints no CUDA total (the estimate's own figure)."""
+    cuda_total = log['gpu'].get('cuda_total_gib_logged')
+    if cuda_total is None:
+        return None
+    return 1024**2 * max(0, log['gpu']['memory_total_mib'] - round(cuda_total * 1024))
+
+
+def predict(log, reserve=None):
+    """What the preflight predicts for a start-up log: (reserve bytes, KV budget bytes, tokens, whether it fits).
+
+    The weights are vLLM's own "Model loading took" figure, so that only the reserve is judged; reserve None is
+    _reserve's estimate for the log's vLLM version and batching, an int a constant reserve."""
+    import math
+
+    from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import tokens_for
+    from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import estimate
+
+    total = log['gpu']['memory_total_mib'] * 1024**2
+    util = log['gpu_memory_utilization']
+    tp = log['tensor_parallel_size']
+    if reserve is None:
+        reserve = estimate(
+            log['config'],
+            tp,
+            util,
+            total,
+            log['max_num_seqs'],
+            log['max_num_batched_tokens'],
+            log['vllm_version'],
+            log['gpu']['name'],
+            driver_reserved(log),
+        )['total']
+    budget = math.ceil(total * util) - int(log['logged']['weights_gib'] * 1024**3) - reserve
+    tokens = tokens_for(budget, log_bytes_per_token(log), log['block_size'])
+    return reserve, budget, tokens, tokens >= log['max_model_len']

@@ -27,7 +27,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
 from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import DEFAULT_SHM_PATH
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import (
     DEFAULT_BLOCK_SIZE,
-    DEFAULT_RESERVE_BYTES,
     bytes_for,
     kv_bytes_per_token,
     misfit_message,
@@ -41,6 +40,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import App, Gpu
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import MIB, PreflightError, gib
+from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import estimate
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import Checkpoint
 from ansible_collections.llmserve.vllm.plugins.module_utils._weights import weights_per_gpu
 
@@ -109,10 +109,10 @@ def plan(
     per_token, attention = kv_bytes_per_token(config, dtype_bytes, tp)
     check_pipeline_stages(config, pp)
     weights_total, weights = weights_on_a_gpu(params, config, checkpoint, tp, pp, found)
-    reserve = params.get('reserve_bytes_per_gpu')
-    if reserve is None:
-        reserve = 0 if cpu else DEFAULT_RESERVE_BYTES
     total = None if cpu else gpu_memory(params, gpus, gpus_used, apps, host, found)
+    gpu_name = str(gpus_used[0].get('name') or '') if gpus_used and not cpu else ''
+    reserve_parts = reserve_per_gpu(params, config, total, cpu, found, gpu_name)
+    reserve = int(reserve_parts['total'])  # type: ignore[call-overload]
     memory = Memory(params, total, weights, reserve, per_token)
     size_kv_cache(memory, found)
     fit, chosen, requested_fits = choose_context_length(params, config, memory, found)
@@ -124,6 +124,7 @@ def plan(
         'weights_bytes_total': weights_total,
         'weights_bytes_per_gpu': weights,
         'reserve_bytes_per_gpu': reserve,
+        'reserve': reserve_parts,
         'kv_cache_dtype': dtype,
         'kv_cache_dtype_source': source,
         'attention': attention,
@@ -172,6 +173,34 @@ def kv_cache_dtype(
             'backend supports an FP8 KV cache' % dtype
         )
     return dtype, source, strip, stripped
+
+
+def reserve_per_gpu(
+    params: Params, config: Config, total: Optional[int], cpu: bool, found: Findings, gpu_name: str = ''
+) -> dict[str, object]:
+    """The reserve beside weights and KV cache and where it comes from: reserve_bytes_per_gpu as given, 0 on the
+    CPU build (its KV space is fixed), else _reserve's estimate from config.json and vLLM's batching."""
+    given = params.get('reserve_bytes_per_gpu')
+    if given is not None:
+        return {'source': 'given', 'total': given}
+    if cpu:
+        return {'source': 'cpu', 'total': 0}
+    parts = estimate(
+        config,
+        params['tensor_parallel_size'],
+        params['gpu_memory_utilization'],
+        total or 0,
+        params.get('max_num_seqs'),
+        params.get('max_num_batched_tokens'),
+        gpu_name=gpu_name,
+    )
+    if not parts['estimated']:
+        found.warnings.append(
+            '%s lacks hidden_size or vocab_size: the reserve is the constant %s GiB, not an estimate; set '
+            'reserve_bytes_per_gpu for an exact plan' % (CONFIG_NAME, gib(int(parts['total'])))  # type: ignore[call-overload]
+        )
+    parts['source'] = 'estimated' if parts.pop('estimated') else 'fallback'
+    return parts
 
 
 def check_pipeline_stages(config: Config, pp: int) -> None:

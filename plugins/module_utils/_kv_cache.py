@@ -9,18 +9,7 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, Config, is_mla
 from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_field, config_int
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import GIB, PreflightError, ceil_div, gib
-
-# Activations, non-torch memory and CUDA graphs per GPU, outside the weights and the KV
-# cache. vLLM measures these in determine_available_memory (v1/worker/gpu_worker.py):
-# the transient peak of a profile run at max_num_batched_tokens (8192 for `vllm serve`
-# on GPUs of 70 GiB or more, engine/arg_utils.py), which includes the sampler's dummy
-# run over max_num_seqs (1024 there) x vocabulary float32 logits (1024 x 163840 x 4 B =
-# 0.63 GiB per copy for Kimi-K2.5); non-torch memory grown since start (NCCL and custom
-# all-reduce buffers, cuBLAS workspaces: about 0.5-1 GiB at TP 8); and, since
-# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, the CUDA-graph pool estimate
-# (1-2 GiB for a 61-layer model). That sums to about 4-6 GiB; 5 GiB is the default.
-DEFAULT_RESERVE_BYTES = 5 * GIB
+from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError, ceil_div, gib
 
 # vLLM's KV-cache block on GPUs, in tokens; the cache is allocated in whole blocks.
 DEFAULT_BLOCK_SIZE = 16

@@ -131,16 +131,31 @@ options:
     default: 30
   reserve_bytes_per_gpu:
     description:
-      - "Memory per GPU outside weights and KV cache, that vLLM's C(determine_available_memory) profiles: the transient peak of
-        a forward pass at C(max_num_batched_tokens) (8192 for C(vllm serve) on GPUs of 70 GiB or more), which includes the
-        sampler's dummy run over C(max_num_seqs) (1024 there) × vocabulary float32 logits (0.63 GiB per copy for Kimi-K2.5's
-        163840 tokens); non-torch memory grown since start (NCCL and custom all-reduce buffers, cuBLAS workspaces, about
-        0.5 to 1 GiB at tensor parallel 8); and the CUDA-graph pool estimate that C(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)
-        (the default) subtracts (1 to 2 GiB for a 61-layer model)."
-      - The sum is about 4 to 6 GiB for Kimi-K2.5 at tensor parallel 8; the default is 5 GiB. Set it from a real start
-        (total × utilization − weights − the KV cache vLLM logged) for an exact plan. Ignored when O(kv_cache_memory_bytes) is given.
+      - Memory per GPU outside weights and KV cache. Given, it is used as is (set it from a real start, total ×
+        utilization − weights − the KV cache vLLM logged, for an exact plan).
+      - "Not given, it is estimated in the terms vLLM's C(determine_available_memory) uses, returned part by part as
+        RV(reserve): the larger of the activation peak of the profile run at O(max_num_batched_tokens) tokens (from
+        C(hidden_size), C(intermediate_size) and, for mixtures of experts, C(moe_intermediate_size) and
+        C(num_experts_per_tok) in C(config.json), divided by tensor parallelism) and the sampler's dummy run over
+        O(max_num_seqs) × C(vocab_size) logits (40 bytes each); non-torch memory (cuBLAS and the like; the current
+        vLLM leaves the NCCL communicators to the headroom, so they are not counted); the CUDA-graph memory vLLM
+        estimates and subtracts since 0.21 (16 MiB a layer); and gpu_memory_utilization × the memory nvidia-smi
+        counts but CUDA does not offer (616 MiB on an H200, measured; 640 MiB on other GPUs)."
+      - A C(config.json) without C(hidden_size) or C(vocab_size) gets 5 GiB (5368709120) and a warning. 0 on the CPU
+        build, whose KV space is fixed. Ignored when O(kv_cache_memory_bytes) is given.
+      - Calibrated against real vLLM start-up logs (C(tests/fixtures/startup_logs); the README's section "Preflight
+        accuracy on real GPU logs" has the figures).
     type: int
-    default: 5368709120
+  max_num_seqs:
+    description:
+      - vLLM's C(--max-num-seqs), for the reserve's sampler term. Not given, vLLM's default for C(vllm serve) (1024 on GPUs
+        of 70 GiB or more, else 256; vLLM's C(engine/arg_utils.py)).
+    type: int
+  max_num_batched_tokens:
+    description:
+      - vLLM's C(--max-num-batched-tokens), the tokens of the profile run that sets the reserve's activation term. Not
+        given, vLLM's default for C(vllm serve) (8192 on GPUs of 70 GiB or more, else 2048).
+    type: int
   block_size:
     description:
       - vLLM's KV-cache block size in tokens; the cache is allocated in whole blocks. 16 is vLLM's usual size on GPUs and its
@@ -247,7 +262,56 @@ reserve_bytes_per_gpu:
   description: The reserve for activations, non-torch memory and CUDA graphs that was used.
   returned: always
   type: int
-  sample: 5368709120
+  sample: 4218421657
+reserve:
+  description:
+    - Where RV(reserve_bytes_per_gpu) comes from, in bytes per GPU. C(source) is V(given) (O(reserve_bytes_per_gpu)),
+      V(cpu) (0), V(estimated) or V(fallback) (5 GiB, as C(config.json) lacks the sizes). An estimate also has its parts
+      and the batching it assumed.
+  returned: always
+  type: dict
+  contains:
+    source:
+      description: V(given), V(cpu), V(estimated) or V(fallback).
+      type: str
+      returned: always
+    total:
+      description: The reserve, equal to RV(reserve_bytes_per_gpu).
+      type: int
+      returned: always
+    max_num_seqs:
+      description: The max_num_seqs the estimate assumed (O(max_num_seqs) or vLLM's default).
+      type: int
+      returned: when source is V(estimated) or V(fallback)
+    max_num_batched_tokens:
+      description: The max_num_batched_tokens the estimate assumed (O(max_num_batched_tokens) or vLLM's default).
+      type: int
+      returned: when source is V(estimated) or V(fallback)
+    activation:
+      description: The larger of the profile run's activation peak and the sampler's logits.
+      type: int
+      returned: when source is V(estimated)
+    non_torch:
+      description: cuBLAS workspaces, and NCCL and custom all-reduce buffers under tensor parallelism.
+      type: int
+      returned: when source is V(estimated)
+    cuda_graphs:
+      description: The CUDA-graph memory vLLM 0.21 and later subtracts before sizing the KV cache.
+      type: int
+      returned: when source is V(estimated)
+    driver:
+      description: gpu_memory_utilization × the memory nvidia-smi counts but CUDA does not offer.
+      type: int
+      returned: when source is V(estimated)
+  sample:
+    source: estimated
+    total: 4218421657
+    max_num_seqs: 1024
+    max_num_batched_tokens: 8192
+    activation: 2130706432
+    non_torch: 645922816
+    cuda_graphs: 1023410176
+    driver: 422785843
 kv_cache_dtype:
   description: The KV-cache dtype the plan uses (after V(auto) resolution, and after stripping when RV(strip_fp8_kv_cache)).
   returned: always
@@ -357,7 +421,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import 
     process_name,
     shm_size,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import DEFAULT_BLOCK_SIZE, DEFAULT_RESERVE_BYTES
+from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import DEFAULT_BLOCK_SIZE
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
     RECORD_NAME,
     KvCacheQuantError,
@@ -379,6 +443,8 @@ INT_OPTIONS = (
     ('kv_cache_memory_bytes', 0),
     ('weights_bytes_per_gpu', 0),
     ('reserve_bytes_per_gpu', 0),
+    ('max_num_seqs', 1),
+    ('max_num_batched_tokens', 1),
     ('shm_min_bytes', 0),
 )
 # selectors cannot wait much longer than a day, and no nvidia-smi needs that long.
@@ -411,7 +477,9 @@ ARGUMENT_SPEC = dict(
     accelerator=dict(type='str', default='nvidia', choices=['nvidia', 'cpu']),
     nvidia_smi_path=dict(type='str', default='nvidia-smi'),
     nvidia_smi_timeout=dict(type='int', default=DEFAULT_NVIDIA_SMI_TIMEOUT),
-    reserve_bytes_per_gpu=dict(type='int', default=DEFAULT_RESERVE_BYTES),
+    reserve_bytes_per_gpu=dict(type='int'),
+    max_num_seqs=dict(type='int'),
+    max_num_batched_tokens=dict(type='int'),
     block_size=dict(type='int', default=DEFAULT_BLOCK_SIZE),
     port=dict(type='int'),
     host=dict(type='str', default='127.0.0.1'),

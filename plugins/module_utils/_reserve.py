@@ -1,0 +1,199 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The reserve: GPU memory vLLM keeps outside the weights and the KV cache, in the terms vLLM itself uses.
+
+PRIVATE to the collection: this is not a public API; it may change without notice.
+
+vLLM sizes the KV cache as requested − (weights + activation peak + non-torch increase [+ CUDA-graph
+estimate]), where requested = CUDA's total × gpu_memory_utilization (v1/worker/gpu_worker.py
+determine_available_memory; worker/worker.py in V0). The preflight computes ceil(nvidia-smi's total ×
+utilization) − weights − reserve, so the reserve is the sum of
+
+- the activation peak of the profile run at max_num_batched_tokens tokens, or of the sampler's dummy run
+  over max_num_seqs × vocabulary float32 logits, whichever is larger (they run one after the other);
+- non-torch memory grown since the worker's first snapshot (cuBLAS workspaces; NCCL and custom
+  all-reduce buffers when tensor parallel);
+- the CUDA-graph memory estimate, subtracted since vLLM 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS);
+- utilization × the memory nvidia-smi counts but CUDA does not offer (its total is smaller).
+
+Where a term is not known, the estimate leans to the larger side: a reserve too small lets a start fail
+after the weights are loaded, one too large only hides context.
+"""
+
+from typing import Optional
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, text_config
+from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import GIB, MIB, ceil_div
+
+# The constant the preflight used before this model, and still uses when config.json lacks the sizes.
+FALLBACK_RESERVE_BYTES = 5 * GIB
+
+# vLLM's defaults for `vllm serve` (engine/arg_utils.py, _set_default_args): GPUs of 70 GiB or more get
+# max_num_seqs 1024 and max_num_batched_tokens 8192, smaller ones 256 and 2048.
+LARGE_GPU_BYTES = 70 * GIB
+DEFAULT_BATCHING_LARGE = (1024, 8192)
+DEFAULT_BATCHING_SMALL = (256, 2048)
+
+# Activations are bf16/fp16: 2 bytes an element.
+ACTIVATION_BYTES = 2
+# Per token of the profile run, elements alive at the MLP's peak: the gate/up output (2 × intermediate)
+# and the activation's output (intermediate), from the source; and 3 × hidden (residual, norm output,
+# attention output), fitted to the slope between the two RTX 3090 logs (20,000 and 29,000 tokens,
+# 0.92 GiB apart: 109,760 B a token, against 110,592 here).
+INTERMEDIATE_COPIES = 3
+HIDDEN_COPIES = 3
+# The sampler's dummy run over max_num_seqs rows of the vocabulary: float32 logits and their scaled, softmaxed,
+# log-softmaxed and sorted copies, the sort's int64 indices. 40 bytes a logit: two logs with the same 256 x 151,936
+# logits (Qwen2.5-Math-1.5B on vLLM 0.7.2 V0 and Qwen3-235B on 0.10.2 V1) both print a 1.40 GiB activation peak,
+# 38.6 bytes a logit, where their forward passes need 0.24 and 0.19 GiB; rounded up.
+SAMPLER_BYTES_PER_LOGIT = 40
+
+# Non-torch memory grown during the profile (cuBLAS workspaces and the like). vLLM 0.6 printed 0.35 GiB at tensor
+# parallel 1 (RTX 3090, Llama-3.1-8B, vllm-project/vllm#10517); 0.7 and later, whose baseline is taken after the
+# CUDA context exists, 0.01 to 0.25 GiB, tensor parallel included where the communicators are not counted (0.21 GiB
+# at TP 8 on L40S, 0.25 GiB at TP 2 on RTX 4090); each rounded up.
+NON_TORCH_BYTES = 360 * MIB
+NON_TORCH_BYTES_SINCE_07 = 256 * MIB
+# V0 (worker/worker.py init_device) takes its baseline snapshot before init_worker_distributed_environment, so
+# the NCCL communicators it then builds count as non-torch memory; V1 (v1/worker/gpu_worker.py) takes it after,
+# and they come out of the (1 - utilization) headroom instead. Two communicators (vLLM's PyNccl one and
+# torch.distributed's device group), measured on an H200 pair: 0.820 GiB for the first, 0.475 GiB for the second
+# (tests/fixtures/h200/nontorch_memory.json, tp2). NCCL keeps those buffers in device memory where the GPUs reach
+# each other peer to peer (NVLink boards); GeForce and L40-class boards without peer access go through host
+# shared memory (0.25 GiB non-torch at TP 2 on two RTX 4090s), so the term applies to the data-centre boards.
+NCCL_COMMUNICATORS_BYTES = 1326 * MIB
+# NCCL's NVLink SHARP buffers on NVSwitch Hopper boards at more than two GPUs. Not measured: the one log with the
+# figure (DeepSeek-R1, 8 x H200, vLLM 0.7.3 V0) prints 7.16 GiB of non-torch memory, 5.5 GiB more than the two
+# terms above; that excess, rounded up, until a measurement replaces it.
+NVLS_BYTES = 5632 * MIB
+NVLS_GPU_NAMES = ('H100 80GB HBM3', 'H100 SXM', 'H200', 'H800', 'H20')
+PEER_GPU_NAMES = ('A100', 'A800', 'H100', 'H200', 'H800', 'H20', 'B200', 'B300', 'GB200', 'GB300')
+NVLS_MIN_TP = 4
+# vLLM versions before this ran V0's accounting; 0.8 and 0.9 could fall back to V0 (pipeline parallel without
+# Ray, some attention backends), so they get V0's larger reserve too.
+V1_ACCOUNTING_SINCE = (0, 10)
+
+# CUDA graphs, estimated by vLLM and subtracted since 0.21 ("CUDA graph memory profiling is enabled (default
+# since v0.21.0)"): 16 MiB a layer, against the 0.52 GiB vLLM 0.21 estimated for Qwen3-8B's 36 layers
+# (LMCache/LMCache#3430). Before 0.21 the graphs came out of the (1 − utilization) headroom.
+CUDAGRAPH_BYTES_PER_LAYER = 16 * MIB
+CUDAGRAPH_ESTIMATE_SINCE = (0, 21)
+
+# nvidia-smi's total less CUDA's (cudaMemGetInfo), which is what vLLM multiplies by the utilization: the memory
+# nvidia-smi reports as reserved (memory.reserved). The host's own reading is best (estimate's driver_reserved);
+# without it, measured on an H200: 616 MiB (tests/fixtures/h200/nontorch_memory.json, smi_reserved_mib); elsewhere
+# it depends on the board and the driver, 430 to 625 MiB in the collected logs (RTX 3090 24576 MiB against
+# 23.58 GiB; A100-SXM4-40GB 40960 MiB against 39.39 GiB), so the larger, rounded up.
+DRIVER_RESERVED_BYTES = {'H200': 616 * MIB}
+DRIVER_RESERVED_DEFAULT = 640 * MIB
+
+
+def default_batching(gpu_memory_bytes: int) -> tuple[int, int]:
+    """vLLM's (max_num_seqs, max_num_batched_tokens) for `vllm serve` on a GPU of this size."""
+    return DEFAULT_BATCHING_LARGE if gpu_memory_bytes >= LARGE_GPU_BYTES else DEFAULT_BATCHING_SMALL
+
+
+def version_tuple(version: Optional[str]) -> Optional[tuple[int, int]]:
+    """(major, minor) of a vLLM version such as 0.6.4 or 0.21.0rc1, None when not given or not a version."""
+    parts = (version or '').split('.')
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _field(config: Config, key: str) -> Optional[int]:
+    value = text_config(config).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def activation_elements_per_token(config: Config, tp: int) -> Optional[int]:
+    """Elements a token of the profile run keeps alive at the MLP's peak, on one GPU; None without hidden_size.
+
+    Dense: 3 × intermediate / TP + 3 × hidden. Mixture of experts (fused MoE): each of the top-k experts
+    holds its gate/up and activation outputs and a hidden-sized output that tensor parallel does not split.
+    """
+    hidden = _field(config, 'hidden_size')
+    if hidden is None:
+        return None
+    dense = INTERMEDIATE_COPIES * ceil_div(_field(config, 'intermediate_size') or 4 * hidden, tp)
+    moe_intermediate = _field(config, 'moe_intermediate_size')
+    top_k = _field(config, 'num_experts_per_tok')
+    if moe_intermediate and top_k:
+        per_expert = INTERMEDIATE_COPIES * ceil_div(moe_intermediate, tp) + hidden
+        dense = max(dense, top_k * per_expert)
+    return dense + HIDDEN_COPIES * hidden
+
+
+def v0_accounting(version: Optional[tuple[int, int]]) -> bool:
+    """Whether a vLLM of this (major, minor) counts the NCCL communicators in its non-torch memory (V0's
+    accounting); None, a current vLLM, does not."""
+    return version is not None and version < V1_ACCOUNTING_SINCE
+
+
+def non_torch_bytes(tp: int, gpu_name: str, version: Optional[tuple[int, int]]) -> int:
+    """Non-torch memory vLLM subtracts, per GPU: the profile's own growth, and under V0's accounting on
+    peer-to-peer boards the NCCL communicators (and NVLink SHARP buffers on NVSwitch Hopper boards beyond two GPUs)."""
+    total = NON_TORCH_BYTES if version is not None and version < (0, 7) else NON_TORCH_BYTES_SINCE_07
+    if v0_accounting(version) and tp > 1 and any(name in gpu_name for name in PEER_GPU_NAMES):
+        total += NCCL_COMMUNICATORS_BYTES
+        if tp >= NVLS_MIN_TP and any(name in gpu_name for name in NVLS_GPU_NAMES):
+            total += NVLS_BYTES
+    return total
+
+
+def driver_reserved_bytes(gpu_name: str) -> int:
+    """nvidia-smi's total less the total CUDA reports, for this GPU: measured where known, else the larger figure."""
+    for name, reserved in DRIVER_RESERVED_BYTES.items():
+        if name in gpu_name:
+            return reserved
+    return DRIVER_RESERVED_DEFAULT
+
+
+def estimate(
+    config: Config,
+    tp: int,
+    utilization: float,
+    gpu_memory_bytes: int,
+    max_num_seqs: Optional[int] = None,
+    max_num_batched_tokens: Optional[int] = None,
+    vllm_version: Optional[str] = None,
+    gpu_name: str = '',
+    driver_reserved: Optional[int] = None,
+) -> dict[str, object]:
+    """The reserve per GPU in bytes and its parts.
+
+    max_num_seqs and max_num_batched_tokens default to vLLM's for `vllm serve` on this GPU; vllm_version
+    (None: a current one) decides V0's or V1's accounting of the NCCL communicators and whether the CUDA-graph
+    estimate is subtracted; gpu_name (nvidia-smi's) the peer-to-peer and NVLink SHARP terms and, unless
+    driver_reserved (nvidia-smi's memory.reserved, bytes) is given, the driver's reserved memory.
+    Without hidden_size or vocab_size in config.json the reserve is FALLBACK_RESERVE_BYTES and 'estimated' is False.
+    """
+    seqs, tokens = default_batching(gpu_memory_bytes)
+    seqs = max_num_seqs or seqs
+    tokens = max_num_batched_tokens or tokens
+    per_token = activation_elements_per_token(config, tp)
+    vocab = _field(config, 'vocab_size')
+    layers = _field(config, 'num_hidden_layers') or 0
+    parts: dict[str, object] = {'max_num_seqs': seqs, 'max_num_batched_tokens': tokens}
+    if per_token is None or vocab is None:
+        parts.update(estimated=False, total=FALLBACK_RESERVE_BYTES)
+        return parts
+    hidden = _field(config, 'hidden_size') or 0
+    forward = tokens * per_token * ACTIVATION_BYTES
+    sampler = seqs * vocab * SAMPLER_BYTES_PER_LOGIT + tokens * hidden * ACTIVATION_BYTES
+    version = version_tuple(vllm_version)
+    terms = {
+        'activation': max(forward, sampler),
+        'non_torch': non_torch_bytes(tp, gpu_name, version),
+        'cuda_graphs': 0
+        if version is not None and version < CUDAGRAPH_ESTIMATE_SINCE
+        else layers * CUDAGRAPH_BYTES_PER_LAYER,
+        'driver': int(
+            (driver_reserved if driver_reserved is not None else driver_reserved_bytes(gpu_name)) * utilization
+        ),
+    }
+    parts.update(terms, estimated=True, total=sum(terms.values()))
+    return parts
