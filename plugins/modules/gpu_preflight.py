@@ -479,7 +479,7 @@ ARGUMENT_SPEC = dict(
     nvidia_smi_timeout=dict(type='int', default=DEFAULT_NVIDIA_SMI_TIMEOUT),
     reserve_bytes_per_gpu=dict(type='int'),
     max_num_seqs=dict(type='int'),
-    max_num_batched_tokens=dict(type='int'),
+    max_num_batched_tokens=dict(type='int', no_log=False),
     block_size=dict(type='int', default=DEFAULT_BLOCK_SIZE),
     port=dict(type='int'),
     host=dict(type='str', default='127.0.0.1'),
