@@ -330,3 +330,21 @@ def test_plan_needs_a_layer_per_pipeline_stage():
         'pipeline_parallel_size 3 exceeds the 2 layers of the model (num_hidden_layers in config.json): '
         'a pipeline stage would hold no layer'
     )
+
+
+def test_kimi_with_the_estimated_reserve(kimi):
+    """The real case as the preflight now plans it by default: the reserve estimated in vLLM's terms
+    (vllm serve's 1024 sequences and 8192 batched tokens on a 96 GB card), not the old 5 GiB."""
+    at_090 = kimi_plan(kimi, gpu_memory_utilization=0.9, max_model_len=262144, reserve_bytes_per_gpu=None)
+    assert at_090['reserve']['source'] == 'estimated'
+    assert at_090['reserve']['activation'] == 6828326912  # the sampler's run over 1024 x 163,840 logits
+    assert at_090['reserve_bytes_per_gpu'] == 8724152320
+    assert at_090['kv_cache_tokens'] == 202752
+    assert at_090['fits'] is False
+    assert at_090['remedies'] == [
+        'set max_model_len to 202752 (fits at gpu_memory_utilization 0.9)',
+        'set gpu_memory_utilization to 0.95 (fits max_model_len 262144)',
+    ]
+    at_095 = kimi_plan(kimi, gpu_memory_utilization=0.95, max_model_len=131072, reserve_bytes_per_gpu=None)
+    assert at_095['kv_cache_tokens'] == 275312
+    assert at_095['fits'] is True
