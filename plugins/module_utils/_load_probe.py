@@ -110,9 +110,12 @@ def parse_event(line: bytes) -> Optional[Any]:
 
 def carries_text(event: dict[str, Any]) -> bool:
     """Whether a chunk delivers generated text (answer or reasoning), which is what a token arrival is."""
-    for choice in event.get('choices') or []:
-        delta = (choice or {}).get('delta') or {}
-        if any(delta.get(key) for key in ('content', 'reasoning_content', 'reasoning')):
+    choices = event.get('choices')
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        delta = choice.get('delta') if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and any(delta.get(key) for key in ('content', 'reasoning_content', 'reasoning')):
             return True
     return False
 
@@ -275,7 +278,15 @@ class LoadProbe:
 
     def _client(self, until: float) -> None:
         while self.clock() < until:
-            request = stream_request(self.stream, dict(self.payload), self.request_timeout, self.clock)
+            began = self.clock()
+            try:
+                request = stream_request(self.stream, dict(self.payload), self.request_timeout, self.clock)
+            except Exception as exc:  # a request that broke the client must still be counted, never vanish
+                request = Request(began)
+                request.error = ('the request failed unexpectedly: %s: %s' % (type(exc).__name__, exc))[
+                    :MAX_ERROR_CHARS
+                ]
+                request.ended = self.clock()
             with self.lock:
                 self.requests.append(request)
             if request.error:

@@ -221,3 +221,18 @@ def test_extra_body_overrides_the_probes_fields():
     probe = LoadProbe(replay(RECORDED), model='tiny', extra_body={'ignore_eos': True, 'temperature': 0.7})
     assert probe.payload['ignore_eos'] is True
     assert probe.payload['temperature'] == 0.7
+
+
+def test_a_request_that_breaks_its_client_is_counted_not_lost():
+    def broken(payload, timeout):
+        raise RuntimeError('a bug in the transport')
+
+    result = LoadProbe(broken, model='tiny', concurrency=2, duration=0.5, request_timeout=5).run()
+    assert result['failed_requests'] == 2
+    assert result['errors'] == ['the request failed unexpectedly: RuntimeError: a bug in the transport']
+
+
+def test_chunks_of_the_wrong_shape_carry_no_text():
+    lines = [b'data: {"choices": "nope"}\n', b'data: {"choices": ["x", {"delta": "y"}]}\n', b'data: [DONE]\n']
+    request = stream_request(replay(lines), {}, 10, Clock())
+    assert request.done and request.token_times == [] and not request.ok

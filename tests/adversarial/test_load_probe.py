@@ -1,0 +1,210 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""llmserve.vllm.load_probe against bad input and hostile servers.
+
+Each case runs the module as Ansible runs it and must end in a clean error that names the cause, or
+in a correct success, by its deadline (duration + request_timeout + 5 s) and without the API key
+anywhere in the output. The servers are http.server threads on 127.0.0.1 that misbehave on purpose:
+a stream without end, one trickled a byte at a time, a line of 2 MB, bytes that are not UTF-8,
+events of the wrong shape, a cut connection, an HTML page, an error that quotes the key.
+"""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.llmserve.vllm.tests.adversarial import harness
+from ansible_collections.llmserve.vllm.tests.support import recorded
+
+MODULE = 'load_probe'
+KEY = 'sk-zq7-probe-secret'
+STREAM = recorded('load_probe', 'vllm-stream.txt').encode()
+# duration 1 s, request_timeout 2 s: the module's own deadline is 1 + 2 + 5 s.
+FAST = {'model': 'tiny', 'duration': 1, 'request_timeout': 2, 'concurrency': 2}
+WALL = 1 + 2 + 5
+
+
+def head(handler, status=200, content_type='text/event-stream', length=None):
+    handler.wfile.write(b'HTTP/1.1 %d X\r\nContent-Type: %s\r\n' % (status, content_type.encode()))
+    if length is not None:
+        handler.wfile.write(b'Content-Length: %d\r\n' % length)
+    handler.wfile.write(b'Connection: close\r\n\r\n')
+
+
+def body(status, data, content_type='application/json'):
+    def behave(handler, stop):
+        head(handler, status, content_type, len(data))
+        handler.wfile.write(data)
+
+    return behave
+
+
+def events(*lines):
+    return body(200, b''.join(line + b'\n\n' for line in lines), 'text/event-stream')
+
+
+def endless(handler, stop):
+    head(handler)
+    chunk = STREAM.split(b'\n\n')[1] + b'\n\n'
+    while not stop.is_set():
+        handler.wfile.write(chunk)
+        handler.wfile.flush()
+        time.sleep(0.01)
+
+
+def trickle(handler, stop):
+    head(handler)
+    for byte in STREAM:
+        if stop.wait(0.5):
+            return
+        handler.wfile.write(bytes([byte]))
+        handler.wfile.flush()
+
+
+def cut(handler, stop):
+    head(handler)
+    handler.wfile.write(STREAM[: len(STREAM) // 2])
+    handler.wfile.flush()
+    handler.connection.shutdown(2)
+
+
+def echo_key(handler, stop):
+    data = json.dumps({'error': {'message': 'bad key: %s' % handler.headers.get('Authorization')}}).encode()
+    body(401, data)(handler, stop)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        self.server.behave(self, self.server.stop)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    servers = []
+
+    def start(behave):
+        httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        httpd.daemon_threads = True
+        httpd.behave, httpd.stop = behave, threading.Event()
+        threading.Thread(target=httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True).start()
+        httpd.url = 'http://127.0.0.1:%d' % httpd.server_address[1]
+        servers.append(httpd)
+        return httpd
+
+    yield start
+    for httpd in servers:
+        httpd.stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def run(tmp_path, args):
+    started = time.monotonic()
+    outcome = harness.run_module(MODULE, tmp_path, args, timeout=WALL + 20)
+    outcome.wall = time.monotonic() - started
+    return outcome
+
+
+def says(*parts):
+    return lambda result: all(part in result['msg'] for part in parts)
+
+
+@pytest.mark.parametrize(
+    'behave, expected',
+    [
+        (endless, 'still unfinished at the deadline'),
+        (trickle, 'still unfinished at the deadline'),
+        (events(b'data: ' + b'x' * (2 * 1024 * 1024)), 'a stream with a line over 1048576 bytes'),
+        (events(b'data: {"choices": [{"delta": {"content": "\xff\xfe"}}]}'), 'the stream ended without its [DONE]'),
+        (events(b'data: {"choices": "nope"}', b'data: [DONE]'), 'no tokens'),
+        (events(b'data: {"usage": {"completion_tokens": "many"}}', b'data: [DONE]'), 'no tokens'),
+        (
+            events(b'data: {"error": {"message": "engine dead"}}'),
+            'the server reported an error: {"message": "engine dead"}',
+        ),
+        (events(b'data: <html>'), 'an event that is not JSON: <html>'),
+        (cut, 'requests of the load probe failed'),
+        (body(200, b'<html><body>proxy login</body></html>', 'text/html'), 'the stream ended without its [DONE]'),
+        (body(503, b'{"error": {"message": "Service Unavailable"}}'), 'answered 503: Service Unavailable'),
+        (echo_key, 'answered 401: bad key: Bearer ********'),
+    ],
+    ids=[
+        'endless',
+        'trickle',
+        'huge line',
+        'not utf-8',
+        'choices not a list',
+        'usage not a number',
+        'error event',
+        'not json',
+        'cut',
+        'html',
+        '503',
+        'key echoed',
+    ],
+)
+def test_a_hostile_server_is_a_clean_failure_by_the_deadline(tmp_path, server, verdict, behave, expected):
+    srv = server(behave)
+    run_ = run(tmp_path, dict(FAST, url=srv.url, api_key=KEY))
+    outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=(KEY,))
+    if outcome in harness.GOOD and run_.wall > WALL + 5:
+        outcome = harness.HANG
+    verdict(MODULE, outcome, '%s (%.1f s)' % (run_.result, run_.wall))
+
+
+def test_a_stream_without_usage_is_counted_by_its_chunks(tmp_path, server, verdict):
+    without_usage = b'\n\n'.join(part for part in STREAM.split(b'\n\n') if b'"usage":{' not in part)
+    srv = server(body(200, without_usage, 'text/event-stream'))
+    run_ = run(tmp_path, dict(FAST, url=srv.url))
+    outcome = harness.judge(
+        run_,
+        expect_success=True,
+        check=lambda result: (
+            result['requests'] > 0
+            and result['failed_requests'] == 0
+            and result['output_tokens'] < 16 * result['requests']
+        ),
+    )
+    verdict(MODULE, outcome, str(run_.result))
+
+
+@pytest.mark.parametrize(
+    'args, expected',
+    [
+        ({'concurrency': 1025}, 'concurrency must be from 1 to 1024, got 1025'),
+        ({'duration': 0}, 'duration must be from 1 to 86400, got 0'),
+        ({'request_timeout': -1}, 'request_timeout must be from 1 to 86400, got -1'),
+        ({'max_tokens': 0}, 'max_tokens must be at least 1, got 0'),
+        ({'min_tokens_per_second': 'inf'}, 'min_tokens_per_second must be a number of at least 0.0, got inf'),
+        ({'baseline_tokens_per_second': -5}, 'baseline_tokens_per_second must be a number of at least 0.0, got -5.0'),
+        ({'max_regression_percent': 'nan'}, 'max_regression_percent must be a number from 0.0 to 100.0, got nan'),
+        ({'url': 'ftp://127.0.0.1:1'}, "url 'ftp://127.0.0.1:1' must start with http:// or https://"),
+        ({'url': 'http://127.0.0.1:99999'}, 'has a port that is not a number from 1 to 65535'),
+        ({'api_key': KEY + '\n'}, 'api_key has a control character (U+000A)'),
+        ({'api_key': KEY + '\u00e9'}, 'api_key has a character outside ASCII'),
+        ({'extra_body': 'not a dict'}, 'extra_body'),
+    ],
+)
+def test_bad_arguments_are_refused_at_once(tmp_path, verdict, args, expected):
+    run_ = run(tmp_path, dict(dict(FAST, url='http://127.0.0.1:1'), **args))
+    outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=(KEY,))
+    if outcome in harness.GOOD and run_.wall > 10:
+        outcome = harness.HANG
+    verdict(MODULE, outcome, '%s (%.1f s)' % (run_.result, run_.wall))
+
+
+def test_nothing_listening_is_a_clean_failure(tmp_path, verdict, free_port):
+    run_ = run(tmp_path, dict(FAST, url='http://127.0.0.1:%d' % free_port))
+    verdict(
+        MODULE,
+        harness.judge(run_, expect_success=False, check=says('2 of 2 requests', 'connection refused')),
+        str(run_.result),
+    )
