@@ -224,3 +224,28 @@ def predict(log, reserve=None):
     budget = math.ceil(total * util) - int(log['logged']['weights_gib'] * 1024**3) - reserve
     tokens = tokens_for(budget, log_bytes_per_token(log), log['block_size'])
     return reserve, budget, tokens, tokens >= log['max_model_len']
+
+
+def run_local_play(tmp_path, tasks, extra_vars=None, name='play.yml'):
+    """Run tasks in one play on localhost through this interpreter's ansible-playbook: (rc, stdout + stderr)."""
+    import yaml
+
+    playbook = tmp_path / name
+    playbook.write_text(yaml.safe_dump([{'hosts': 'localhost', 'gather_facts': False, 'tasks': tasks}]))
+    extra = dict(extra_vars or {}, ansible_python_interpreter=sys.executable)
+    proc = subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'),
+            '-i',
+            'localhost,',
+            '-c',
+            'local',
+            str(playbook),
+            '-e',
+            json.dumps(extra),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr

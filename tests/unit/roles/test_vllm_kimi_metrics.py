@@ -5,17 +5,11 @@
 passed change, a rollback after a failed load probe and a first deploy that failed: every sample exactly, and the
 file through `promtool check metrics`, Prometheus's own linter of the exposition format."""
 
-import json
-import os
 import subprocess
-import sys
 
 import pytest
-import yaml
 
-from ansible_collections.llmserve.vllm.tests.support import REPO
-
-BIN = os.path.dirname(sys.executable)
+from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
 
 TEMPLATE = REPO + '/roles/vllm_kimi/templates/metrics.prom.j2'
 RELEASE = {'release': '0123456789ab', 'vllm_version': '0.32.0', 'model_revision': '5eed' + '0' * 35 + '1'}
@@ -49,39 +43,18 @@ CASES = {
 
 def render(tmp_path, case):
     out = tmp_path / 'llmserve_vllm_kimi.prom'
-    play = [
-        {
-            'hosts': 'localhost',
-            'gather_facts': False,
-            'vars': {
-                'vllm_kimi_service_name': 'vllm-kimi',
-                '_metrics_gate_passed': case['passed'],
-                '_metrics_gate': case['gate'],
-                '_metrics_serving': case['serving'],
-                '_metrics_perf': case['perf'],
-                '__vllm_kimi_rollbacks': case['rollbacks'],
-            },
-            'tasks': [{'ansible.builtin.template': {'src': TEMPLATE, 'dest': str(out), 'mode': '0644'}}],
-        }
-    ]
-    playbook = tmp_path / 'render.yml'
-    playbook.write_text(yaml.safe_dump(play))
-    proc = subprocess.run(
-        [
-            BIN + '/ansible-playbook',
-            '-i',
-            'localhost,',
-            '-c',
-            'local',
-            str(playbook),
-            '-e',
-            json.dumps({'ansible_python_interpreter': sys.executable}),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    rendered = {
+        'vllm_kimi_service_name': 'vllm-kimi',
+        '_metrics_gate_passed': case['passed'],
+        '_metrics_gate': case['gate'],
+        '_metrics_serving': case['serving'],
+        '_metrics_perf': case['perf'],
+        '__vllm_kimi_rollbacks': case['rollbacks'],
+    }
+    rc, output = run_local_play(
+        tmp_path, [{'ansible.builtin.template': {'src': TEMPLATE, 'dest': str(out), 'mode': '0644'}}], rendered
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rc == 0, output
     return out.read_text()
 
 

@@ -4,40 +4,18 @@
 """vllm_kimi refuses vllm_kimi_service_settings that would break the unit file: its own check task from
 tasks/service.yml, run by Ansible on values that must pass and values that must not."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from ansible_collections.llmserve.vllm.tests.support import REPO
-
-BIN = os.path.dirname(sys.executable)
+from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
 
 
 def check(tmp_path, settings):
     with open(os.path.join(REPO, 'roles', 'vllm_kimi', 'tasks', 'service.yml')) as f:
         task = [t for t in yaml.safe_load(f) if t['name'] == 'Refuse unit settings that would break the unit file']
-    playbook = tmp_path / 'check.yml'
-    playbook.write_text(yaml.safe_dump([{'hosts': 'localhost', 'gather_facts': False, 'tasks': task}]))
-    proc = subprocess.run(
-        [
-            BIN + '/ansible-playbook',
-            '-i',
-            'localhost,',
-            '-c',
-            'local',
-            str(playbook),
-            '-e',
-            json.dumps({'vllm_kimi_service_settings': settings, 'ansible_python_interpreter': sys.executable}),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return proc.returncode, proc.stdout
+    return run_local_play(tmp_path, task, {'vllm_kimi_service_settings': settings})
 
 
 @pytest.mark.parametrize('settings', [{}, {'CPUAffinity': '0-47', 'MemoryMax': '900G', 'Nice': 5, 'CPUQuota': '15%'}])
