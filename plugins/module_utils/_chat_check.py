@@ -189,6 +189,40 @@ def url_problem(url: str) -> Optional[str]:
     return None
 
 
+def hide_url_password(module: Any) -> None:
+    """A password in module.params['url'] is as secret as api_key: Ansible then masks it in all the module returns."""
+    try:
+        password = urlsplit(module.params['url']).password
+    except ValueError:  # url_problem says what is wrong with such a url
+        return
+    if password:
+        module.no_log_values.add(password)
+
+
+def open_endpoint(
+    url: str,
+    data: Optional[str],
+    headers: dict[str, str],
+    method: str,
+    timeout: float,
+    validate_certs: bool,
+    use_proxy: bool,
+) -> Any:
+    """open_url as every request to vLLM goes: safe redirects only, and no unpacking of a body nobody asked
+    to be compressed (a gzip body would escape the byte limits, and a broken one raise zlib.error)."""
+    return open_url(
+        url,
+        data=data,
+        headers=headers,
+        method=method,
+        timeout=timeout,
+        validate_certs=validate_certs,
+        use_proxy=use_proxy,
+        follow_redirects='safe',
+        decompress=False,
+    )
+
+
 def expect_problem(expect: str) -> Optional[str]:
     """Why expect cannot judge an answer, or None."""
     try:
@@ -285,19 +319,7 @@ def make_transport(
         try:
             with deadline(timeout):
                 try:
-                    response = open_url(
-                        base_url + path,
-                        data=data,
-                        headers=headers,
-                        method=method,
-                        timeout=timeout,
-                        validate_certs=validate_certs,
-                        use_proxy=use_proxy,
-                        follow_redirects='safe',
-                        # A gzip body would escape the byte limit (and a broken one raise
-                        # zlib.error); none was asked for, so none is unpacked.
-                        decompress=False,
-                    )
+                    response = open_endpoint(base_url + path, data, headers, method, timeout, validate_certs, use_proxy)
                 except HTTPError as exc:
                     response = exc  # an HTTP status is an answer: read its body as well
                 try:

@@ -28,12 +28,12 @@ from typing import Any, Callable, Optional
 from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.common.text.converters import to_text
-from ansible.module_utils.urls import open_url
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     describe_unreachable,
     error_message,
     mask,
+    open_endpoint,
     read_body,
 )
 
@@ -326,17 +326,7 @@ def make_stream(
     def stream(payload: dict[str, Any], timeout: float) -> Iterator[bytes]:
         try:
             try:
-                response = open_url(
-                    url,
-                    data=json.dumps(payload),
-                    headers=headers,
-                    method='POST',
-                    timeout=timeout,
-                    validate_certs=validate_certs,
-                    use_proxy=use_proxy,
-                    follow_redirects='safe',
-                    decompress=False,
-                )
+                response = open_endpoint(url, json.dumps(payload), headers, 'POST', timeout, validate_certs, use_proxy)
             except HTTPError as exc:
                 try:
                     body = to_text(read_body(exc, MAX_ERROR_CHARS * 4), errors='replace')

@@ -276,8 +276,6 @@ journal:
     - "ValueError: To serve at least one request with the model's max seq len (262144), ..."
 """
 
-from urllib.parse import urlsplit
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
@@ -300,21 +298,12 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     CheckFailed,
     api_key_problem,
     format_seconds,
+    hide_url_password,
     make_transport,
     mask,
     parse_unit_show,
     url_problem,
 )
-
-
-def hide_url_password(module):
-    """A password in url is as secret as api_key: Ansible then masks it in all the module returns."""
-    try:
-        password = urlsplit(module.params['url']).password
-    except ValueError:  # url_problem says what is wrong with such a url
-        return
-    if password:
-        module.no_log_values.add(password)
 
 
 def validate(module):

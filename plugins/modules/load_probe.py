@@ -29,7 +29,7 @@ options:
   url:
     description:
       - Base URL of the vLLM OpenAI-compatible server, without C(/v1). It is checked as
-        M(llmserve.vllm.chat_check) checks it.
+        M(llmserve.vllm.chat_check) checks it, and a password in it is masked in all the module returns.
     type: str
     default: http://127.0.0.1:8000
   model:
@@ -241,6 +241,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_URL,
     MAX_TIMEOUT,
     api_key_problem,
+    hide_url_password,
     url_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
@@ -316,6 +317,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    hide_url_password(module)
     problem = validate(p)
     if problem:
         module.fail_json(msg=problem)

@@ -120,3 +120,11 @@ def test_bad_input_is_refused_before_any_request(server, module_result, args, me
     assert rc == 1
     assert result['msg'].startswith(message)
     assert server.bodies == []
+
+
+def test_a_password_in_the_url_never_shows(server, module_result):
+    url = server.url.replace('http://', 'http://probe:pw-zq7-secret@')
+    rc, result = module_result('load_probe', dict(url=url, model='nope', duration=1))
+    assert rc == 1
+    assert 'pw-zq7-secret' not in json.dumps(result)
+    assert result['msg'].startswith('The load probe of http://probe:********@127.0.0.1')
