@@ -3,7 +3,17 @@
 #   make test  - everything CI runs: lint, sanity, unit, integration and molecule tests
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-PYTHON ?= python3
+# The controller Pythons of the supported ansible-core releases come from pyenv on this image
+# (`pyenv versions`); apt has none. $(call pyenv_python,3.13) is the newest 3.13.x installed, or empty.
+PYENV_ROOT ?= $(HOME)/.pyenv
+pyenv_python = $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1))))
+# The CPU build of vLLM (its torch wheel is cp311 on this image) and the sandbox tools run on Python 3.11,
+# named by path: once .venv/bin leads PATH, python3 is the tool venv's.
+PYTHON ?= $(or $(call pyenv_python,3.11),$(shell command -v python3))
+need_python = $(if $(call pyenv_python,$(1)),,$(error Python $(1) is missing: ansible-core $(2) needs it as its \
+  controller Python; install it with `pyenv install $(1)` (or set PYENV_ROOT to where it is)))
+# The tool venv's ansible-core (tests/requirements.txt) runs on this Python.
+TOOLS_PYTHON_VERSION := 3.13
 VENV := .venv
 BIN := $(abspath $(VENV))/bin
 VLLM_VENV := .venv-vllm
@@ -27,7 +37,8 @@ host-packages:
 	fi
 
 $(VENV)/.installed: tests/requirements.txt
-	$(PYTHON) -m venv $(VENV)
+	$(call need_python,$(TOOLS_PYTHON_VERSION),of the tool venv)
+	$(call pyenv_python,$(TOOLS_PYTHON_VERSION)) -m venv $(VENV)
 	$(BIN)/pip install -q -r tests/requirements.txt
 	touch $@
 
