@@ -84,14 +84,15 @@ lint: tools
 
 # ansible-test needs a real ansible_collections/<ns>/<name> tree, so sanity runs on a copy.
 # Its pip bootstrap script comes from a host these machines cannot reach: seed its cache
-# (ansible-core 2.17 bootstraps pip 23.1.2, 2.18 and 2.19 pip 24.2).
+# with the pip versions the matrix's releases bootstrap (2.20 and 2.21: pip 25.2).
 # make matrix runs this recipe with another ansible-core (SANITY_BIN) on another copy (SANITY_ROOT).
 SANITY_HOME := $(abspath .build/ansible-test-home)
 SANITY_BIN = $(BIN)
+SANITY_PIP_BOOTSTRAPS := 25_2
 sanity: tools
 	rm -rf $(SANITY_ROOT)
 	mkdir -p $(SANITY_ROOT) $(SANITY_HOME)/.ansible/test/cache
-	for pip in 23_1_2 24_2; do cp tests/sanity/get_pip_offline.py $(SANITY_HOME)/.ansible/test/cache/get_pip_$$pip.py; done
+	for pip in $(SANITY_PIP_BOOTSTRAPS); do cp tests/sanity/get_pip_offline.py $(SANITY_HOME)/.ansible/test/cache/get_pip_$$pip.py; done
 	# bench/ and tools/ are development scripts, not collection content (galaxy.yml's build_ignore).
 	git ls-files -co --exclude-standard -z -- . ':!bench' ':!tools' | rsync -a --from0 --files-from=- ./ $(SANITY_ROOT)/
 	# A repository of its own: inside this checkout's ignored .build, ansible-test would see no files.
@@ -116,20 +117,23 @@ integration: tools vllm-venv
 	$(BIN)/pytest tests/integration --ignore=tests/integration/sandbox --ignore=tests/integration/fleet \
 	  --ignore=tests/integration/test_chat_check_sandbox.py
 
-# Every ansible-core release meta/runtime.yml promises, each its latest patch, on Python 3.11:
-# a venv each under .build/matrix, then sanity, the unit tests and kv_cache_quant's playbook
-# tests through that release. The last is the release tests/requirements.txt pins, whose
-# sanity make sanity runs.
-MATRIX_CORES := 2.17.14 2.18.19 2.19.14
-MATRIX_PYTHON ?= python3.11
+# Every ansible-core release meta/runtime.yml promises, each its latest patch on the controller Python
+# it is tested with here (RELEASE:PYTHON): a venv each under .build/matrix, then sanity, the unit tests and
+# kv_cache_quant's playbook tests through that release. The tool venv's release (tests/requirements.txt)
+# is the last: make sanity, units and integration already run it.
+# 2.22 joins when it is final (rc1 on PyPI in December 2026).
+MATRIX := 2.20.10:3.12 2.21.5:3.13
+MATRIX_CORES := $(foreach entry,$(MATRIX),$(firstword $(subst :, ,$(entry))))
+matrix_python = $(lastword $(subst :, ,$(filter $(1):%,$(MATRIX))))
 matrix: $(addprefix matrix-,$(MATRIX_CORES))
 matrix-%: .build/matrix/%/.installed collection-link promtool
 	$(if $(filter $*,$(lastword $(MATRIX_CORES))),,$(MAKE) --no-print-directory sanity \
 	  SANITY_BIN=$(abspath .build/matrix/$*/bin) SANITY_ROOT=.build/matrix/$*/sanity/ansible_collections/llmserve/vllm)
 	.build/matrix/$*/bin/pytest tests/unit tests/integration/test_kv_cache_quant.py
 .build/matrix/%/.installed: tests/requirements.txt
+	$(call need_python,$(call matrix_python,$*),$*)
 	rm -rf $(@D)
-	$(MATRIX_PYTHON) -m venv $(@D)
+	$(call pyenv_python,$(call matrix_python,$*)) -m venv $(@D)
 	$(@D)/bin/pip install -q ansible-core==$* $$(grep -vE '^#|^(ansible-core|ansible-lint|molecule|ruff|mypy)==' tests/requirements.txt)
 	touch $@
 .PRECIOUS: .build/matrix/%/.installed

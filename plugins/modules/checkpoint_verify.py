@@ -223,6 +223,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
     DEFAULT_IGNORE,
     VerifyError,
@@ -251,9 +252,6 @@ MAX_TIMEOUT = 86400
 
 def input_problem(params):
     """What is wrong with the options that the argument spec cannot say, or None."""
-    for name in ('path', 'manifest', 'cache_dir'):
-        if params[name] is not None and '\0' in params[name]:
-            return '%s must not contain a NUL character' % name
     token = params['token']
     if token is not None and not all(' ' < ch < '\x7f' for ch in token):
         # Named, never shown: http.client would print it escaped, out of reach of no_log's masking.
@@ -306,8 +304,8 @@ def failure_message(path, source, report):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            path=dict(type='path', required=True),
-            manifest=dict(type='path'),
+            path=dict(type=nul_free_path, required=True),
+            manifest=dict(type=nul_free_path),
             repo_id=dict(type='str'),
             revision=dict(type='str'),
             allow_unpinned_revision=dict(type='bool', default=False),
@@ -315,7 +313,7 @@ def main():
             token=dict(type='str', no_log=True, fallback=(env_fallback, ['HF_TOKEN'])),
             timeout=dict(type='int', default=60),
             validate_certs=dict(type='bool', default=True),
-            cache_dir=dict(type='path'),
+            cache_dir=dict(type=nul_free_path),
             threads=dict(type='int'),
             ignore=dict(type='list', elements='str', default=list(DEFAULT_IGNORE)),
         ),

@@ -121,7 +121,7 @@ options:
     choices: [nvidia, cpu]
   nvidia_smi_path:
     description: The nvidia-smi program, a name looked up on E(PATH) or an absolute path.
-    type: str
+    type: path
     default: nvidia-smi
   nvidia_smi_timeout:
     description:
@@ -403,6 +403,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     CheckpointError,
     load_config,
@@ -451,7 +452,7 @@ INT_OPTIONS = (
 MAX_NVIDIA_SMI_TIMEOUT = 86400
 
 ARGUMENT_SPEC = dict(
-    model_path=dict(type='path', required=True),
+    model_path=dict(type=nul_free_path, required=True),
     tensor_parallel_size=dict(type='int', default=1),
     pipeline_parallel_size=dict(type='int', default=1),
     gpu_memory_utilization=dict(type='float', default=DEFAULT_GPU_MEMORY_UTILIZATION),
@@ -475,7 +476,7 @@ ARGUMENT_SPEC = dict(
     ),
     fail_on_misfit=dict(type='bool', default=True),
     accelerator=dict(type='str', default='nvidia', choices=['nvidia', 'cpu']),
-    nvidia_smi_path=dict(type='str', default='nvidia-smi'),
+    nvidia_smi_path=dict(type=nul_free_path, default='nvidia-smi'),
     nvidia_smi_timeout=dict(type='int', default=DEFAULT_NVIDIA_SMI_TIMEOUT),
     reserve_bytes_per_gpu=dict(type='int'),
     max_num_seqs=dict(type='int'),
@@ -484,7 +485,7 @@ ARGUMENT_SPEC = dict(
     port=dict(type='int'),
     host=dict(type='str', default='127.0.0.1'),
     service_name=dict(type='str'),
-    shm_path=dict(type='path', default=DEFAULT_SHM_PATH),
+    shm_path=dict(type=nul_free_path, default=DEFAULT_SHM_PATH),
     shm_min_bytes=dict(type='int', default=DEFAULT_SHM_MIN_BYTES),
     fp8_kv_cache_policy=dict(type='str', default='auto', choices=['auto', 'strip', 'keep']),
 )
@@ -527,9 +528,6 @@ def check_params(p):
         errors.append('port must be between 1 and 65535, got %d' % p['port'])
     if not 0 < p['gpu_memory_utilization'] <= 1:
         errors.append('gpu_memory_utilization must be in (0, 1], got %s' % p['gpu_memory_utilization'])
-    for key in ('model_path', 'shm_path', 'nvidia_smi_path'):
-        if '\0' in p[key]:
-            errors.append('%s must not contain a NUL character' % key)
     errors.append(max_model_len_error(p))
     return next((e for e in errors if e), None)
 

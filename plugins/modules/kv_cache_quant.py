@@ -174,6 +174,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import (
     DirectoryLock,
     FileTransactionError,
@@ -270,7 +271,7 @@ def run(module, path, result):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            path=dict(type='path', required=True),
+            path=dict(type=nul_free_path, required=True),
             state=dict(type='str', default='absent', choices=['absent', 'present']),
             backup=dict(type='bool', default=False),
             lock_timeout=dict(type='int', default=60),

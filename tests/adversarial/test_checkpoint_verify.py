@@ -23,6 +23,11 @@ import pytest
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
+# What the argument spec says of a NUL in a path option (the nul_free_path type).
+NUL_REFUSED = (
+    "argument '%s' is of type str and we were unable to convert to nul_free_path: a path cannot hold a NUL character"
+)
+
 MODULE = 'checkpoint_verify'
 TOKEN = 'hf_adversarial-token'
 REPO = 'org/model'
@@ -264,9 +269,9 @@ CASES = {
     'threads-a-million': case(passes(files=4), threads=10**6),
     'timeout-zero': case('timeout must be between 1 and 86400 seconds, got 0', timeout=0),
     'timeout-astronomic': case('timeout must be between 1 and 86400 seconds, got 1' + '0' * 400, timeout=10**400),
-    'path-nul': case('path must not contain a NUL character', path='{c}\0x'),
-    'manifest-path-nul': case('manifest must not contain a NUL character', manifest='{m}\0x'),
-    'cache-dir-nul': case('cache_dir must not contain a NUL character', cache_dir='{t}/cache\0x'),
+    'path-nul': case(NUL_REFUSED % 'path', path='{c}\0x'),
+    'manifest-path-nul': case(NUL_REFUSED % 'manifest', manifest='{m}\0x'),
+    'cache-dir-nul': case(NUL_REFUSED % 'cache_dir', cache_dir='{t}/cache\0x'),
     'ignore-everything': case('the ignore patterns leave none of the 4 files of manifest {m} to check', ignore=['*']),
     'ignore-empty-pattern': case(passes(files=4), ignore=['']),
     'revision-branch': case(Refused('revision "main" is not a commit', 'hf models info'), revision='main'),

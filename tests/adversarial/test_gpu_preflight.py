@@ -19,6 +19,11 @@ import pytest
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
 from ansible_collections.llmserve.vllm.tests.support import named_listener
 
+# What the argument spec says of a NUL in a path option (the nul_free_path type).
+NUL_REFUSED = (
+    "argument '%s' is of type str and we were unable to convert to nul_free_path: a path cannot hold a NUL character"
+)
+
 MODULE = 'gpu_preflight'
 GIB = 1024**3
 MIB = 1024**2
@@ -308,7 +313,7 @@ CASES = {
     'weights-bool': case('weights_bytes_per_gpu must be an integer, got True', weights_bytes_per_gpu=True),
     'max-model-len-bool': case('max_model_len must be a positive integer or auto, got True', max_model_len=True),
     'gpus-without-compute-capability': case(Refused('compute_capability'), gpus=[{'name': 'x', 'memory_total_mib': 1}]),
-    'shm-path-nul': case('shm_path must not contain a NUL character', shm_path='/dev/shm\0x'),
+    'shm-path-nul': case(NUL_REFUSED % 'shm_path', shm_path='/dev/shm\0x'),
     'kv-budget-zero-on-cpu': case(
         'No context length fits: the KV cache budget of 0 bytes per GPU holds not one block of '
         '16 tokens (16384 bytes).',

@@ -11,6 +11,11 @@ import pytest
 
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
+# What the argument spec says of a NUL in a path option (the nul_free_path type).
+NUL_REFUSED = (
+    "argument '%s' is of type str and we were unable to convert to nul_free_path: a path cannot hold a NUL character"
+)
+
 TOKEN = 'hf_unit-test-token-never-shown'
 HF_QUANT = '{\n  "producer": {"name": "modelopt"},\n  "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}\n}\n'
 
@@ -140,7 +145,7 @@ def test_a_single_problem_is_named_alone(tmp_path, model, module_result):
             {'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'token': 'hf_abc\n'},
             'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)',
         ),
-        ({'path': '{tmp}/x\0y'}, 'path must not contain a NUL character'),
+        ({'path': '{tmp}/x\0y'}, NUL_REFUSED % 'path'),
         ({'ignore': ['*']}, 'the ignore patterns leave none of the 4 files of manifest {manifest} to check'),
         ({'repo_id': 'org/model', 'revision': 'f' * 40}, 'parameters are mutually exclusive: manifest|repo_id'),
         ({'manifest': None}, 'one of the following is required: manifest, repo_id'),
