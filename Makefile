@@ -70,11 +70,12 @@ $(PROMTOOL):
 # Ansible finds llmserve.vllm through this link, so the checkout is used as it is.
 collection-link:
 	mkdir -p $(dir $(COLLECTION_LINK))
-	ln -sfn ../../../.. $(COLLECTION_LINK)
+	# Lanes of make test run this side by side: a link already right is left alone.
+	[ "$$(readlink $(COLLECTION_LINK))" = ../../../.. ] || ln -sfn ../../../.. $(COLLECTION_LINK)
 
 # Python lint and format (ruff.toml) of the collection's code and of the tests and tools kept with it;
 # types (.mypy.ini) of the collection's code, imported as Ansible imports it.
-RUFF_PATHS := plugins tests/unit tests/adversarial tests/conftest.py tests/support.py tools/fake_hub.py
+RUFF_PATHS := plugins tests/unit tests/adversarial tests/conftest.py tests/support.py tools/fake_hub.py tools/stages.py
 lint: tools
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production
@@ -141,7 +142,15 @@ matrix-%: .build/matrix/%/.installed collection-link promtool
 # The last release of the matrix is the tool venv's own, which sanity, units and
 # integration already run: make test adds only the older releases.
 MATRIX_OLDER := $(filter-out $(lastword $(MATRIX_CORES)),$(MATRIX_CORES))
-test: lint sanity units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration molecule molecule-fleet
+
+# make test: what both lanes share is built first; then the static checks and the tests that run
+# outside the sandboxes in one lane, beside the sandbox scenarios (which wait on vLLM start-ups and
+# SSH much of the time) in the other. tools/stages.py ends with a table of each stage's wall time.
+TEST_FIRST := tools promtool vllm-venv models
+TEST_STATIC_LANE := lint sanity units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
+TEST_SANDBOX_LANE := molecule molecule-fleet
+test: collection-link
+	$(PYTHON) tools/stages.py --first "$(TEST_FIRST)" --lane "$(TEST_STATIC_LANE)" --lane "$(TEST_SANDBOX_LANE)"
 
 build: tools
 	$(BIN)/ansible-galaxy collection build --force --output-path .build

@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Run make targets as timed stages, lane by lane, and end with a table of their wall times.
+
+    python3 tools/stages.py --first "tools models" --lane "lint sanity units" --lane "molecule molecule-fleet"
+
+The --first stages run one after the other before any lane starts: what the lanes share is built
+once, not by two makes at the same time. Each lane runs its stages one after the other; the lanes run at the same time. A stage's output
+goes to .build/stages/<stage>.log and is printed whole once the stage ends, so that lanes running
+side by side do not interleave their lines. Every stage runs even when an earlier one failed (one
+CI run then names every failure); the exit status is 1 if any stage failed. The table is printed
+last, and also when the run is interrupted.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+
+LOG_DIR = os.path.join('.build', 'stages')
+
+
+class Stage:
+    def __init__(self, lane: int, target: str):
+        self.lane = lane
+        self.target = target
+        self.started = None  # type: float | None
+        self.ended = None  # type: float | None
+        self.returncode = None  # type: int | None
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(LOG_DIR, self.target + '.log')
+
+    def seconds(self, now: float) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.ended or now) - self.started
+
+    def verdict(self) -> str:
+        if self.started is None:
+            return 'not run'
+        if self.returncode is None:
+            return 'running'
+        return 'passed' if self.returncode == 0 else 'FAILED (rc %d)' % self.returncode
+
+
+PRINT_LOCK = threading.Lock()
+
+
+def run_stage(stage: Stage, make: list) -> None:
+    stage.started = time.time()
+    with open(stage.log_path, 'wb') as log:
+        proc = subprocess.run(make + [stage.target], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    stage.returncode = proc.returncode
+    stage.ended = time.time()
+    with PRINT_LOCK, open(stage.log_path, 'rb') as log:
+        sys.stdout.write(
+            '\n===== stage %s (%s): %s in %s =====\n'
+            % (stage.target, lane_name(stage.lane), stage.verdict(), minutes(stage.seconds(stage.ended)))
+        )
+        sys.stdout.flush()
+        sys.stdout.buffer.write(log.read())
+        sys.stdout.write('===== end of stage %s =====\n' % stage.target)
+        sys.stdout.flush()
+
+
+def run_lane(stages: list, make: list) -> None:
+    for stage in stages:
+        run_stage(stage, make)
+
+
+def lane_name(lane: int) -> str:
+    return 'first' if lane < 0 else str(lane + 1)
+
+
+def minutes(seconds: float) -> str:
+    return '%d:%02d' % divmod(int(round(seconds)), 60)
+
+
+def table(stages: list, started: float) -> str:
+    now = time.time()
+    rows = [
+        '',
+        'Stage times (wall clock; lanes run side by side)',
+        '%-5s  %-24s  %8s  %s' % ('lane', 'stage', 'm:ss', 'verdict'),
+    ]
+    for stage in stages:
+        rows.append(
+            '%-5s  %-24s  %8s  %s' % (lane_name(stage.lane), stage.target, minutes(stage.seconds(now)), stage.verdict())
+        )
+    rows.append('%-5s  %-24s  %8s' % ('', 'total', minutes(now - started)))
+    return '\n'.join(rows) + '\n'
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--first', default='', help='make targets run one after the other before the lanes')
+    parser.add_argument('--lane', action='append', required=True, help='make targets run one after the other')
+    parser.add_argument('--make', default=os.environ.get('MAKE', 'make'), help='the make program')
+    args = parser.parse_args(argv)
+    os.makedirs(LOG_DIR, exist_ok=True)
+    first = [Stage(-1, target) for target in args.first.split()]
+    lanes = [[Stage(i, target) for target in lane.split()] for i, lane in enumerate(args.lane)]
+    stages = first + [stage for lane in lanes for stage in lane]
+    make = [args.make, '--no-print-directory']
+    started = time.time()
+    threads = [threading.Thread(target=run_lane, args=(lane, make), daemon=True) for lane in lanes]
+    try:
+        run_lane(first, make)
+        if any(stage.returncode for stage in first):
+            return 1
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(1)
+    finally:
+        with PRINT_LOCK:
+            sys.stdout.write(table(stages, started))
+            sys.stdout.flush()
+    return 0 if all(stage.returncode == 0 for stage in stages) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
