@@ -50,13 +50,22 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
     argv = exec_start(unit)
     assert re.match(r'^/opt/vllm-kimi/[0-9a-f]{12}/bin/vllm$', argv[0]), argv[0]
     assert argv[1:] == [
-        'serve', '--model', '/shared/kimi-k2.5-nvfp4',
+        'serve', '/shared/kimi-k2.5-nvfp4',
         '--served-model-name', 'kimi-k2.5', '--host', '127.0.0.1', '--port', '8000',
         '--tensor-parallel-size', '8', '--pipeline-parallel-size', '1',
         '--max-model-len', '131072', '--gpu-memory-utilization', '0.95',
-        '--tool-call-parser', 'kimi_k2', '--reasoning-parser', 'kimi_k2', '--trust-remote-code',
+        '--enable-auto-tool-choice', '--tool-call-parser', 'kimi_k2', '--reasoning-parser', 'kimi_k2',
+        '--trust-remote-code',
     ]
     assert '--disable-log-requests' not in unit
+
+
+def test_no_tool_parser_no_auto_tool_choice(tmp_path):
+    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                  vllm_kimi_tool_call_parser='')[0]
+    argv = exec_start(unit)
+    assert '--enable-auto-tool-choice' not in argv and '--tool-call-parser' not in argv
+    assert argv[argv.index('--reasoning-parser') + 1] == 'kimi_k2'
 
 
 def test_each_venv_spec_has_a_release_of_its_own(tmp_path):
