@@ -980,10 +980,10 @@ class ChatCheck:
                             return self._judge_tool(model, coherent, tool_reply, self.tool_call)
                     phase = 'health'
             except (Unreachable, TooLarge) as exc:
-                self.last_state = '%s (%s)' % (
-                    exc.reason,
-                    {'health': '/health', 'models': '/v1/models', 'chat': '/v1/chat/completions'}[phase],
-                )
+                where = {'health': '/health', 'models': '/v1/models', 'chat': '/v1/chat/completions'}[phase]
+                if phase == 'chat' and coherent is not None:
+                    where = 'the tool_call request to /v1/chat/completions'
+                self.last_state = '%s (%s)' % (exc.reason, where)
                 phase = 'health'
             remaining = self._remaining()
             if remaining <= 0:

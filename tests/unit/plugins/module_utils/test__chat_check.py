@@ -1558,6 +1558,22 @@ def test_a_tool_request_that_gets_no_answer_is_asked_again_alone():
     assert result['tool_call']['arguments'] == {'city': 'Paris'}
 
 
+def test_a_tool_request_that_never_answers_says_so_at_the_timeout():
+    world = World(chat=[vllm_body(PARIS), Unreachable('connection reset')], chat_seconds=0)
+    with pytest.raises(CheckFailed) as err:
+        world.check(tool_call=WEATHER, timeout=2).run()
+    assert err.value.msg == (
+        'Timed out after 2 s waiting for /health to answer 200 at %s; last seen: connection reset (the tool_call '
+        'request to /v1/chat/completions)' % URL
+    )
+    # The coherence question was asked once.
+    assert [payload['messages'][0]['content'] for payload in world.payloads][:2] == [
+        'What is the capital of France?',
+        'What is the weather in Paris?',
+    ]
+    assert {payload['messages'][0]['content'] for payload in world.payloads[1:]} == {'What is the weather in Paris?'}
+
+
 def test_extra_body_goes_into_every_request():
     world = World(chat=[vllm_body(PARIS), called(('get_weather', '{"city": "Paris"}'))])
     extra = {'chat_template_kwargs': {'thinking': False}, 'top_k': 1, 'temperature': 0.6}
