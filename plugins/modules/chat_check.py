@@ -22,8 +22,8 @@ description:
   - With O(expect_reasoning), a server with a reasoning parser (vLLM C(--reasoning-parser)) must show
     reasoning (thinking on) or none (thinking off, for Kimi-K2.5 through O(extra_body)).
   - With O(tool_call), a second request offers one tool, and the check passes only when the model calls
-    it, by name, with JSON arguments that match, and C(finish_reason) is V(tool_calls): the tool gate of a
-    server with a tool-call parser (vLLM C(--tool-call-parser) and C(--enable-auto-tool-choice)). It is
+    it, by name, with JSON arguments that match, and C(finish_reason) is V(tool_calls). It is the tool gate of
+    a server with a tool-call parser (vLLM C(--tool-call-parser) and C(--enable-auto-tool-choice)). It is
     asked once the coherence answer passed.
   - With O(unit), every poll also reads the systemd unit's state, so a service that crashes or
     restart-loops fails the wait at once instead of at O(timeout). The failure message then quotes the
@@ -112,8 +112,8 @@ options:
     type: bool
   forbidden_markup:
     description:
-      - Text that must not appear in the content (of the coherence answer and of the O(tool_call) answer):
-        what a reasoning or a tool-call parser takes out. Found, the server runs without the parser, or a
+      - Text that must not appear in the content of the coherence answer or of the O(tool_call) answer, which
+        a reasoning or a tool-call parser takes out. Found, the server runs without the parser, or a
         chat template or tokenizer change broke the split; the message names what was found.
       - The default is Kimi-K2.5's thinking tags and tool-call tokens. V([]) checks nothing. An empty string
         is refused.
@@ -141,8 +141,8 @@ options:
     suboptions:
       tool:
         description:
-          - An OpenAI C(tools) entry, C({"type": "function", "function": {"name": ..., "description": ...,
-            "parameters": {...}}}).
+          - An OpenAI C(tools) entry, a dict with C(type) V(function) and C(function), which holds the C(name),
+            C(description) and C(parameters) (a JSON schema) of the function.
         type: dict
         required: true
       prompt:
