@@ -80,9 +80,12 @@ def test_tarball_ships_the_collection_and_not_the_test_harness(installed):
     with tarfile.open(installed[1]) as archive:
         names = set(archive.getnames())
     for shipped in ('plugins/modules/gpu_preflight.py', 'plugins/modules/kv_cache_quant.py', 'plugins/modules/chat_check.py',
-                    'roles/vllm_kimi/tasks/main.yml', 'playbooks/deploy.yml', 'meta/runtime.yml', 'README.md'):
+                    'roles/vllm_kimi/tasks/main.yml', 'roles/vllm_kimi/README.md', 'roles/vllm_monitoring/README.md',
+                    'playbooks/deploy.yml', 'meta/runtime.yml', 'README.md', 'LICENSE', 'changelogs/changelog.yaml',
+                    'inventories/gpu/hosts.yml'):
         assert shipped in names
-    assert not [name for name in names if name.split('/')[0] in ('tests', 'molecule', '.venv', '.cache', '.build', 'bench', 'tools')]
+    harness = ('tests', 'molecule', 'bench', 'tools', 'mk', 'Makefile', 'pytest.ini', 'ansible.cfg', 'ruff.toml', 'CONTRIBUTING.md')
+    assert not [name for name in names if name.split('/')[0] in harness or name.startswith(('.', 'inventories/sandbox'))]
 
 
 def run_wider_playbook(installed, tmp_path, *args):
