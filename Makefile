@@ -147,7 +147,7 @@ MATRIX_OLDER := $(filter-out $(lastword $(MATRIX_CORES)),$(MATRIX_CORES))
 # outside the sandboxes in one lane, beside the sandbox scenarios (which wait on vLLM start-ups and
 # SSH much of the time) in the other. tools/stages.py ends with a table of each stage's wall time.
 TEST_FIRST := tools promtool vllm-venv models
-TEST_STATIC_LANE := lint sanity units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
+TEST_STATIC_LANE := lint sanity ecosystem units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
 TEST_SANDBOX_LANE := molecule molecule-fleet
 test: collection-link
 	$(PYTHON) tools/stages.py --first "$(TEST_FIRST)" --lane "$(TEST_STATIC_LANE)" --lane "$(TEST_SANDBOX_LANE)"
