@@ -55,9 +55,20 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         '--tensor-parallel-size', '8', '--pipeline-parallel-size', '1',
         '--max-model-len', '131072', '--gpu-memory-utilization', '0.95',
         '--enable-auto-tool-choice', '--tool-call-parser', 'kimi_k2', '--reasoning-parser', 'kimi_k2',
-        '--trust-remote-code',
+        '--trust-remote-code', '--mm-encoder-tp-mode', 'data',
     ]
     assert '--disable-log-requests' not in unit
+
+
+@pytest.mark.parametrize(('mode', 'flags'), [
+    ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights']),
+    ('text_only', ['--language-model-only']),
+    ('', []),
+], ids=['tensor-parallel', 'text-only', 'no-encoder'])
+def test_multimodal_mode_picks_the_encoders_flags(tmp_path, mode, flags):
+    argv = exec_start(render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+                             vllm_kimi_multimodal=mode)[0])
+    assert argv[argv.index('--trust-remote-code') + 1:] == flags
 
 
 def test_no_tool_parser_no_auto_tool_choice(tmp_path):
