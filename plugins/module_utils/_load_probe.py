@@ -79,6 +79,8 @@ class Request:
         self.began = began
         self.ended = began
         self.token_times: list[float] = []
+        # The last chunk of a token, with text or without (ignore_eos past the end, a token that ends no character).
+        self.last_token: Optional[float] = None
         self.usage_tokens: Optional[int] = None
         self.done = False
         self.error: Optional[str] = None
@@ -138,6 +140,9 @@ def stream_request(stream: Stream, payload: dict[str, Any], timeout: float, cloc
                 raise StreamError('the server reported an error: %s' % json.dumps(event['error'])[:MAX_ERROR_CHARS])
             if carries_text(event):
                 request.token_times.append(clock())
+                request.last_token = request.token_times[-1]
+            elif request.token_times and isinstance(event.get('choices'), list) and event['choices']:
+                request.last_token = clock()
             usage = event.get('usage')
             if isinstance(usage, dict) and isinstance(usage.get('completion_tokens'), int):
                 request.usage_tokens = usage['completion_tokens']
@@ -184,10 +189,11 @@ def summarize(requests: list[Request], unfinished: int = 0) -> dict[str, Any]:
         later - earlier for request in completed for earlier, later in zip(request.token_times, request.token_times[1:])
     ]
     figures['inter_token_latency'] = _latency(gaps)
-    # Robust to a server that sends several events in one write, where most gaps are 0.
+    # Robust to a server that sends several events in one write, where most gaps are 0. From the first text to the
+    # last token's chunk, text or not, as vllm bench serve counts it: with ignore_eos the text may end long before.
     figures['time_per_output_token'] = _latency(
         [
-            (request.token_times[-1] - request.token_times[0]) / (request.output_tokens - 1)
+            ((request.last_token or request.token_times[-1]) - request.token_times[0]) / (request.output_tokens - 1)
             for request in completed
             if request.output_tokens > 1 and len(request.token_times) > 1
         ]

@@ -315,3 +315,19 @@ def test_the_tls_context_is_built_once_per_probe_not_per_request(trickle, monkey
     for _attempt in range(3):
         assert stream_request(stream, {}, 10, time.monotonic).ok
     assert len(built) == 1
+
+
+def test_time_per_output_token_runs_to_the_last_tokens_chunk_with_text_or_not():
+    # With ignore_eos the text may end long before max_tokens: the chunks of the tokens past it carry "" and
+    # still take their time, as in the recorded stream, whose last tokens end no character.
+    text = b'data: {"choices": [{"delta": {"content": "x"}}]}\n'
+    empty = b'data: {"choices": [{"delta": {"content": ""}}]}\n'
+    usage = b'data: {"choices": [], "usage": {"completion_tokens": 6}}\n'
+    request = stream_request(
+        replay([text, text, empty, empty, empty, empty, usage, b'data: [DONE]\n']), {}, 10, Clock()
+    )
+    # Clock reads: began, two text chunks, four empty ones; 0.01 s apart.
+    assert request.last_token - request.token_times[0] == pytest.approx(0.05)
+    figures = summarize([request])
+    assert figures['time_per_output_token']['p50'] == pytest.approx(0.01)
+    assert figures['inter_token_latency']['p50'] == pytest.approx(0.01)
