@@ -3,3 +3,7 @@
 .PHONY: bench-perf-gate
 bench-perf-gate: tools models
 	$(BIN)/python bench/perf_gate_figures.py
+# load_probe against vLLM's own `vllm bench serve`, alternately on the same endpoint: both figures and their ratio.
+.PHONY: bench-load-probe
+bench-load-probe: tools models
+	$(BIN)/python bench/load_probe_vs_vllm_bench.py

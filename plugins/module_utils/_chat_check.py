@@ -25,7 +25,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 
 from ansible.module_utils.common.text.converters import to_text
-from ansible.module_utils.urls import open_url
+from ansible.module_utils.urls import Request, make_context
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 
@@ -234,6 +234,13 @@ def hide_url_password(module: Any) -> None:
         module.no_log_values.add(password)
 
 
+def endpoint_context(validate_certs: bool) -> Any:
+    """The TLS context of open_endpoint, for a caller that sends many requests: open_url builds one for every
+    request, even for http, reading and parsing every CA certificate of the host (tens of milliseconds of CPU,
+    most of them with the GIL held, which stalls the caller's other threads)."""
+    return make_context(validate_certs=validate_certs)
+
+
 def open_endpoint(
     url: str,
     data: Optional[str],
@@ -242,19 +249,24 @@ def open_endpoint(
     timeout: float,
     validate_certs: bool,
     use_proxy: bool,
+    context: Any = None,
 ) -> Any:
     """open_url as every request to vLLM goes: safe redirects only, and no unpacking of a body nobody asked
-    to be compressed (a gzip body would escape the byte limits, and a broken one raise zlib.error)."""
-    return open_url(
+    to be compressed (a gzip body would escape the byte limits, and a broken one raise zlib.error).
+
+    context: an endpoint_context(validate_certs) to reuse, or None to build one for this request.
+    """
+    return Request().open(
+        method,
         url,
         data=data,
         headers=headers,
-        method=method,
         timeout=timeout,
         validate_certs=validate_certs,
         use_proxy=use_proxy,
         follow_redirects='safe',
         decompress=False,
+        context=context,
     )
 
 

@@ -31,6 +31,7 @@ from ansible.module_utils.common.text.converters import to_text
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     describe_unreachable,
+    endpoint_context,
     error_message,
     mask,
     open_endpoint,
@@ -78,6 +79,8 @@ class Request:
         self.began = began
         self.ended = began
         self.token_times: list[float] = []
+        # The last chunk of a token, with text or without (ignore_eos past the end, a token that ends no character).
+        self.last_token: Optional[float] = None
         self.usage_tokens: Optional[int] = None
         self.done = False
         self.error: Optional[str] = None
@@ -137,6 +140,9 @@ def stream_request(stream: Stream, payload: dict[str, Any], timeout: float, cloc
                 raise StreamError('the server reported an error: %s' % json.dumps(event['error'])[:MAX_ERROR_CHARS])
             if carries_text(event):
                 request.token_times.append(clock())
+                request.last_token = request.token_times[-1]
+            elif request.token_times and isinstance(event.get('choices'), list) and event['choices']:
+                request.last_token = clock()
             usage = event.get('usage')
             if isinstance(usage, dict) and isinstance(usage.get('completion_tokens'), int):
                 request.usage_tokens = usage['completion_tokens']
@@ -183,10 +189,11 @@ def summarize(requests: list[Request], unfinished: int = 0) -> dict[str, Any]:
         later - earlier for request in completed for earlier, later in zip(request.token_times, request.token_times[1:])
     ]
     figures['inter_token_latency'] = _latency(gaps)
-    # Robust to a server that sends several events in one write, where most gaps are 0.
+    # Robust to a server that sends several events in one write, where most gaps are 0. From the first text to the
+    # last token's chunk, text or not, as vllm bench serve counts it: with ignore_eos the text may end long before.
     figures['time_per_output_token'] = _latency(
         [
-            (request.token_times[-1] - request.token_times[0]) / (request.output_tokens - 1)
+            ((request.last_token or request.token_times[-1]) - request.token_times[0]) / (request.output_tokens - 1)
             for request in completed
             if request.output_tokens > 1 and len(request.token_times) > 1
         ]
@@ -317,16 +324,24 @@ def make_stream(
     timeout bounds each socket operation; the probe's deadline bounds the whole. A status
     other than 200, a line over MAX_LINE_BYTES or a stream over MAX_STREAM_BYTES raises
     StreamError; texts that could quote the api_key have it masked.
+
+    The TLS context is built here, once for all the requests. Built per request, as open_url
+    does, it cost each request tens of milliseconds of CPU with the GIL held, before the
+    request was sent: the clients that started together waited on each other, the server
+    sat idle meanwhile, and the other clients' tokens piled up unread.
     """
     url = base_url.rstrip('/') + '/v1/chat/completions'
     headers = {'Accept': 'text/event-stream', 'Content-Type': 'application/json'}
     if api_key:
         headers['Authorization'] = 'Bearer %s' % api_key
+    context = endpoint_context(validate_certs)
 
     def stream(payload: dict[str, Any], timeout: float) -> Iterator[bytes]:
         try:
             try:
-                response = open_endpoint(url, json.dumps(payload), headers, 'POST', timeout, validate_certs, use_proxy)
+                response = open_endpoint(
+                    url, json.dumps(payload), headers, 'POST', timeout, validate_certs, use_proxy, context
+                )
             except HTTPError as exc:
                 try:
                     body = to_text(read_body(exc, MAX_ERROR_CHARS * 4), errors='replace')

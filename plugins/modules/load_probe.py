@@ -164,17 +164,27 @@ output_tokens:
   type: int
   sample: 12288
 seconds:
-  description: Wall time from the first completed request's start to the last one's end.
+  description:
+    - Wall time from the first completed request's start to the last one's end, ramp-up and drain included.
   returned: when the probe ran
   type: float
   sample: 31.9
 output_tokens_per_second:
-  description: RV(output_tokens) divided by RV(seconds).
+  description:
+    - RV(output_tokens) divided by RV(seconds).
+    - The figure C(vllm bench serve) prints as C(Output token throughput), the output tokens of its successful
+      requests over its C(Benchmark duration), which runs from before its first request to the end of its last.
+      C(make bench-load-probe) runs both alternately on the same endpoint, at the same concurrency, output length
+      (C(--ignore-eos)) and input length, and prints their ratio.
   returned: when the probe ran
   type: float
   sample: 385.2
 time_to_first_token:
-  description: Seconds from sending a request to its first streamed token, over the completed requests.
+  description:
+    - Seconds from the start of a request (before its connection is opened) to the first streamed chunk that
+      carries text, over the completed requests.
+    - C(vllm bench serve) stops its clock at the first chunk with choices, the role chunk, which vLLM sends
+      with the first token's chunk.
   returned: when the probe ran
   type: dict
   contains:
@@ -205,7 +215,8 @@ inter_token_latency:
   sample: {p50: 0.009, p95: 0.014, max: 0.09}
 time_per_output_token:
   description:
-    - Per completed request, the seconds from its first to its last token divided by its output tokens less one.
+    - Per completed request, the seconds from its first token with text to its last token's chunk (with text
+      or without, as C(vllm bench serve) counts it) divided by its output tokens less one.
     - Unlike RV(inter_token_latency) it does not depend on how the server groups events into writes (a server
       that sends several tokens' events at once shows gaps of 0 between them).
   returned: when the probe ran

