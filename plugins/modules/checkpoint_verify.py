@@ -104,6 +104,15 @@ options:
     type: list
     elements: str
     default: ['.cache/huggingface/**']
+  fail_on_mismatch:
+    description:
+      - With V(false), a checkpoint that does not match its manifest, or whose directory does not exist yet, is
+        reported with RV(ok=false), its RV(problems) and RV(msg), and the task does not fail; a play asks first
+        whether a fetch is needed, and an expected answer is no failure in its output.
+      - What keeps the check from being made at all (a manifest that cannot be read, a path that is not a
+        directory) fails the task either way.
+    type: bool
+    default: true
 notes:
   - Hashing a 540 GB checkpoint takes minutes even on fast disks; run the task with C(async) and C(poll) so
     that the connection does not time out (see the examples).
@@ -172,6 +181,11 @@ problems:
       type: str
       sample: '2147483648 bytes, the manifest says 4718592000 (2571108352 missing: an interrupted download?)'
   sample: []
+msg:
+  description: Why the checkpoint does not match, where O(fail_on_mismatch=false) reports it instead of failing.
+  returned: when not RV(ok) and O(fail_on_mismatch=false)
+  type: str
+  sample: 'checkpoint /srv/hub/kimi does not exist yet: nothing of revision 0123... of org/model is fetched'
 files:
   description: How many files of the manifest were checked (those O(ignore) leaves out are not).
   returned: when the manifest was read
@@ -316,6 +330,7 @@ def main():
             cache_dir=dict(type=nul_free_path),
             threads=dict(type='int'),
             ignore=dict(type='list', elements='str', default=list(DEFAULT_IGNORE)),
+            fail_on_mismatch=dict(type='bool', default=True),
         ),
         mutually_exclusive=[('manifest', 'repo_id')],
         required_one_of=[('manifest', 'repo_id')],
@@ -335,8 +350,18 @@ def main():
     if problem:
         fail(problem)
     try:
-        check_directory(path)
         manifest = load_manifest(params)
+        source = params['repo_id'] or 'manifest %s' % params['manifest']
+        if not params['fail_on_mismatch'] and not os.path.lexists(path):
+            result.update(
+                problems=[{'file': '.', 'kind': 'missing', 'detail': 'the checkpoint directory does not exist'}],
+                revision=manifest.revision,
+                msg='checkpoint %s does not exist yet: nothing of revision %s of %s is fetched'
+                % (path, manifest.revision, source),
+                elapsed=round(time.monotonic() - started, 3),
+            )
+            module.exit_json(**result)
+        check_directory(path)
     except (VerifyError, ManifestError) as exc:
         fail(str(exc))
     cache = DigestCache(params['cache_dir']) if params['cache_dir'] else None
@@ -346,7 +371,6 @@ def main():
         report = verify(path, manifest, params['ignore'], params['threads'] or default_threads(), cache)
     except VerifyError as exc:
         fail(str(exc))
-    source = params['repo_id'] or 'manifest %s' % params['manifest']
     if manifest.files and not report.files:
         fail('the ignore patterns leave none of the %d files of %s to check' % (len(manifest.files), source))
     warnings = list(cache.warnings) if cache else []
@@ -366,7 +390,11 @@ def main():
         hashed_bytes=report.hashed_bytes,
     )
     if not report.ok:
-        fail(failure_message(path, 'revision %s of %s' % (manifest.revision, source), report))
+        message = failure_message(path, 'revision %s of %s' % (manifest.revision, source), report)
+        if params['fail_on_mismatch']:
+            fail(message)
+        result.update(msg=message, elapsed=round(time.monotonic() - started, 3))
+        module.exit_json(**result)
     result.update(fingerprint=report.fingerprint, elapsed=round(time.monotonic() - started, 3))
     module.exit_json(**result)
 

@@ -234,3 +234,43 @@ def test_a_checkpoint_kv_cache_quant_stripped_passes(tmp_path, model, module_res
     assert (rc, stripped['changed']) == (0, True), stripped
     rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest})
     assert (rc, result['ok'], result['rewritten_by_kv_cache_quant']) == (0, True, ['hf_quant_config.json']), result
+
+
+def test_without_fail_on_mismatch_a_mismatch_is_reported_not_failed(tmp_path, model, module_result):
+    path, root, commit, manifest = model
+    with open(os.path.join(path, 'model-00002-of-00002.safetensors'), 'r+b') as f:
+        f.truncate(100)
+    rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest, 'fail_on_mismatch': False})
+    assert rc == 0, result
+    assert not result.get('failed') and result['ok'] is False
+    assert [(p['file'], p['kind']) for p in result['problems']] == [('model-00002-of-00002.safetensors', 'truncated')]
+    assert result['msg'].startswith(
+        'checkpoint %s does not match revision %s of manifest %s: 1 problem: ' % (path, commit, manifest)
+    ), result['msg']
+    assert 'fingerprint' not in result
+
+
+def test_without_fail_on_mismatch_a_checkpoint_still_to_fetch_is_reported(tmp_path, model, module_result):
+    path, root, commit, manifest = model
+    missing = str(tmp_path / 'not-fetched-yet')
+    rc, result = module_result('checkpoint_verify', {'path': missing, 'manifest': manifest, 'fail_on_mismatch': False})
+    assert rc == 0, result
+    assert (result['ok'], result['problems'], result['revision']) == (
+        False,
+        [{'file': '.', 'kind': 'missing', 'detail': 'the checkpoint directory does not exist'}],
+        commit,
+    )
+    assert result['msg'] == 'checkpoint %s does not exist yet: nothing of revision %s of manifest %s is fetched' % (
+        missing,
+        commit,
+        manifest,
+    )
+
+
+def test_without_fail_on_mismatch_what_prevents_the_check_still_fails(tmp_path, model, module_result):
+    path, root, commit, manifest = model
+    (tmp_path / 'bad.json').write_text('<html>')
+    rc, result = module_result(
+        'checkpoint_verify', {'path': path, 'manifest': str(tmp_path / 'bad.json'), 'fail_on_mismatch': False}
+    )
+    assert rc == 1 and result['failed'], result
