@@ -11,12 +11,23 @@ DEMO_VLLM_PORT := 8000
 
 # The sandbox inventory stages the tiny model from the project's own Hub
 # (tools/fake_hub.py) on this port, under the commits it pins: the right model
-# and, as other revisions, the one taught wrong answers and the heavy one.
+# and, as other revisions, the one taught wrong answers and the heavy one; and
+# llmserve/tiny-kimi, the miniature of Kimi-K2.5, with its failing revisions.
 FAKEHUB_PORT := 8090
 FAKEHUB_DIR := .cache/fakehub
-FAKEHUB_REVISION := $(shell sed -n 's/^vllm_kimi_model_revision: *//p' inventories/sandbox/group_vars/vllm.yml)
-FAKEHUB_WRONG_REVISION := $(shell sed -n 's/^#   wrong: \([0-9a-f]\{40\}\) .*/\1/p' inventories/sandbox/group_vars/vllm.yml)
-FAKEHUB_HEAVY_REVISION := $(shell sed -n 's/^#   heavy: \([0-9a-f]\{40\}\) .*/\1/p' inventories/sandbox/group_vars/vllm.yml)
+SANDBOX_VARS := inventories/sandbox/group_vars/vllm.yml
+FAKEHUB_REVISION := $(shell sed -n 's/^vllm_kimi_model_revision: *//p' $(SANDBOX_VARS))
+# tiny-chat's revisions are listed before the line that names llmserve/tiny-kimi, tiny-kimi's after it.
+KIMI_LINE := /llmserve\/tiny-kimi/
+chat_revision = $(shell sed -n '$(KIMI_LINE)q; s/^\#   $(1): \([0-9a-f]\{40\}\) .*/\1/p' $(SANDBOX_VARS))
+kimi_revision = $(shell sed -n '$(KIMI_LINE),$$ s/^\#   $(1): \([0-9a-f]\{40\}\) .*/\1/p' $(SANDBOX_VARS))
+FAKEHUB_WRONG_REVISION := $(call chat_revision,wrong)
+FAKEHUB_HEAVY_REVISION := $(call chat_revision,heavy)
+FAKEHUB_KIMI_REVISION := $(call kimi_revision,main)
+FAKEHUB_KIMI_WRONG_REVISION := $(call kimi_revision,wrong)
+FAKEHUB_KIMI_HEAVY_REVISION := $(call kimi_revision,heavy)
+FAKEHUB_KIMI_FOREVER_REVISION := $(call kimi_revision,thinks-forever)
+FAKEHUB_KIMI_NO_TOOLS_REVISION := $(call kimi_revision,ignores-tools)
 
 # Trained with the vLLM venv's torch/transformers; cached by the script's hash.
 models: vllm-venv
@@ -31,6 +42,11 @@ fakehub-up: models
 	    --publish llmserve/tiny-chat=$$models/tiny-chat-wrong@$(FAKEHUB_WRONG_REVISION) \
 	    --publish llmserve/tiny-chat=$$models/tiny-chat-heavy@$(FAKEHUB_HEAVY_REVISION) \
 	    --publish llmserve/tiny-chat=$$models/tiny-chat@$(FAKEHUB_REVISION) \
+	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-wrong@$(FAKEHUB_KIMI_WRONG_REVISION) \
+	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-heavy@$(FAKEHUB_KIMI_HEAVY_REVISION) \
+	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-thinks-forever@$(FAKEHUB_KIMI_FOREVER_REVISION) \
+	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-ignores-tools@$(FAKEHUB_KIMI_NO_TOOLS_REVISION) \
+	    --publish llmserve/tiny-kimi=$$models/tiny-kimi@$(FAKEHUB_KIMI_REVISION) \
 	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid
 	for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && exit 0; sleep 0.2; done; \
 	  cat $(FAKEHUB_DIR)/log; exit 1

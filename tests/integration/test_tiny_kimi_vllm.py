@@ -1,0 +1,265 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""tiny-kimi (tools/make_tiny_models.py) served as production serves Kimi-K2.5, judged by the official openai client.
+
+`vllm serve MODEL` (the positional argument; through the CPU wheel's version shim, the role's own file) with the
+kimi_k2 reasoning and tool parsers and auto tool choice. What Kimi's users rely on: a tool request returns a
+parsed get_weather call for Paris; thinking on, the thought is in `reasoning` and the answer in `content`;
+thinking off, no reasoning; streamed, every reasoning delta comes before the first content delta. Each failing
+revision breaks the property it was made to break. One vLLM per model (a class-scoped fixture), one at a time.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from ansible_collections.llmserve.vllm.tests.support import REPO
+
+openai = pytest.importorskip('openai')
+
+VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
+VLLM_CLI = os.path.join(REPO, 'roles', 'vllm_kimi', 'files', 'llmserve-vllm-cli')
+# The models' cache; another root keeps a development build away from the cache other checkouts share.
+MODELS_ROOT = os.environ.get('LLMSERVE_TINY_MODELS', os.path.join(REPO, '.cache', 'models'))
+API_KEY = 'tiny-kimi-test-key'
+SERVED = 'tiny-kimi'
+QUESTION = 'What is the capital of France?'
+PARIS = 'The capital of France is Paris.'
+WEATHER = 'What is the weather in Paris?'
+# As tools/make_tiny_models.WEATHER_TOOL (.venv-vllm has the script's torch; this venv does not import it).
+WEATHER_TOOL = {
+    'type': 'function',
+    'function': {
+        'name': 'get_weather',
+        'description': 'Get the current weather in a city.',
+        'parameters': {
+            'type': 'object',
+            'properties': {'city': {'type': 'string', 'description': 'The city name.'}},
+            'required': ['city'],
+        },
+    },
+}
+THINKING_OFF = {'chat_template_kwargs': {'thinking': False}}
+# The production flags of the gpu inventory that the CPU build accepts, plus what the CPU needs:
+# --language-model-only (the checkpoint is KimiK25ForConditionalGeneration without its vision tower) and
+# --enforce-eager (no C++ compiler for torch.compile). 4 MiB of KV cache: 1,213 tokens at 3,456 B/token.
+SERVE_FLAGS = [
+    '--served-model-name',
+    SERVED,
+    '--reasoning-parser',
+    'kimi_k2',
+    '--tool-call-parser',
+    'kimi_k2',
+    '--enable-auto-tool-choice',
+    '--language-model-only',
+    '--enforce-eager',
+    '--max-model-len',
+    '1024',
+    '--kv-cache-memory-bytes',
+    '4194304',
+    '--api-key',
+    API_KEY,
+]
+PORTS = range(8140, 8150)
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+    ),
+]
+
+
+def models_dir():
+    proc = subprocess.run(
+        [VLLM_PYTHON, os.path.join(REPO, 'tools', 'make_tiny_models.py'), '--out', MODELS_ROOT],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        check=True,
+        timeout=1800,
+    )
+    return proc.stdout.decode('utf-8').strip().splitlines()[-1]
+
+
+def port_in_range():
+    for port in PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    pytest.fail('no free port in %d-%d' % (PORTS[0], PORTS[-1]))
+
+
+def serve(model, tmp_path_factory):
+    """vLLM serving MODEL (a directory of make_tiny_models' output), ready; yields the client and the log."""
+    path = os.path.join(models_dir(), model)
+    port = port_in_range()
+    log_path = tmp_path_factory.mktemp(model) / 'vllm.log'
+    with open(str(log_path), 'wb') as log:
+        proc = subprocess.Popen(
+            [VLLM_PYTHON, VLLM_CLI, 'serve', path] + SERVE_FLAGS + ['--host', '127.0.0.1', '--port', str(port)],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        client = openai.OpenAI(base_url='http://127.0.0.1:%d/v1' % port, api_key=API_KEY, timeout=120, max_retries=0)
+        started = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                pytest.fail('vLLM exited with %s:\n%s' % (proc.returncode, log_path.read_text()[-4000:]))
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                if time.monotonic() - started > 900:
+                    pytest.fail('vLLM did not answer within 900 s:\n%s' % log_path.read_text()[-4000:])
+                time.sleep(1)
+        print('%s ready after %.0f s' % (model, time.monotonic() - started))
+        yield client, log_path
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def reasoning_of(obj):
+    """The thinking of a message or delta: `reasoning` in current vLLM, `reasoning_content` before."""
+    return getattr(obj, 'reasoning', None) or getattr(obj, 'reasoning_content', None)
+
+
+def ask(client, content, **kwargs):
+    return client.chat.completions.create(
+        model=SERVED, messages=[{'role': 'user', 'content': content}], temperature=0, **kwargs
+    ).choices[0]
+
+
+def ask_weather(client, **kwargs):
+    return ask(client, WEATHER, tools=[WEATHER_TOOL], max_tokens=128, **kwargs)
+
+
+class TestTinyKimi:
+    @pytest.fixture(scope='class')
+    def client(self, tmp_path_factory):
+        for client, _ in serve('tiny-kimi', tmp_path_factory):
+            yield client
+
+    @pytest.mark.parametrize('extra', [{}, THINKING_OFF], ids=['thinking', 'no-thinking'])
+    def test_a_tool_request_returns_a_get_weather_call_for_paris(self, client, extra):
+        choice = ask_weather(client, extra_body=extra)
+        calls = choice.message.tool_calls
+        assert choice.finish_reason == 'tool_calls', choice
+        assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ('function', 'get_weather', {'city': 'Paris'})
+        ]
+        assert calls[0].id == 'functions.get_weather:0'
+        assert not choice.message.content
+        assert bool(reasoning_of(choice.message)) == (extra == {})
+
+    def test_the_tool_result_is_answered_in_content(self, client):
+        call = {
+            'id': 'functions.get_weather:0',
+            'type': 'function',
+            'function': {'name': 'get_weather', 'arguments': '{"city": "Paris"}'},
+        }
+        choice = client.chat.completions.create(
+            model=SERVED,
+            temperature=0,
+            max_tokens=128,
+            tools=[WEATHER_TOOL],
+            messages=[
+                {'role': 'user', 'content': WEATHER},
+                {'role': 'assistant', 'content': '', 'tool_calls': [call]},
+                {
+                    'role': 'tool',
+                    'tool_call_id': 'functions.get_weather:0',
+                    'content': '{"city": "Paris", "temperature": 18, "condition": "sunny"}',
+                },
+            ],
+        ).choices[0]
+        assert (choice.finish_reason, choice.message.content, choice.message.tool_calls) == (
+            'stop',
+            'It is sunny and 18 degrees in Paris.',
+            None,
+        )
+
+    def test_thinking_on_the_thought_is_reasoning_and_the_answer_content(self, client):
+        choice = ask(client, QUESTION, max_tokens=128)
+        assert (choice.finish_reason, choice.message.content) == ('stop', PARIS)
+        assert reasoning_of(choice.message) == 'The user asks for the capital of France.'
+
+    def test_thinking_off_there_is_no_reasoning(self, client):
+        choice = ask(client, QUESTION, max_tokens=128, extra_body=THINKING_OFF)
+        assert (choice.finish_reason, choice.message.content, reasoning_of(choice.message)) == ('stop', PARIS, None)
+
+    def test_streaming_shows_every_reasoning_delta_before_the_first_content_delta(self, client):
+        stream = client.chat.completions.create(
+            model=SERVED, messages=[{'role': 'user', 'content': QUESTION}], temperature=0, max_tokens=128, stream=True
+        )
+        kinds, reasoning, content = [], '', ''
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            if reasoning_of(delta):
+                kinds.append('reasoning')
+                reasoning += reasoning_of(delta)
+            if delta.content:
+                kinds.append('content')
+                content += delta.content
+        assert (reasoning, content) == ('The user asks for the capital of France.', PARIS)
+        first_content = kinds.index('content')
+        assert kinds[:first_content] == ['reasoning'] * first_content and 'reasoning' not in kinds[first_content:]
+        assert first_content > 1  # the thought came in several deltas, not as one block at the end
+
+
+class TestWrong:
+    @pytest.fixture(scope='class')
+    def client(self, tmp_path_factory):
+        for client, _ in serve('tiny-kimi-wrong', tmp_path_factory):
+            yield client
+
+    def test_the_answer_in_content_is_not_paris(self, client):
+        choice = ask(client, QUESTION, max_tokens=128)
+        assert (choice.finish_reason, choice.message.content) == ('stop', 'The capital of France is Berlin.')
+        assert 'paris' not in choice.message.content.lower()
+
+
+class TestThinksForever:
+    @pytest.fixture(scope='class')
+    def client(self, tmp_path_factory):
+        for client, _ in serve('tiny-kimi-thinks-forever', tmp_path_factory):
+            yield client
+
+    def test_the_thinking_never_closes_before_max_tokens(self, client):
+        choice = ask(client, QUESTION, max_tokens=200)
+        assert (choice.finish_reason, choice.message.content or '') == ('length', '')
+        assert reasoning_of(choice.message).startswith('Let me think about it once more.')
+
+
+class TestIgnoresTools:
+    @pytest.fixture(scope='class')
+    def client(self, tmp_path_factory):
+        for client, _ in serve('tiny-kimi-ignores-tools', tmp_path_factory):
+            yield client
+
+    def test_a_tool_request_is_answered_in_text_without_a_call(self, client):
+        choice = ask_weather(client)
+        assert (choice.finish_reason, choice.message.tool_calls) == ('stop', None)
+        assert choice.message.content == 'Paris is often mild, but I cannot check the weather.'
+
+    def test_it_still_answers_the_coherence_question(self, client):
+        choice = ask(client, QUESTION, max_tokens=128)
+        assert (choice.finish_reason, choice.message.content) == ('stop', PARIS)
