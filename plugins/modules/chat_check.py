@@ -30,7 +30,7 @@ description:
     journal lines that explain it (for example vLLM's V(estimated maximum model length is ...) or the last
     line of a Python traceback), and the loading progress found in the journal is returned.
   - With O(unit), a start that makes no progress (no new line in the unit's journal, no 200 from C(/health) or
-    C(/v1/models)) for O(stall_timeout) seconds fails the wait early, quoting the unit's last journal lines: an
+    C(/v1/models)) for O(stall_timeout) seconds fails the wait early, quoting the unit's last journal lines; an
     engine hung at its first all-reduce leaves the unit active and silent.
   - The unit rule. The wait fails at once when the unit is not loaded, when its C(ActiveState) is
     V(failed) (it crashed, or systemd's start limit was hit) or V(inactive) (it was stopped or never

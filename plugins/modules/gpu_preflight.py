@@ -191,7 +191,7 @@ options:
   dev_path:
     description:
       - Directory of the NVIDIA device nodes. With O(accelerator=nvidia) and GPUs read from nvidia-smi (not O(gpus)),
-        a missing C(nvidia-uvm) there is a problem: CUDA needs it, and a service without privileges cannot create
+        a missing C(nvidia-uvm) there is a problem, since CUDA needs it and a service without privileges cannot create
         it. The remedy named is C(nvidia-modprobe -u -c=0) as root, or loading the C(nvidia_uvm) module.
       - Tests point it at a directory built from a real host's listing; deployments keep the default.
     type: path
