@@ -172,7 +172,7 @@ def restart_once(inventory, name, host, settings):
                  "unit": settings["vllm_kimi_service_name"] + ".service"}
     ssh = ["ssh", "-p", str(host["ansible_port"]), "-i", host["ansible_ssh_private_key_file"]] + \
         host["ansible_ssh_common_args"].split() + ["root@127.0.0.1"]
-    # Re-arm StartLimitBurst (3 starts in 30 min), which back-to-back restarts would exhaust.
+    # Re-arm StartLimitBurst (3 starts in the unit's interval), which back-to-back restarts would exhaust.
     sh(ssh + ["systemctl", "reset-failed", settings["vllm_kimi_service_name"]])
     tree = tempfile.mkdtemp(prefix="llmserve-bench-")
     try:

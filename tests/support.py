@@ -249,3 +249,26 @@ def run_local_play(tmp_path, tasks, extra_vars=None, name='play.yml'):
         check=False,
     )
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def fake_dev(dest, drop=()):
+    """A device directory at dest laid out as the NVIDIA H200 host's /dev of tests/fixtures/h200/dev-nvidia.txt
+    (`ls -l /dev/nvidia* /dev/infiniband`), as empty files; the node names in drop are left out. Returns its path."""
+    os.makedirs(str(dest), exist_ok=True)
+    with open(fixture_path('h200', 'dev-nvidia.txt')) as handle:
+        listing = handle.read()
+    directory = str(dest)
+    for line in listing.splitlines():
+        if line.endswith(':') and line.startswith('/dev/'):  # a heading: the nodes of that directory follow
+            directory = os.path.join(str(dest), line[len('/dev/') : -1])
+            os.makedirs(directory, exist_ok=True)
+        elif line.startswith('c'):
+            path = line.split()[-1]
+            name = (
+                path[len('/dev/') :]
+                if path.startswith('/dev/')
+                else os.path.join(os.path.relpath(directory, str(dest)), path)
+            )
+            if os.path.basename(name) not in drop:
+                open(os.path.join(str(dest), name), 'w').close()
+    return str(dest)

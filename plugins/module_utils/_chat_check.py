@@ -41,6 +41,14 @@ DEFAULT_REQUEST_TIMEOUT = 30
 MAX_TIMEOUT = 86400
 DEFAULT_JOURNAL_LINES = 20
 DEFAULT_MAX_RESTARTS = 1
+# Seconds without a new journal line of the unit and without a 200 from /health or /v1/models after which a start counts as
+# stalled; 0 turns the check off. vLLM logs every shard it loads (its bar format ends each update with a newline),
+# so a healthy load keeps writing lines; the longest silent phases (compilation, kernel autotuning on a first
+# start) must fit in it.
+DEFAULT_STALL_TIMEOUT = 900
+# How often the journal is read for the stall check, and how many of its last lines are compared and quoted.
+STALL_READ_SECONDS = 10
+STALL_TAIL_LINES = 5
 # How far back the journal is read to explain a failure.
 JOURNAL_SCAN_LINES = 2000
 # Progress lists are capped so a long load cannot flood the result.
@@ -743,6 +751,7 @@ class ChatCheck:
         read_journal: Optional[Callable[..., str]] = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         journal_lines: int = DEFAULT_JOURNAL_LINES,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
         epoch: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -767,6 +776,7 @@ class ChatCheck:
         self.read_journal = read_journal
         self.max_restarts = max_restarts
         self.journal_lines = journal_lines
+        self.stall_timeout = stall_timeout
         self.clock = clock
         self.epoch = epoch
         self.sleep = sleep
@@ -777,6 +787,11 @@ class ChatCheck:
         self.unit_state: dict[str, str] = {}
         self.last_state = 'nothing yet'
         self.healthy_after: Optional[float] = None
+        # The stall check: the last journal lines seen (None until the journal showed one, which proves it is
+        # readable), when they were last read, and when the start last made progress.
+        self.stall_tail: Optional[list[str]] = None
+        self.stall_read_at = 0.0
+        self.progress_at = 0.0
 
     # -- helpers ---------------------------------------------------------
 
@@ -860,6 +875,43 @@ class ChatCheck:
                 explain=True,
             )
 
+    def _check_stall(self) -> None:
+        """Fail when the start made no progress for stall_timeout seconds: no new journal line of the unit's
+        current run and no 200 from /health or /v1/models. Off without a unit or a journal, and until the journal showed a
+        line (a journal the check may not read shows none, and must not pass for a stalled start)."""
+        if not self.stall_timeout or not self.unit or self.read_journal is None:
+            return
+        now = self.clock()
+        if now - self.stall_read_at < STALL_READ_SECONDS:
+            return
+        self.stall_read_at = now
+        since = self._main_start_epoch()
+        tail = self._journal(since=since if since is not None else int(self.start_epoch), lines=STALL_TAIL_LINES)
+        if tail and tail != self.stall_tail:
+            self.stall_tail = tail
+            self.progress_at = now
+            return
+        if self.stall_tail is None or now - self.progress_at < self.stall_timeout:
+            return
+        quoted = [quote(line, 300) for line in self.stall_tail]
+        msg = (
+            'No progress for %s s (stall_timeout): no new journal line of %s and no 200 from %s/health or '
+            '/v1/models, after '
+            'waiting %s s; the unit is %s. The last lines of %s were:\n%s'
+            % (
+                format_seconds(now - self.progress_at),
+                self.unit,
+                self.url,
+                format_seconds(self._elapsed()),
+                describe_unit(self.unit_state),
+                self.unit,
+                '\n'.join('  ' + line for line in quoted),
+            )
+        )
+        details = self._details()
+        details['journal'] = quoted
+        raise CheckFailed(msg, **details)
+
     # -- the phases --------------------------------------------------------
 
     def _health(self) -> bool:
@@ -868,6 +920,7 @@ class ChatCheck:
         )
         if status == 200:
             self.healthy_after = self._elapsed()
+            self.progress_at = self.clock()
             return True
         self.last_state = '/health answered %d' % status
         return False
@@ -881,6 +934,7 @@ class ChatCheck:
         if status != 200:
             self.last_state = '/v1/models answered %d: %s' % (status, error_message(text))
             return None
+        self.progress_at = self.clock()
         try:
             ids = parse_models(text)
         except ValueError as exc:
@@ -965,6 +1019,7 @@ class ChatCheck:
             raise CheckFailed(problem)
         self.start = self.clock()
         self.start_epoch = self.epoch()
+        self.progress_at = self.stall_read_at = self.start
         phase = 'health'
         model: Optional[str] = None
         # The coherence verdict, once it passed: a tool request that gets no answer is asked again alone.
@@ -997,6 +1052,8 @@ class ChatCheck:
                     where = 'the tool_call request to /v1/chat/completions'
                 self.last_state = '%s (%s)' % (exc.reason, where)
                 phase = 'health'
+            if coherent is None:
+                self._check_stall()
             remaining = self._remaining()
             if remaining <= 0:
                 self._timeout(phase)

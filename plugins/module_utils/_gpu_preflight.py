@@ -24,7 +24,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     kv_dtype_bytes,
     model_dtype,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import DEFAULT_SHM_PATH
+from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import DEFAULT_DEV_PATH, DEFAULT_SHM_PATH
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import (
     DEFAULT_BLOCK_SIZE,
     bytes_for,
@@ -119,6 +119,8 @@ def plan(
     if cpu and memory.explicit is None:
         found.problems.append('accelerator cpu needs kv_cache_memory_bytes')
     check_host(params, host, found)
+    if not cpu:
+        check_nvidia_devices(params, gpus_used, host, found)
     return {
         'gpus': gpus_used if not cpu else [],
         'weights_bytes_total': weights_total,
@@ -398,3 +400,29 @@ def check_host(params: Params, host: Host, found: Findings) -> None:
         conflict = host['port'](params.get('host') or '127.0.0.1', params['port'])
         if conflict:
             found.problems.append(conflict)
+
+
+def check_nvidia_devices(params: Params, gpus_used: list[Gpu], host: Host, found: Findings) -> None:
+    """/dev/nvidia-uvm present (a problem when not), persistence mode on (a warning when not).
+
+    Only nvidia-smi's GPUs are judged: the gpus option plans for hardware not at hand, and host['device'] is
+    given only where the devices are this host's.
+    """
+    dev_path = params.get('dev_path') or DEFAULT_DEV_PATH
+    if host.get('device') and not host['device'](dev_path, 'nvidia-uvm'):
+        uvm = dev_path.rstrip('/') + '/nvidia-uvm'
+        found.problems.append(
+            '%s does not exist: CUDA needs the nvidia_uvm kernel module and its device node, and the service '
+            '(NoNewPrivileges, no capabilities) cannot create them' % uvm
+        )
+        found.remedies.append(
+            'run nvidia-modprobe -u -c=0 as root, or load the nvidia_uvm module (modprobe nvidia_uvm, and list '
+            'it in /etc/modules-load.d to have it at boot)'
+        )
+    off = [g for g in gpus_used if g.get('persistence_mode') == 'Disabled']
+    if off:
+        found.warnings.append(
+            'persistence mode is off on GPU %s: the driver tears a GPU down whenever no process holds it and sets '
+            'it up again at the next start, which slows every start; enable nvidia-persistenced (or '
+            'nvidia-smi -pm 1)' % ', '.join(str(g.get('index')) for g in off)
+        )

@@ -22,6 +22,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common im
 # Docker's default 64 MiB /dev/shm is known to break NCCL; 1 GiB is ample for TP 8.
 DEFAULT_SHM_MIN_BYTES = GIB
 DEFAULT_SHM_PATH = '/dev/shm'
+# Where the NVIDIA device nodes are; tests point it at a directory built from a real host's listing.
+DEFAULT_DEV_PATH = '/dev'
 
 
 def read_proc(path: str) -> Optional[str]:
@@ -132,3 +134,8 @@ def shm_size(path: str) -> Optional[int]:
             return None
         raise PreflightError('cannot read the size of %s: %s' % (path, exc.strerror or exc)) from exc
     return st.f_blocks * st.f_frsize
+
+
+def device_node_exists(dev_path: str, name: str) -> bool:
+    """Whether the device node dev_path/name exists (CUDA opens /dev/nvidia-uvm for every context)."""
+    return os.path.exists(os.path.join(dev_path, name))

@@ -16,6 +16,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common im
 
 NVIDIA_SMI_GPU_FIELDS = 'index,name,memory.total,memory.used,compute_cap,driver_version,uuid'
 NVIDIA_SMI_APP_FIELDS = 'pid,process_name,used_memory,gpu_uuid'
+# Asked apart from NVIDIA_SMI_GPU_FIELDS, so that a driver that cannot tell it only loses the warning.
+NVIDIA_SMI_PERSISTENCE_FIELDS = 'uuid,persistence_mode'
 # Larger figures are no GPU's (2**43 MiB is 8 EiB) and would overflow the float arithmetic of the plan.
 MAX_SMI_NUMBER = 2**43
 # Seconds each query may take: a healthy driver answers in well under one.
@@ -91,6 +93,25 @@ def parse_apps(text: str) -> list[App]:
             {'pid': _int(cols[0], 'pid', line), 'process_name': cols[1], 'used_memory_mib': used, 'gpu_uuid': cols[3]}
         )
     return apps
+
+
+def parse_persistence(text: str) -> dict[str, str]:
+    """nvidia-smi --query-gpu=NVIDIA_SMI_PERSISTENCE_FIELDS --format=csv,noheader,nounits -> {uuid: mode}, the mode
+    as nvidia-smi prints it (Enabled, Disabled, [N/A])."""
+    return {cols[0]: cols[1] for line, cols in _rows(text, NVIDIA_SMI_PERSISTENCE_FIELDS)}
+
+
+def query_persistence(run: Callable[[list[str]], tuple[int, str, str]], nvidia_smi: str) -> dict[str, str]:
+    """Each GPU's persistence mode by uuid, through run(argv) as query_nvidia_smi; PreflightError when unread."""
+    argv = [nvidia_smi, '--query-gpu=' + NVIDIA_SMI_PERSISTENCE_FIELDS, '--format=csv,noheader,nounits']
+    try:
+        rc, out, err = run(argv)
+    except (OSError, CommandTimeout) as exc:
+        raise PreflightError('%s: %s' % (' '.join(argv), exc)) from exc
+    if rc != 0:
+        said = (err or '').strip() or (out or '').strip() or 'no output'
+        raise PreflightError('%s failed with exit code %d: %s' % (' '.join(argv), rc, said))
+    return parse_persistence(out)
 
 
 def query_nvidia_smi(run: Callable[[list[str]], tuple[int, str, str]], nvidia_smi: str) -> tuple[list[Gpu], list[App]]:

@@ -29,6 +29,9 @@ description:
     restart-loops fails the wait at once instead of at O(timeout). The failure message then quotes the
     journal lines that explain it (for example vLLM's V(estimated maximum model length is ...) or the last
     line of a Python traceback), and the loading progress found in the journal is returned.
+  - With O(unit), a start that makes no progress (no new line in the unit's journal, no 200 from C(/health) or
+    C(/v1/models)) for O(stall_timeout) seconds fails the wait early, quoting the unit's last journal lines; an
+    engine hung at its first all-reduce leaves the unit active and silent.
   - The unit rule. The wait fails at once when the unit is not loaded, when its C(ActiveState) is
     V(failed) (it crashed, or systemd's start limit was hit) or V(inactive) (it was stopped or never
     started), or when its C(NRestarts) grew by more than O(max_restarts) since the wait began (systemd
@@ -230,6 +233,19 @@ options:
       - How many explaining journal lines of O(unit) a failure message quotes at most.
     type: int
     default: 20
+  stall_timeout:
+    description:
+      - With O(unit), seconds a start may go without progress before the wait fails, instead of waiting out
+        O(timeout). Progress is a new line in the journal of the unit's current run (read every 10 seconds) or a
+        200 from C(/health) or C(/v1/models). The failure message quotes the last 5 journal lines.
+      - vLLM logs each checkpoint shard it loads and each phase of its start, so a healthy load of hundreds of
+        gigabytes keeps writing lines; the value must exceed its longest silent phase (compilation or kernel
+        autotuning on a first start).
+      - The check waits for the journal's first line before it counts, so a journal that C(journalctl) may not
+        read (no root, not in C(systemd-journal)) turns it off rather than failing a healthy load.
+      - V(0) turns it off. Once a coherent answer came, it does not apply (the tool request is not watched).
+    type: int
+    default: 900
 notes:
   - The check request runs at temperature 0, so a healthy model answers the same way every time, unless
     O(extra_body) sets another C(temperature).
@@ -436,7 +452,9 @@ last_state:
   type: str
   sample: connection refused (/health)
 journal:
-  description: The journal lines of O(unit) that the failure message quotes.
+  description:
+    - The journal lines of O(unit) that the failure message quotes, the explaining lines; for a start that made no
+      progress for O(stall_timeout), the unit's last lines.
   returned: failure, when O(unit) is set
   type: list
   elements: str
@@ -456,6 +474,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PROMPT,
     DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_STALL_TIMEOUT,
     DEFAULT_TIMEOUT,
     DEFAULT_URL,
     JOURNAL_SECONDS,
@@ -498,10 +517,11 @@ def validate(module):
         ('max_tokens', 1),
         ('max_restarts', 0),
         ('journal_lines', 0),
+        ('stall_timeout', 0),
     ):
         if p[name] < low:
             return '%s must be at least %d, got %d' % (name, low, p[name])
-    for name in ('timeout', 'request_timeout'):
+    for name in ('timeout', 'request_timeout', 'stall_timeout'):
         if p[name] > MAX_TIMEOUT:
             return '%s must be at most %d, got %d' % (name, MAX_TIMEOUT, p[name])
     return None
@@ -577,6 +597,7 @@ def main():
             unit=dict(type='str'),
             max_restarts=dict(type='int', default=DEFAULT_MAX_RESTARTS),
             journal_lines=dict(type='int', default=DEFAULT_JOURNAL_LINES),
+            stall_timeout=dict(type='int', default=DEFAULT_STALL_TIMEOUT),
         ),
         supports_check_mode=True,
     )
@@ -609,6 +630,7 @@ def main():
         read_journal=journal_reader(module, unit, api_key) if unit else None,
         max_restarts=p['max_restarts'],
         journal_lines=p['journal_lines'],
+        stall_timeout=p['stall_timeout'],
     )
     try:
         result = check.run()

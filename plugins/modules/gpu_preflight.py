@@ -23,7 +23,9 @@ description:
   - "The KV budget per GPU is vLLM's: ceil(memory.total × gpu_memory_utilization) − weights per GPU − reserve, or exactly
     O(kv_cache_memory_bytes) when given."
   - "Also reports, in RV(problems), what else breaks a start: fewer GPUs than O(tensor_parallel_size) × O(pipeline_parallel_size),
-    GPU memory held by other processes (named with PID and process name), a too small O(shm_path), and O(port) already in use."
+    GPU memory held by other processes (named with PID and process name), a too small O(shm_path), O(port) already in use,
+    and a missing C(/dev/nvidia-uvm) (O(dev_path)). A GPU whose persistence mode is off (nvidia-smi's C(persistence_mode))
+    is a warning."
   - The config is read from C(config.json), or its C(text_config) for multimodal checkpoints.
 author:
   - llmserve.vllm contributors (@llmserve)
@@ -186,6 +188,14 @@ options:
         tensor parallel 8. V(0) skips the check.
     type: int
     default: 1073741824
+  dev_path:
+    description:
+      - Directory of the NVIDIA device nodes. With O(accelerator=nvidia) and GPUs read from nvidia-smi (not O(gpus)),
+        a missing C(nvidia-uvm) there is a problem, since CUDA needs it and a service without privileges cannot create
+        it. The remedy named is C(nvidia-modprobe -u -c=0) as root, or loading the C(nvidia_uvm) module.
+      - Tests point it at a directory built from a real host's listing; deployments keep the default.
+    type: path
+    default: /dev
 notes:
   - "Checked against vLLM 0.32.0 (CPU build): the predicted RV(kv_cache_tokens) for a grouped-query Llama (bf16 and fp8) and an
     MLA DeepSeek-V3 are within 0.12% of vLLM's logged C(CPU KV cache size)."
@@ -226,7 +236,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 gpus:
-  description: The GPUs planned for (the first O(tensor_parallel_size) × O(pipeline_parallel_size)), with the processes holding their memory.
+  description:
+    - The GPUs planned for (the first O(tensor_parallel_size) × O(pipeline_parallel_size)), with the processes holding their memory.
+    - C(persistence_mode) is nvidia-smi's (V(Enabled), V(Disabled)), empty when it could not be read or for O(gpus).
   returned: always
   type: list
   elements: dict
@@ -237,6 +249,7 @@ gpus:
       memory_used_mib: 10767
       compute_capability: '9.0'
       driver_version: 580.159.04
+      persistence_mode: Enabled
       uuid: GPU-5cc339a9-9917-25f6-912e-7bd3ebe1758a
       processes:
         - pid: 578
@@ -415,9 +428,11 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight impor
     plan,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import (
+    DEFAULT_DEV_PATH,
     DEFAULT_SHM_MIN_BYTES,
     DEFAULT_SHM_PATH,
     belongs_to_service,
+    device_node_exists,
     port_conflict,
     process_name,
     shm_size,
@@ -432,6 +447,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import
 from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import (
     DEFAULT_NVIDIA_SMI_TIMEOUT,
     query_nvidia_smi,
+    query_persistence,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
@@ -487,6 +503,7 @@ ARGUMENT_SPEC = dict(
     service_name=dict(type='str'),
     shm_path=dict(type=nul_free_path, default=DEFAULT_SHM_PATH),
     shm_min_bytes=dict(type='int', default=DEFAULT_SHM_MIN_BYTES),
+    dev_path=dict(type=nul_free_path, default=DEFAULT_DEV_PATH),
     fp8_kv_cache_policy=dict(type='str', default='auto', choices=['auto', 'strip', 'keep']),
 )
 
@@ -569,7 +586,16 @@ def gpus_and_apps(module, p):
             '%s not found%s: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan '
             'without GPUs)' % (smi, '' if os.path.isabs(smi) else ' on PATH')
         )
-    return query_nvidia_smi(functools.partial(command.run, timeout=p['nvidia_smi_timeout']), path)
+    run = functools.partial(command.run, timeout=p['nvidia_smi_timeout'])
+    gpus, apps = query_nvidia_smi(run, path)
+    try:
+        modes = query_persistence(run, path)
+    except PreflightError as exc:
+        module.warn('persistence mode not read: %s' % exc)
+        modes = {}
+    for gpu in gpus:
+        gpu['persistence_mode'] = modes.get(gpu['uuid'], '')
+    return gpus, apps
 
 
 def host_facts(p):
@@ -582,6 +608,8 @@ def host_facts(p):
     }
     if p['accelerator'] != 'cpu':
         host['shm'] = shm_size
+    if p['accelerator'] == 'nvidia' and not p['gpus']:
+        host['device'] = device_node_exists
     return host
 
 

@@ -320,6 +320,8 @@ NEWLINE_KEY = (
         ({'interval': float('inf')}, 'interval must be more than 0 and at most 2.0 seconds, got inf'),
         ({'max_tokens': -3}, 'max_tokens must be at least 1, got -3'),
         ({'journal_lines': -1}, 'journal_lines must be at least 0, got -1'),
+        ({'stall_timeout': -1}, 'stall_timeout must be at least 0, got -1'),
+        ({'stall_timeout': 10**9}, 'stall_timeout must be at most 86400, got 1000000000'),
         (
             {'timeout': 'soon'},
             "argument 'timeout' is of type str and we were unable to convert to int: "
@@ -381,6 +383,8 @@ NEWLINE_KEY = (
         'interval-inf',
         'max-tokens-negative',
         'journal-lines-negative',
+        'stall-timeout-negative',
+        'stall-timeout-huge',
         'timeout-not-int',
         'extra-body-reserved',
         'markup-empty',

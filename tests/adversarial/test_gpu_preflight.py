@@ -17,7 +17,7 @@ import struct
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
-from ansible_collections.llmserve.vllm.tests.support import named_listener
+from ansible_collections.llmserve.vllm.tests.support import fake_dev, fixture_path, named_listener
 
 # What the argument spec says of a NUL in a path option (the nul_free_path type).
 NUL_REFUSED = (
@@ -115,11 +115,13 @@ def fake_nvidia_smi(bindir, gpu=H200_LINE, apps=b'', rc=0, before_gpu='', before
     (bindir / 'gpu.out').write_bytes(gpu)
     (bindir / 'apps.out').write_bytes(apps)
     script = bindir / 'nvidia-smi'
+    # Persistence mode: on, as the H200 host's nvidia-smi table showed it (tests/fixtures/nvidia-smi).
     script.write_text(
         '#!/bin/sh\ncase "$1" in\n'
+        '  --query-gpu=uuid,persistence_mode) cat "%s/query-persistence-on.txt";;\n'
         '  --query-gpu=*) %s\n    cat "%s/gpu.out"; exit %d;;\n'
         '  --query-compute-apps=*) %s\n    cat "%s/apps.out";;\n'
-        'esac\n' % (before_gpu, bindir, rc, before_apps, bindir)
+        'esac\n' % (fixture_path('nvidia-smi'), before_gpu, bindir, rc, before_apps, bindir)
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
 
@@ -614,6 +616,8 @@ def build(tmp_path, spec):
     args = dict(model_path=str(m), max_model_len=4096, nvidia_smi_timeout=2)
     if spec.smi is not None:
         fake_nvidia_smi(bindir, **spec.smi)
+        # The devices of the H200 host the nvidia-smi output was captured on, not this machine's.
+        args['dev_path'] = fake_dev(tmp_path / 'dev')
     else:
         args['gpus'] = RTX
     for key, value in spec.args.items():

@@ -39,6 +39,77 @@ def exec_start(unit):
     return shlex.split(line[0][len('ExecStart='):])
 
 
+NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
+SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
+GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
+
+
+def unit_settings(unit, section):
+    """The Name=value settings of one section of a unit, each name with the list of its values."""
+    body = unit.split('[%s]' % section, 1)[1].split('\n[', 1)[0]
+    settings = {}
+    for line in body.splitlines():
+        if line and not line.startswith('#') and '=' in line:
+            name, value = line.split('=', 1)
+            settings.setdefault(name, []).append(value)
+    return settings
+
+
+def starts_allowed(starts, interval, burst):
+    """Which of these start times (seconds) systemd's start limit lets through: ratelimit_below() of
+    src/basic/ratelimit.c, a window that opens at the first start it lets through and counts burst starts."""
+    allowed, begin, count = [], None, 0
+    for t in starts:
+        if begin is None or t - begin > interval:
+            begin, count = t, 1
+            allowed.append(True)
+            continue
+        count += 1
+        allowed.append(count <= burst)
+    return allowed
+
+
+@pytest.mark.parametrize('group_vars, start_timeout, interval', [
+    (GPU_VARS, 3600, 3 * (300 + 3600 + 120 + 10)),
+    (SANDBOX_VARS, 600, 3 * (300 + 600 + 120 + 10)),
+], ids=['gpu-an-hour', 'sandbox-600s'])
+def test_the_start_limit_stops_a_crash_loop_after_full_loads(tmp_path, group_vars, start_timeout, interval):
+    unit, environment = render(tmp_path, group_vars)
+    head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
+    assert 'VLLM_ENGINE_READY_TIMEOUT_S="%d"' % start_timeout in environment.splitlines()
+    assert (head['StartLimitIntervalSec'], head['StartLimitBurst']) == ([str(interval)], ['3'])
+    # The longest a crash loop's start can take: the ExecStartPre= commands (TimeoutStartSec; under Type=exec the
+    # load is not part of the start job), vLLM's engine coming up (VLLM_ENGINE_READY_TIMEOUT_S), the stop of
+    # what is left after the crash, and the restart delay.
+    assert service['Type'] == ['exec']
+    cycle = start_timeout + sum(int(service[name][0]) for name in ('TimeoutStartSec', 'TimeoutStopSec', 'RestartSec'))
+    burst = int(head['StartLimitBurst'][0])
+    # Each start crashes at the end of a full load; start burst + 1 is refused, and the loop stops by itself.
+    starts = [k * cycle for k in range(burst + 1)]
+    assert starts_allowed(starts, int(head['StartLimitIntervalSec'][0]), burst) == [True] * burst + [False]
+    # Before the fix (1800 s), every start of the same loop went through.
+    assert starts_allowed(starts, 1800, burst) == [True] * (burst + 1)
+
+
+def test_gpu_unit_waits_for_the_nvidia_devices(gpu_unit):
+    unit = gpu_unit[0]
+    head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
+    assert head['After'] == ['network-online.target', 'modprobe@nvidia_uvm.service nvidia-persistenced.service']
+    assert head['Wants'] == ['network-online.target', 'modprobe@nvidia_uvm.service nvidia-persistenced.service']
+    assert service['ExecStartPre'] == [NVIDIA_MODPROBE.split('=', 1)[1]]
+    assert service['DeviceAllow'][-2:] == ['char-nvidia m', 'char-nvidia-uvm m']
+    assert service['NoNewPrivileges'] == ['yes'] and service['CapabilityBoundingSet'] == ['']
+
+
+def test_cpu_unit_waits_for_no_nvidia_device(tmp_path):
+    unit = render(tmp_path, SANDBOX_VARS)[0]
+    head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
+    assert (head['After'], head['Wants']) == (['network-online.target'], ['network-online.target'])
+    assert 'nvidia' not in unit
+    assert service['ExecStartPre'] == ['+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60']
+    assert 'DeviceAllow' not in service
+
+
 @pytest.fixture
 def gpu_unit(tmp_path):
     return render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
@@ -100,19 +171,20 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
     unit = gpu_unit[0]
     lines = unit.splitlines()
     assert lines[0].startswith('#')
-    for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=always', 'TimeoutStartSec=3600',
+    for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=always', 'TimeoutStartSec=300',
                      'LimitNOFILE=1048576', 'DevicePolicy=closed', 'DeviceAllow=char-nvidia rw',
                      'DeviceAllow=char-nvidia-uvm rw', 'TemporaryFileSystem=/dev/shm:size=64G,mode=1777',
                      'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateUsers=no', 'CapabilityBoundingSet='):
         assert expected in lines
-    # With a private /dev/shm there is nothing stale to clean.
-    assert [line for line in lines if line.startswith('ExecStartPre=')] == []
+    # With a private /dev/shm there is nothing stale to clean; nvidia-modprobe is the only command before vLLM.
+    assert [line for line in lines if line.startswith('ExecStartPre=')] == [NVIDIA_MODPROBE]
 
 
 def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
     unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_private_shm=False)[0]
     lines = unit.splitlines()
-    assert 'ExecStartPre=+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60' in lines
+    assert [line for line in lines if line.startswith('ExecStartPre=')] == [
+        'ExecStartPre=+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60', NVIDIA_MODPROBE]
     assert not [line for line in lines if line.startswith('TemporaryFileSystem=')]
 
 

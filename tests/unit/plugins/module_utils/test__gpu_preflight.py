@@ -4,16 +4,18 @@
 """Unit tests of _gpu_preflight: the whole plan, for Kimi-K2.5 on eight GPUs and for the tests' tiny models."""
 
 import json
+import os
 import shutil
 
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import resolve_kv_cache_dtype
-from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import plan
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import parse_apps, parse_gpus
+from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import Findings, check_nvidia_devices, plan
+from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import device_node_exists
+from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import parse_apps, parse_gpus, parse_persistence
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
-from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fixture_path, recorded
+from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fake_dev, fixture_path, recorded
 
 GIB = 1024**3
 LLAMA = checkpoint_config('tiny-llama')
@@ -348,3 +350,46 @@ def test_kimi_with_the_estimated_reserve(kimi):
     at_095 = kimi_plan(kimi, gpu_memory_utilization=0.95, max_model_len=131072, reserve_bytes_per_gpu=None)
     assert at_095['kv_cache_tokens'] == 275312
     assert at_095['fits'] is True
+
+
+# ---------------------------------------------------------------- the NVIDIA devices
+
+
+def gpus_with_persistence(name):
+    modes = parse_persistence(smi(name))
+    return [dict(g, persistence_mode=modes[g['uuid']]) for g in parse_gpus(smi('query-gpu-idle.txt'))]
+
+
+@pytest.mark.parametrize(
+    'drop, persistence, problems, remedies, warnings',
+    [
+        ((), 'query-persistence-on.txt', 0, 0, []),
+        (('nvidia-uvm',), 'query-persistence-on.txt', 1, 1, []),
+        ((), 'query-persistence-off.txt', 0, 0, ['persistence mode is off on GPU 1: ']),
+    ],
+    ids=['h200-host', 'uvm-missing', 'persistence-off'],
+)
+def test_check_nvidia_devices(tmp_path, drop, persistence, problems, remedies, warnings):
+    dev = fake_dev(tmp_path / 'dev', drop=drop)
+    found = Findings()
+    check_nvidia_devices({'dev_path': dev}, gpus_with_persistence(persistence), {'device': device_node_exists}, found)
+    assert (len(found.problems), len(found.remedies)) == (problems, remedies)
+    if problems:
+        assert found.problems[0].startswith('%s/nvidia-uvm does not exist: ' % dev)
+        assert found.remedies[0].startswith('run nvidia-modprobe -u -c=0 as root, or load the nvidia_uvm module')
+    assert [w[: len(p)] for w, p in zip(found.warnings, warnings)] == warnings
+    assert len(found.warnings) == len(warnings)
+
+
+def test_the_fake_dev_is_the_h200_hosts(tmp_path):
+    dev = fake_dev(tmp_path / 'dev')
+    names = sorted(os.path.relpath(os.path.join(d, f), dev) for d, _, files in os.walk(dev) for f in files)
+    assert names == [
+        'infiniband/rdma_cm',
+        'nvidia-caps/nvidia-cap1',
+        'nvidia-caps/nvidia-cap2',
+        'nvidia-uvm',
+        'nvidia-uvm-tools',
+        'nvidia0',
+        'nvidiactl',
+    ]

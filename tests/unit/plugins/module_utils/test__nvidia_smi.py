@@ -6,7 +6,13 @@
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import parse_apps, parse_gpus, query_nvidia_smi
+from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import (
+    parse_apps,
+    parse_gpus,
+    parse_persistence,
+    query_nvidia_smi,
+    query_persistence,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.tests.support import recorded
 
@@ -194,3 +200,36 @@ def test_query_nvidia_smi_failures(gpu_answer, message):
     with pytest.raises(PreflightError) as exc:
         query_nvidia_smi(run, '/usr/bin/nvidia-smi')
     assert str(exc.value) == message
+
+
+# ---------------------------------------------------------------- persistence mode
+
+
+def test_parse_persistence():
+    # Synthetic: what the H200 host's plain nvidia-smi table showed (Persistence-M On), in the query's CSV form.
+    assert parse_persistence(smi('query-persistence-off.txt')) == {
+        'GPU-5cc339a9-9917-25f6-912e-7bd3ebe1758a': 'Enabled',
+        'GPU-b4434b79-99e2-18bd-807a-1fe6ca5173b0': 'Disabled',
+    }
+
+
+@pytest.mark.parametrize(
+    'answer, expected',
+    [
+        (
+            (6, '', 'Field "persistence_mode" is not a valid field to query.'),
+            '/usr/bin/nvidia-smi --query-gpu=uuid,persistence_mode --format=csv,noheader,nounits failed with exit '
+            'code 6: Field "persistence_mode" is not a valid field to query.',
+        ),
+        (
+            (0, 'GPU-5cc339a9, Enabled, 9.0\n', ''),
+            'nvidia-smi printed 3 fields where 2 (uuid,persistence_mode) were expected, in line: GPU-5cc339a9, '
+            'Enabled, 9.0',
+        ),
+    ],
+    ids=['refused', 'wrong-shape'],
+)
+def test_query_persistence_errors(answer, expected):
+    with pytest.raises(PreflightError) as err:
+        query_persistence(lambda argv: answer, '/usr/bin/nvidia-smi')
+    assert str(err.value) == expected

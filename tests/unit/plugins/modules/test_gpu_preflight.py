@@ -14,28 +14,47 @@ import time
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fixture_path, warning_texts
+from ansible_collections.llmserve.vllm.tests import support
+from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fake_dev, fixture_path, warning_texts
 
 SMI = fixture_path('nvidia-smi')
 GIB = 1024**3
 
 
-def fake_nvidia_smi(tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0, before=':'):
-    """A nvidia-smi that answers the two queries with the captured output, after the shell command before."""
+def fake_nvidia_smi(
+    tmp_path, gpu='query-gpu-idle', apps='query-apps-idle', rc=0, before=':', persistence='query-persistence-on'
+):
+    """A nvidia-smi that answers the queries with the captured output, after the shell command before."""
     bindir = tmp_path / 'bin'
     bindir.mkdir()
     script = bindir / 'nvidia-smi'
     script.write_text(
         '#!/bin/sh\n%s\ncase "$1" in\n'
+        '  --query-gpu=uuid,persistence_mode) cat "%s/%s.txt"; exit %d;;\n'
         '  --query-gpu=*) cat "%s/%s.txt"; exit %d;;\n'
         '  --query-compute-apps=*) cat "%s/%s.txt";;\n'
-        'esac\n' % (before, SMI, gpu, rc, SMI, apps)
+        'esac\n' % (before, SMI, persistence, rc, SMI, gpu, rc, SMI, apps)
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(bindir)
 
 
 LLAMA = checkpoint_config('tiny-llama')
+
+
+@pytest.fixture
+def module_result(tmp_path):
+    """The shared module runner; gpu_preflight's device directory is the H200 host's (tests/fixtures/h200) unless given."""
+    workdir = tmp_path / 'module-run'
+    workdir.mkdir()
+    dev = fake_dev(tmp_path / 'dev')
+
+    def run(module, args, path_prefix=None, timeout=120):
+        if module == 'gpu_preflight':
+            args = dict({'dev_path': dev}, **args)
+        return support.module_result(module, workdir, args, path_prefix, timeout=timeout)
+
+    return run
 
 
 @pytest.fixture
@@ -50,6 +69,48 @@ def model(tmp_path):
         f.write(len(header).to_bytes(8, 'little') + header.encode())
         f.truncate(8 + len(header) + 262144)
     return str(d)
+
+
+FIT = dict(tensor_parallel_size=2, max_model_len=4096, _ansible_check_mode=True)
+UVM_MISSING = (
+    '%s/nvidia-uvm does not exist: CUDA needs the nvidia_uvm kernel module and its device node, and the service '
+    '(NoNewPrivileges, no capabilities) cannot create them. Remedies: run nvidia-modprobe -u -c=0 as root, or load '
+    'the nvidia_uvm module (modprobe nvidia_uvm, and list it in /etc/modules-load.d to have it at boot).'
+)
+
+
+def test_a_missing_nvidia_uvm_fails_naming_the_remedy(tmp_path, model, module_result):
+    # The H200 host's /dev without the node that loading nvidia_uvm creates.
+    dev = fake_dev(tmp_path / 'dev-without-uvm', drop=('nvidia-uvm', 'nvidia-uvm-tools'))
+    rc, r = module_result('gpu_preflight', dict(FIT, model_path=model, dev_path=dev), fake_nvidia_smi(tmp_path))
+    assert (rc, r['msg']) == (1, UVM_MISSING % dev)
+    assert r['fits'] is False
+
+
+def test_the_h200_hosts_devices_pass(tmp_path, model, module_result):
+    rc, r = module_result('gpu_preflight', dict(FIT, model_path=model), fake_nvidia_smi(tmp_path))
+    assert (rc, r['problems']) == (0, [])
+    assert not [w for w in warning_texts(r) if 'persistence' in w]
+    assert [g['persistence_mode'] for g in r['gpus']] == ['Enabled', 'Enabled']
+
+
+def test_persistence_mode_off_warns(tmp_path, model, module_result):
+    bindir = fake_nvidia_smi(tmp_path, persistence='query-persistence-off')
+    rc, r = module_result('gpu_preflight', dict(FIT, model_path=model), bindir)
+    assert (rc, r['fits']) == (0, True)
+    assert warning_texts(r)[-1] == (
+        'persistence mode is off on GPU 1: the driver tears a GPU down whenever no process holds it and sets it up '
+        'again at the next start, which slows every start; enable nvidia-persistenced (or nvidia-smi -pm 1)'
+    )
+    assert [g['persistence_mode'] for g in r['gpus']] == ['Enabled', 'Disabled']
+
+
+def test_planned_gpus_judge_no_device(tmp_path, model, module_result):
+    # The gpus option plans for hardware not at hand: this host's devices say nothing about it.
+    gpus = [{'name': 'NVIDIA H200', 'memory_total_mib': 143771, 'compute_capability': '9.0'}] * 2
+    dev = fake_dev(tmp_path / 'dev-without-uvm', drop=('nvidia-uvm',))
+    rc, r = module_result('gpu_preflight', dict(FIT, model_path=model, dev_path=dev, gpus=gpus))
+    assert (rc, r['problems']) == (0, [])
 
 
 def test_reads_nvidia_smi_and_fits(tmp_path, model, module_result):
