@@ -153,7 +153,7 @@ def ask_weather(client, **kwargs):
 class TestTinyKimi:
     @pytest.fixture(scope='class')
     def client(self, tmp_path_factory):
-        for client, _ in serve('tiny-kimi', tmp_path_factory):
+        for client, _server in serve('tiny-kimi', tmp_path_factory):
             yield client
 
     @pytest.mark.parametrize('extra', [{}, THINKING_OFF], ids=['thinking', 'no-thinking'])
@@ -228,7 +228,7 @@ class TestTinyKimi:
 class TestWrong:
     @pytest.fixture(scope='class')
     def client(self, tmp_path_factory):
-        for client, _ in serve('tiny-kimi-wrong', tmp_path_factory):
+        for client, _server in serve('tiny-kimi-wrong', tmp_path_factory):
             yield client
 
     def test_the_answer_in_content_is_not_paris(self, client):
@@ -240,7 +240,7 @@ class TestWrong:
 class TestThinksForever:
     @pytest.fixture(scope='class')
     def client(self, tmp_path_factory):
-        for client, _ in serve('tiny-kimi-thinks-forever', tmp_path_factory):
+        for client, _server in serve('tiny-kimi-thinks-forever', tmp_path_factory):
             yield client
 
     def test_the_thinking_never_closes_before_max_tokens(self, client):
@@ -252,7 +252,7 @@ class TestThinksForever:
 class TestIgnoresTools:
     @pytest.fixture(scope='class')
     def client(self, tmp_path_factory):
-        for client, _ in serve('tiny-kimi-ignores-tools', tmp_path_factory):
+        for client, _server in serve('tiny-kimi-ignores-tools', tmp_path_factory):
             yield client
 
     def test_a_tool_request_is_answered_in_text_without_a_call(self, client):
