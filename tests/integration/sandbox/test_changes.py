@@ -11,7 +11,9 @@
    to the last good deployment by itself, and the play's message says both.
    A rerun with the good settings then changes nothing.
 3. An argument vLLM rejects: the unit crashes at start, the gate fails from the
-   journal long before its timeout, the host is rolled back.
+   journal long before its timeout, the host is rolled back. An engine that hangs
+   after its first line fails the gate once it made no progress for
+   vllm_kimi_stall_timeout, quoting that line, and is rolled back too.
 4. A good change: recorded as the new last good deployment, the previous one
    kept, older deployments and unused releases pruned.
 5. A failed change with no good deployment to go back to (as on a first
@@ -178,6 +180,42 @@ def test_rejected_argument_is_rolled_back(sandbox, rejected_argument):
     assert "Rolled back: %s is back on deployment" % sandbox.name in final["msg"], final["msg"]
     assert after["files"] == before["files"]
     assert_restart_answers(sandbox)
+
+
+# A stand-in for an engine that hangs after its first line (an NCCL all-reduce that never returns): it
+# writes one line, then neither writes another nor opens its port.
+STALLING_ENGINE = [
+    "/usr/bin/python3", "-c",
+    "import time; print('Loading safetensors checkpoint shards:   0% Completed | 0/119', flush=True); "
+    "time.sleep(10 ** 6)",
+]
+STALL_TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def stalled_start(sandbox):
+    before = served(sandbox)
+    extra = json.dumps({"vllm_kimi_entrypoint": STALLING_ENGINE, "vllm_kimi_stall_timeout": STALL_TIMEOUT})
+    rc, output, report = sandbox.deploy("-e", extra)
+    return before, served(sandbox), rc, output, report
+
+
+def test_a_stalled_start_fails_the_gate_early_quoting_its_last_line(sandbox, stalled_start):
+    before, after, rc, output, report = stalled_start
+    name, result = first_failure(report, sandbox.name)
+    assert rc == 2, output[-3000:]
+    assert name == GATE_TASK, result
+    assert "No progress for %d s (stall_timeout)" % STALL_TIMEOUT in result["msg"], result["msg"]
+    assert "Loading safetensors checkpoint shards:   0% Completed | 0/119" in result["msg"], result["msg"]
+    assert result["elapsed"] < sandbox.vars["vllm_kimi_coherence_timeout"] / 3, result["elapsed"]
+
+
+def test_a_stalled_start_is_rolled_back(sandbox, stalled_start):
+    before, after, rc, output, report = stalled_start
+    final = dict(task_results(report, sandbox.name))[FINAL_TASK]
+    assert "Rolled back: %s is back on deployment" % sandbox.name in final["msg"], final["msg"]
+    assert after["files"] == before["files"]
+    assert after["process"]["ActiveState"] == "active"
 
 
 PLANTED_RELEASE = "0123456789ab"
