@@ -383,7 +383,7 @@ def test_check_nvidia_devices(tmp_path, drop, persistence, problems, remedies, w
 
 def test_the_fake_dev_is_the_h200_hosts(tmp_path):
     dev = fake_dev(tmp_path / 'dev')
-    names = sorted(os.path.relpath(os.path.join(d, f), dev) for d, _, files in os.walk(dev) for f in files)
+    names = sorted(os.path.relpath(os.path.join(d, f), dev) for d, _dirs, files in os.walk(dev) for f in files)
     assert names == [
         'infiniband/rdma_cm',
         'nvidia-caps/nvidia-cap1',
