@@ -145,10 +145,12 @@ MATRIX_OLDER := $(filter-out $(lastword $(MATRIX_CORES)),$(MATRIX_CORES))
 
 # make test: what both lanes share is built first; then the static checks and the tests that run
 # outside the sandboxes in one lane, beside the sandbox scenarios (which wait on vLLM start-ups and
-# SSH much of the time) in the other. tools/stages.py ends with a table of each stage's wall time.
-TEST_FIRST := tools promtool vllm-venv models
+# SSH much of the time) in the other. The tiny models train at the head of the sandbox lane, beside
+# the static checks; the integration tests that need them wait on the trainer's lock.
+# tools/stages.py ends with a table of each stage's wall time.
+TEST_FIRST := tools promtool vllm-venv
 TEST_STATIC_LANE := lint sanity ecosystem units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
-TEST_SANDBOX_LANE := molecule molecule-fleet
+TEST_SANDBOX_LANE := models molecule molecule-fleet
 test: collection-link
 	$(PYTHON) tools/stages.py --first "$(TEST_FIRST)" --lane "$(TEST_STATIC_LANE)" --lane "$(TEST_SANDBOX_LANE)"
 

@@ -36,6 +36,7 @@ with --language-model-only (see the tiny-kimi section below).
 """
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -891,6 +892,18 @@ def make(out_root):
     if os.path.exists(os.path.join(target, 'DONE')):
         return target, False
     os.makedirs(out_root, exist_ok=True)
+    # make test's lanes and the tests that need the models may ask at the same time: one trains, the others
+    # wait for it and then find its models.
+    with open(os.path.join(out_root, '.lock'), 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(target, 'DONE')):
+            return target, False
+        return build(out_root, target)
+
+
+def build(out_root, target):
+    import torch
+
     work = tempfile.mkdtemp(prefix='.tmp-', dir=out_root)
     tokenizer = build_tokenizer(work)
     report = {}
