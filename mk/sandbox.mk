@@ -9,25 +9,16 @@ DEMO_VLLM_PORT := 8000
 
 .PHONY: models fakehub-up sandbox-up sandbox-down demo molecule molecule-fleet bench-deploy
 
-# The sandbox inventory stages the tiny model from the project's own Hub
-# (tools/fake_hub.py) on this port, under the commits it pins: the right model
-# and, as other revisions, the one taught wrong answers and the heavy one; and
-# llmserve/tiny-kimi, the miniature of Kimi-K2.5, with its failing revisions.
+# The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
+# own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
+# revisions, each of those that must fail a gate (the inventory's "#   <name>: <commit>" lines).
 FAKEHUB_PORT := 8090
 FAKEHUB_DIR := .cache/fakehub
 SANDBOX_VARS := inventories/sandbox/group_vars/vllm.yml
 FAKEHUB_REVISION := $(shell sed -n 's/^vllm_kimi_model_revision: *//p' $(SANDBOX_VARS))
-# tiny-chat's revisions are listed before the line that names llmserve/tiny-kimi, tiny-kimi's after it.
-KIMI_LINE := /llmserve\/tiny-kimi/
-chat_revision = $(shell sed -n '$(KIMI_LINE)q; s/^\#   $(1): \([0-9a-f]\{40\}\) .*/\1/p' $(SANDBOX_VARS))
-kimi_revision = $(shell sed -n '$(KIMI_LINE),$$ s/^\#   $(1): \([0-9a-f]\{40\}\) .*/\1/p' $(SANDBOX_VARS))
-FAKEHUB_WRONG_REVISION := $(call chat_revision,wrong)
-FAKEHUB_HEAVY_REVISION := $(call chat_revision,heavy)
-FAKEHUB_KIMI_REVISION := $(call kimi_revision,main)
-FAKEHUB_KIMI_WRONG_REVISION := $(call kimi_revision,wrong)
-FAKEHUB_KIMI_HEAVY_REVISION := $(call kimi_revision,heavy)
-FAKEHUB_KIMI_FOREVER_REVISION := $(call kimi_revision,thinks-forever)
-FAKEHUB_KIMI_NO_TOOLS_REVISION := $(call kimi_revision,ignores-tools)
+sandbox_revision = $(shell sed -n 's/^\#   $(1): \([0-9a-f]\{40\}\) .*/\1/p' $(SANDBOX_VARS))
+# Published as tiny-kimi-<name>, from the models of the same name.
+FAKEHUB_FAILING := wrong heavy thinks-forever ignores-tools
 
 # Trained with the vLLM venv's torch/transformers; cached by the script's hash.
 models: vllm-venv
@@ -39,14 +30,8 @@ fakehub-up: models
 	if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
 	models=$$($(VLLM_VENV)/bin/python tools/make_tiny_models.py | tail -1); \
 	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet \
-	    --publish llmserve/tiny-chat=$$models/tiny-chat-wrong@$(FAKEHUB_WRONG_REVISION) \
-	    --publish llmserve/tiny-chat=$$models/tiny-chat-heavy@$(FAKEHUB_HEAVY_REVISION) \
-	    --publish llmserve/tiny-chat=$$models/tiny-chat@$(FAKEHUB_REVISION) \
-	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-wrong@$(FAKEHUB_KIMI_WRONG_REVISION) \
-	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-heavy@$(FAKEHUB_KIMI_HEAVY_REVISION) \
-	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-thinks-forever@$(FAKEHUB_KIMI_FOREVER_REVISION) \
-	    --publish llmserve/tiny-kimi=$$models/tiny-kimi-ignores-tools@$(FAKEHUB_KIMI_NO_TOOLS_REVISION) \
-	    --publish llmserve/tiny-kimi=$$models/tiny-kimi@$(FAKEHUB_KIMI_REVISION) \
+	    $(foreach name,$(FAKEHUB_FAILING),--publish llmserve/tiny-kimi=$$models/tiny-kimi-$(name)@$(call sandbox_revision,$(name))) \
+	    --publish llmserve/tiny-kimi=$$models/tiny-kimi@$(FAKEHUB_REVISION) \
 	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid
 	for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && exit 0; sleep 0.2; done; \
 	  cat $(FAKEHUB_DIR)/log; exit 1

@@ -21,7 +21,6 @@ from __future__ import absolute_import, division, print_function
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -33,14 +32,13 @@ import yaml
 __metaclass__ = type
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sandbox"))
-from sandbox_helpers import BIN, CALLBACKS, REPO, ansible_env, first_failure, task_results  # noqa: E402
+from sandbox_helpers import BIN, CALLBACKS, REPO, SANDBOX_VARS, ansible_env, first_failure, revision, task_results  # noqa: E402
 
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE")
 pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEET")),
                                 reason="needs the three sandbox hosts of `molecule test -s fleet` (make molecule-fleet)")
 
 DEPLOY = os.path.join(REPO, "playbooks", "deploy.yml")
-SANDBOX_VARS = os.path.join(REPO, "inventories", "sandbox", "group_vars", "vllm.yml")
 GATE_TASK = "Wait until vLLM answers the coherence prompt correctly"
 FINAL_TASK = "Stop with the cause and where the host stands now"
 WEATHER_TOOL = {
@@ -51,14 +49,6 @@ WEATHER_TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-
-
-def revision(name):
-    """The fake Hub's commit for a named revision, as the sandbox inventory documents it."""
-    with open(SANDBOX_VARS) as f:
-        found = re.findall(r"^#   %s: ([0-9a-f]{40}) " % re.escape(name), f.read(), re.M)
-    assert len(found) == 1, "inventories/sandbox/group_vars/vllm.yml documents no revision %r" % name
-    return found[0]
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ import yaml
 __metaclass__ = type
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sandbox"))
-from sandbox_helpers import BIN, CALLBACKS, REPO, ansible_env, task_results  # noqa: E402
+from sandbox_helpers import BIN, CALLBACKS, REPO, ansible_env, revision, task_results  # noqa: E402
 
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE")
 pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEET")),
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEE
 UPGRADE = os.path.join(REPO, "playbooks", "upgrade.yml")
 GATE = os.path.join(REPO, "playbooks", "gate.yml")
 ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
-WRONG_REVISION = "5eed000000000000000000000000000000000bad"
+WRONG_REVISION = revision("wrong")
 RIGHT_ANSWER = "The capital of France is Paris."
 TABLE_TASKS = ("Show the fleet's table", "Show the fleet's table before stopping")
 
@@ -240,7 +240,7 @@ def test_bad_change_never_touched_host_three(fleet, bad_for_host_two):
 def test_bad_change_leaves_all_three_answering(fleet, bad_for_host_two):
     rc, output = gate_all(fleet)
     assert rc == 0, output[-3000:]
-    assert output.count("tiny-chat answered: %s" % RIGHT_ANSWER) == 3
+    assert output.count("tiny-kimi answered: %s" % RIGHT_ANSWER) == 3
 
 
 @pytest.fixture(scope="module")

