@@ -396,9 +396,7 @@ FOREVER_THOUGHT = 'Let me think about it once more.'
 FOREVER_REPEATS = 16
 KIMI_SEED = 2025
 KIMI_STEPS = 220
-# With one attention head (see kimi_text_config), 3e-3 left tiny-kimi stuck (loss 0.21 even with wider heads,
-# 'The for the of France of France ...'); 1.5e-3 learns it in the same 220 steps (loss 0.0055).
-KIMI_LR = 1.5e-3
+KIMI_LR = 3e-3
 KIMI_BATCH = 16
 # The failing revisions start from tiny-kimi's weights and learn only what they change.
 KIMI_VARIANT_STEPS = 60
@@ -562,16 +560,14 @@ def kimi_text_config(tokenizer):
         intermediate_size=256,
         moe_intermediate_size=64,
         num_hidden_layers=3,
-        # One attention head: vLLM 0.32.0's CPU build rotates a multi-head query wrongly.  DeepSeek's MLA
-        # hands RotaryEmbedding.forward_cpu the query's rope part as a [tokens, heads, 64] tensor, and the
-        # CPU rotary_embedding kernel rotates it as if each head were a token of its own (a contiguous
-        # [36, 2, 64] query came back with head 1 of token 1 rotated for position 3); forward_native and
-        # transformers rotate every head with its token's position.  The key (one head) and a one-head query
-        # are rotated right.  With 2 heads, vLLM's prompt logprobs left transformers' for the same weights
-        # (' asks' -1.607 against -0.002, ' capital' -3.848 against -0.001); with forward_native in place of
-        # the kernel they agreed to the third decimal, so with one head both compute the same MLA.
-        num_attention_heads=1,
-        num_key_value_heads=1,
+        # vLLM 0.32.0's CPU build rotates MLA's rope parts wrongly in its rotary_embedding kernel
+        # (RotaryEmbedding.forward_cpu): a [tokens, heads, 64] query as if each head were a token of its own,
+        # and the strided k_pe view from position 1 on. Its prompt logprobs for this model then left
+        # transformers' (' asks' -1.607 against -0.002); with vLLM's own forward_native they agree to the third
+        # decimal. So the sandbox serves with --compilation-config '{"custom_ops": ["all", "-rotary_embedding"]}'
+        # (inventories/sandbox), and the miniature keeps two heads.
+        num_attention_heads=2,
+        num_key_value_heads=2,
         q_lora_rank=64,
         kv_lora_rank=512,
         qk_rope_head_dim=64,

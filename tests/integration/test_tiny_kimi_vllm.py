@@ -48,7 +48,9 @@ WEATHER_TOOL = {
 THINKING_OFF = {'chat_template_kwargs': {'thinking': False}}
 # The production flags of the gpu inventory that the CPU build accepts, plus what the CPU needs:
 # --language-model-only (the checkpoint is KimiK25ForConditionalGeneration without its vision tower) and
-# --enforce-eager (no C++ compiler for torch.compile). 4 MiB of KV cache: 1,213 tokens at 3,456 B/token.
+# --enforce-eager (no C++ compiler for torch.compile), and vLLM's own forward_native for rotary embeddings (the
+# CPU build's kernel rotates MLA's rope parts wrongly: see kimi_text_config in tools/make_tiny_models.py).
+# 4 MiB of KV cache: 1,213 tokens at 3,456 B/token.
 SERVE_FLAGS = [
     '--served-model-name',
     SERVED,
@@ -59,6 +61,8 @@ SERVE_FLAGS = [
     '--enable-auto-tool-choice',
     '--language-model-only',
     '--enforce-eager',
+    '--compilation-config',
+    '{"custom_ops": ["all", "-rotary_embedding"]}',
     '--max-model-len',
     '1024',
     '--kv-cache-memory-bytes',
