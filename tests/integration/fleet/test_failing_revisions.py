@@ -32,7 +32,8 @@ import yaml
 __metaclass__ = type
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sandbox"))
-from sandbox_helpers import BIN, CALLBACKS, REPO, SANDBOX_VARS, ansible_env, first_failure, revision, task_results  # noqa: E402
+from sandbox_helpers import (  # noqa: E402
+    BIN, CALLBACKS, REPO, SANDBOX_VARS, WEATHER_TOOL, ansible_env, first_failure, revision, task_results)
 
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE")
 pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEET")),
@@ -41,14 +42,6 @@ pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEE
 DEPLOY = os.path.join(REPO, "playbooks", "deploy.yml")
 GATE_TASK = "Wait until vLLM answers the coherence prompt correctly"
 FINAL_TASK = "Stop with the cause and where the host stands now"
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 @pytest.fixture(scope="module")

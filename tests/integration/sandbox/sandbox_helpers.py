@@ -20,6 +20,15 @@ __metaclass__ = type
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BIN = os.path.join(REPO, ".venv", "bin")
 SANDBOX_VARS = os.path.join(REPO, "inventories", "sandbox", "group_vars", "vllm.yml")
+# The tool the role's tool gate offers by default (vllm_kimi_tool_gate), as a client's agent would.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def revision(name):

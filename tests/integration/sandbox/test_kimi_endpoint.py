@@ -19,17 +19,10 @@ import json
 
 import openai
 import pytest
+from sandbox_helpers import WEATHER_TOOL
 
 __metaclass__ = type
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 THINKING_OFF = {"chat_template_kwargs": {"thinking": False}}
 
 
