@@ -19,6 +19,13 @@ __metaclass__ = type
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BIN = os.path.join(REPO, ".venv", "bin")
+PLAYBOOK = os.path.join(REPO, "playbooks", "deploy.yml")
+CALLBACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "callback_plugins")
+ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
+INVENTORY = os.environ.get("LLMSERVE_SANDBOX_INVENTORY") or os.environ.get("MOLECULE_INVENTORY_FILE")
+# testinfra's ansible backend runs ansible and ansible-inventory from PATH.
+if BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
 SANDBOX_VARS = os.path.join(REPO, "inventories", "sandbox", "group_vars", "vllm.yml")
 # The tool the role's tool gate offers by default (vllm_kimi_tool_gate), as a client's agent would.
 WEATHER_TOOL = {
@@ -37,13 +44,6 @@ def revision(name):
         found = re.findall(r"^#   %s: ([0-9a-f]{40}) " % re.escape(name), f.read(), re.M)
     assert len(found) == 1, "inventories/sandbox/group_vars/vllm.yml documents no single revision %r" % name
     return found[0]
-PLAYBOOK = os.path.join(REPO, "playbooks", "deploy.yml")
-CALLBACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "callback_plugins")
-ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
-INVENTORY = os.environ.get("LLMSERVE_SANDBOX_INVENTORY") or os.environ.get("MOLECULE_INVENTORY_FILE")
-# testinfra's ansible backend runs ansible and ansible-inventory from PATH.
-if BIN not in os.environ.get("PATH", "").split(os.pathsep):
-    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
 
 
 def ansible_env(**extra):
