@@ -27,6 +27,13 @@ FIXTURES = os.path.join(REPO, 'tests', 'fixtures')
 # The directory that holds ansible_collections/, wherever this checkout is linked from.
 COLLECTIONS_PATH = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(collection.__path__[0]))))
 
+# What json says of '{"a": 1,}': Python 3.13 names the trailing comma, where earlier versions expected another key.
+TRAILING_COMMA_ERROR = (
+    'Illegal trailing comma before end of object: line 1 column 8 (char 7)'
+    if sys.version_info >= (3, 13)
+    else 'Expecting property name enclosed in double quotes: line 1 column 9 (char 8)'
+)
+
 
 def fixture_path(*parts):
     """The path of a recorded file under tests/fixtures."""

@@ -26,6 +26,7 @@ import time
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
+from ansible_collections.llmserve.vllm.tests.support import TRAILING_COMMA_ERROR
 
 MODULE = 'kv_cache_quant'
 RECORD = '.llmserve-kv-cache-quant.json'
@@ -217,7 +218,7 @@ CASES = [
         'config invalid JSON',
         files(config='{"a": 1,}'),
         {},
-        'config.json in {ck} is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 9 (char 8)',
+        'config.json in {ck} is not valid JSON: ' + TRAILING_COMMA_ERROR,
     ),
     (
         'hf_quant truncated',

@@ -5,19 +5,11 @@
 
 import json
 import os
-import sys
 
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant as kvq
-from ansible_collections.llmserve.vllm.tests.support import recorded
-
-# What json says of '{"a": 1,}': Python 3.13 names the trailing comma, where earlier versions expected another key.
-TRAILING_COMMA_ERROR = (
-    'Illegal trailing comma before end of object: line 1 column 8 (char 7)'
-    if sys.version_info >= (3, 13)
-    else 'Expecting property name enclosed in double quotes: line 1 column 9 (char 8)'
-)
+from ansible_collections.llmserve.vllm.tests.support import TRAILING_COMMA_ERROR, recorded
 
 FP8_SCHEME = '{"dynamic": false, "num_bits": 8, "type": "float"}'
 CT_SCHEME = '{"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false, "symmetric": true}'
