@@ -223,7 +223,7 @@ def cluster(tmp_path):
 ASK = r'''
 import json, sys, urllib.request
 request = urllib.request.Request(
-    sys.argv[1], data=json.dumps({"model": "tiny-chat", "temperature": 0, "max_tokens": 32,
+    sys.argv[1], data=json.dumps({"model": "tiny-kimi", "temperature": 0, "max_tokens": 64,
                                   "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode(),
     headers={"Content-Type": "application/json", "Authorization": "Bearer " + sys.argv[2]})
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -259,7 +259,7 @@ def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_pa
     models = subprocess.run([VLLM_PYTHON, os.path.join(REPO, 'tools', 'make_tiny_models.py'),
                              '--out', os.path.join(REPO, '.cache', 'models')],
                             cwd=REPO, stdout=subprocess.PIPE, check=True, timeout=600)
-    model_dir = os.path.join(models.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-chat')
+    model_dir = os.path.join(models.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-kimi')
     rendered = render_cluster(tmp_path, model_dir)
     head_node, worker_node = NODES
 
