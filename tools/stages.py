@@ -9,6 +9,9 @@ goes to .build/stages/<stage>.log and is printed whole once the stage ends, so t
 side by side do not interleave their lines. Every stage runs even when an earlier one failed (one
 CI run then names every failure); the exit status is 1 if any stage failed. The table is printed
 last, and also when the run is interrupted.
+
+--pin LANE:CPUS runs that lane's makes under `taskset -c CPUS` (LANE counts from 1), so that what it
+runs cannot take the cores another lane's measurements rely on.
 """
 
 import argparse
@@ -22,9 +25,10 @@ LOG_DIR = os.path.join('.build', 'stages')
 
 
 class Stage:
-    def __init__(self, lane: int, target: str):
+    def __init__(self, lane: int, target: str, cpus: str = ''):
         self.lane = lane
         self.target = target
+        self.cpus = cpus
         self.started = None  # type: float | None
         self.ended = None  # type: float | None
         self.returncode = None  # type: int | None
@@ -51,8 +55,11 @@ PRINT_LOCK = threading.Lock()
 
 def run_stage(stage: Stage, make: list) -> None:
     stage.started = time.time()
+    pinned = ['taskset', '-c', stage.cpus] if stage.cpus else []
     with open(stage.log_path, 'wb') as log:
-        proc = subprocess.run(make + [stage.target], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            pinned + make + [stage.target], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
     stage.returncode = proc.returncode
     stage.ended = time.time()
     with PRINT_LOCK, open(stage.log_path, 'rb') as log:
@@ -98,11 +105,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--first', default='', help='make targets run one after the other before the lanes')
     parser.add_argument('--lane', action='append', required=True, help='make targets run one after the other')
+    parser.add_argument('--pin', action='append', default=[], help='LANE:CPUS, that lane under taskset -c CPUS')
     parser.add_argument('--make', default=os.environ.get('MAKE', 'make'), help='the make program')
     args = parser.parse_args(argv)
     os.makedirs(LOG_DIR, exist_ok=True)
+    pins = dict(pin.split(':', 1) for pin in args.pin)
     first = [Stage(-1, target) for target in args.first.split()]
-    lanes = [[Stage(i, target) for target in lane.split()] for i, lane in enumerate(args.lane)]
+    lanes = [
+        [Stage(i, target, pins.get(str(i + 1), '')) for target in lane.split()] for i, lane in enumerate(args.lane)
+    ]
     stages = first + [stage for lane in lanes for stage in lane]
     make = [args.make, '--no-print-directory']
     started = time.time()
