@@ -33,7 +33,8 @@ __metaclass__ = type
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sandbox"))
 from sandbox_helpers import (  # noqa: E402
-    BIN, CALLBACKS, REPO, SANDBOX_VARS, WEATHER_TOOL, ansible_env, first_failure, revision, task_results)
+    BIN, CALLBACKS, REPO, ROLE_DEFAULTS, SANDBOX_VARS, WEATHER_TOOL, ansible_env, first_failure, revision,
+    task_results)
 
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE")
 pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEET")),
@@ -49,8 +50,11 @@ def fleet():
     listing = json.loads(subprocess.check_output([os.path.join(BIN, "ansible-inventory"), "-i", INVENTORY, "--list"],
                                                  env=ansible_env()))
     hosts = sorted(listing["vllm"]["hosts"])
-    with open(SANDBOX_VARS) as f:
+    # The role's defaults, then the sandbox inventory's settings over them.
+    with open(ROLE_DEFAULTS) as f:
         settings = yaml.safe_load(f)
+    with open(SANDBOX_VARS) as f:
+        settings.update(yaml.safe_load(f))
     return hosts, {host: listing["_meta"]["hostvars"][host]["vllm_kimi_port"] for host in hosts}, settings
 
 
