@@ -221,7 +221,7 @@ def test_bad_change_stops_at_host_two_after_its_rollback(fleet, bad_for_host_two
     rc, output, report, watch, unit_of_host_three = bad_for_host_two
     assert rc == 2, output[-3000:]
     rows = table(report)
-    assert rows[hosts[0]][2] == "changed" and rows[hosts[0]][0] != rows[hosts[0]][1]
+    assert rows[hosts[0]][2] == "changed" and rows[hosts[0]][0] != rows[hosts[0]][1], (rows, output[-4000:])
     assert rows[hosts[1]] == (rows[hosts[1]][0], rows[hosts[1]][0], "rolled back")
     assert rows[hosts[2]] == ("-", "-", "untouched")
     stop = [r for n, r in task_results(report, hosts[1]) if n == "Stop the change for the whole fleet"][0]
