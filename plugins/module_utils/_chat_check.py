@@ -114,6 +114,7 @@ UNIT_PROPERTIES = (
     'NRestarts',
     'ExecMainStatus',
     'ExecMainStartTimestampMonotonic',
+    'InvocationID',
 )
 
 # Lines of a unit's journal that explain why vLLM did not come up.
@@ -720,7 +721,8 @@ class ChatCheck:
     Unreachable, or TooLarge for a body of more than limit bytes.
     probe_unit(timeout) -> dict of unit properties (only when unit is set),
     raising CheckFailed when systemd does not answer within timeout seconds.
-    read_journal(since=None, lines=None) -> text of the unit's journal.
+    read_journal(since=None, lines=None, invocation=None) -> text of the unit's journal (from since, epoch
+    seconds; its last lines only; only the run with that systemd invocation ID).
     clock() -> seconds on CLOCK_MONOTONIC (time.monotonic on Linux, the clock of
     systemd's *TimestampMonotonic properties): deadlines and durations;
     epoch() -> seconds since 1970, only to tell journalctl where to start;
@@ -838,12 +840,19 @@ class ChatCheck:
             return None
         return int(self.epoch() - (self.clock() - started / 1e6))
 
-    def _progress(self) -> list[str]:
-        """Progress of the unit's current run: its journal since its main process started."""
+    def _current_run(self) -> dict[str, Any]:
+        """How to read the journal of the unit's current run: by its invocation ID, which every line of the run
+        carries, else by time from its main process's start (a second's resolution, and the previous run's
+        last lines may share that second)."""
+        invocation = self.unit_state.get('InvocationID', '')
+        if re.match(r'^[0-9a-f]{32}$', invocation):
+            return {'invocation': invocation}
         since = self._main_start_epoch()
-        if since is None:
-            since = int(self.start_epoch)
-        return progress_lines(self._journal(since=since))
+        return {'since': since if since is not None else int(self.start_epoch)}
+
+    def _progress(self) -> list[str]:
+        """Progress of the unit's current run."""
+        return progress_lines(self._journal(**self._current_run()))
 
     def _fail(self, msg: str, explain: bool = False) -> NoReturn:
         details = self._details()
@@ -885,8 +894,7 @@ class ChatCheck:
         if now - self.stall_read_at < STALL_READ_SECONDS:
             return
         self.stall_read_at = now
-        since = self._main_start_epoch()
-        tail = self._journal(since=since if since is not None else int(self.start_epoch), lines=STALL_TAIL_LINES)
+        tail = self._journal(lines=STALL_TAIL_LINES, **self._current_run())
         if tail and tail != self.stall_tail:
             self.stall_tail = tail
             self.progress_at = now

@@ -236,8 +236,9 @@ options:
   stall_timeout:
     description:
       - With O(unit), seconds a start may go without progress before the wait fails, instead of waiting out
-        O(timeout). Progress is a new line in the journal of the unit's current run (read every 10 seconds) or a
-        200 from C(/health) or C(/v1/models). The failure message quotes the last 5 journal lines.
+        O(timeout). Progress is a new line in the journal of the unit's current run (read every 10 seconds, by
+        the run's C(InvocationID), so the previous run's last lines never count) or a 200 from C(/health) or
+        C(/v1/models). The failure message quotes the run's last 5 journal lines.
       - vLLM logs each checkpoint shard it loads and each phase of its start, so a healthy load of hundreds of
         gigabytes keeps writing lines; the value must exceed its longest silent phase (compilation or kernel
         autotuning on a first start).
@@ -552,8 +553,13 @@ def journal_reader(module, unit, api_key):
     if journalctl is None:
         return None
 
-    def read(since=None, lines=None):
-        cmd = [journalctl, '--unit', unit, '--output', 'cat', '--no-pager', '--quiet']
+    def read(since=None, lines=None, invocation=None):
+        cmd = [journalctl, '--output', 'cat', '--no-pager', '--quiet']
+        if invocation is not None:
+            # One run of the unit: its processes' lines, and systemd's about it.
+            cmd += ['_SYSTEMD_INVOCATION_ID=%s' % invocation, '+', 'INVOCATION_ID=%s' % invocation]
+        else:
+            cmd += ['--unit', unit]
         if since is not None:
             cmd += ['--since', '@%d' % since]
         if lines is not None:

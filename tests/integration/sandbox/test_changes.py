@@ -206,7 +206,8 @@ def test_a_stalled_start_fails_the_gate_early_quoting_its_last_line(sandbox, sta
     assert rc == 2, output[-3000:]
     assert name == GATE_TASK, result
     assert re.search(r"^No progress for %d(\.\d)? s \(stall_timeout\)" % STALL_TIMEOUT, result["msg"]), result["msg"]
-    assert "Loading safetensors checkpoint shards:   0% Completed | 0/119" in result["msg"], result["msg"]
+    assert "Loading safetensors checkpoint shards:   0% Completed | 0/119" in result["msg"], (
+        result["msg"], sandbox.journal(60))
     assert result["elapsed"] < sandbox.vars["vllm_kimi_coherence_timeout"] / 3, result["elapsed"]
 
 

@@ -617,8 +617,8 @@ class World:
             raise answer
         return answer
 
-    def read_journal(self, since=None, lines=None):
-        self.journal_calls.append({'since': since, 'lines': lines})
+    def read_journal(self, since=None, lines=None, invocation=None):
+        self.journal_calls.append({'since': since, 'lines': lines, 'invocation': invocation})
         return self.journal
 
     def check(self, **kwargs):
@@ -929,9 +929,15 @@ def test_a_chat_request_that_gets_no_answer_goes_back_to_health():
 # ---------------------------------------------------------------- the wait, watching a unit
 
 
-def running(restarts=0, started_s=990):
+INVOCATION = '7b2dddf00c534a18812d8b05496c09db'
+RESTARTED = '0f1e2d3c4b5a69788796a5b4c3d2e1f0'
+
+
+def running(restarts=0, started_s=990, invocation=INVOCATION):
     state = unit('active', 'running', restarts)
     state['ExecMainStartTimestampMonotonic'] = str(started_s * 1000000)
+    if invocation is not None:
+        state['InvocationID'] = invocation
     return state
 
 
@@ -950,7 +956,10 @@ def test_a_failed_unit_fails_at_once_with_its_journal():
     assert err.value.details['restarts'] == 0
     assert world.calls == []
     # The run that failed began before the wait: the journal is read from its start.
-    assert world.journal_calls == [{'since': EPOCH + 950, 'lines': None}, {'since': EPOCH + 950, 'lines': 2000}]
+    assert world.journal_calls == [
+        {'since': EPOCH + 950, 'lines': None, 'invocation': None},
+        {'since': EPOCH + 950, 'lines': 2000, 'invocation': None},
+    ]
 
 
 def test_a_restart_loop_fails_before_the_timeout():
@@ -977,7 +986,7 @@ def test_a_restart_loop_fails_before_the_timeout():
 def test_one_restart_is_tolerated_and_progress_is_returned():
     world = World(
         health=[REFUSED, REFUSED, (200, '')],
-        units=[running(0), unit('activating', 'auto-restart', 1, 'signal', 9), running(1, 1003)],
+        units=[running(0), unit('activating', 'auto-restart', 1, 'signal', 9), running(1, 1003, RESTARTED)],
         journal=fixture('vllm-started.log'),
     )
     result = world.check().run()
@@ -986,8 +995,8 @@ def test_one_restart_is_tolerated_and_progress_is_returned():
     assert result['unit_state']['NRestarts'] == '1'
     assert result['progress'][-1] == 'INFO:     Application startup complete.'
     assert len(result['progress']) == 5
-    # Progress is read from the start of the unit's current main process.
-    assert world.journal_calls == [{'since': EPOCH + 1003, 'lines': None}]
+    # Progress is the unit's current run's: the restarted one's invocation.
+    assert world.journal_calls == [{'since': None, 'lines': None, 'invocation': RESTARTED}]
 
 
 def test_an_inactive_unit_fails_at_once():
@@ -1074,8 +1083,8 @@ SHARD_0 = (
 def growing_journal(world, every, lines_before=()):
     """A journal reader whose unit logs a shard-progress line every `every` seconds of the world's clock."""
 
-    def read(since=None, lines=None):
-        world.journal_calls.append({'since': since, 'lines': lines})
+    def read(since=None, lines=None, invocation=None):
+        world.journal_calls.append({'since': since, 'lines': lines, 'invocation': invocation})
         done = int((world.now - 1000.0) // every) if every else 0
         text = list(lines_before) + [
             'Loading safetensors checkpoint shards: %3d%% Completed | %d/119' % (n * 100 // 119, n) for n in range(done)
@@ -1097,9 +1106,33 @@ def test_a_start_that_stalls_after_one_line_fails_early_quoting_it():
     )
     assert err.value.details['journal'] == [SHARD_0]
     assert err.value.details['elapsed'] == 910
-    # The current run's journal, from its main process's start, its last lines only.
-    assert world.journal_calls[0] == {'since': EPOCH + 990, 'lines': 5}
+    # The current run's journal (its invocation's lines), its last lines only.
+    assert world.journal_calls[0] == {'since': None, 'lines': 5, 'invocation': INVOCATION}
     assert len([c for c in world.journal_calls if c['lines'] == 5]) == 91
+
+
+def test_the_stall_check_never_counts_the_previous_runs_last_lines():
+    # The restart's old run logged its shutdown in the same second as the new run's start: by time, its lines are
+    # the current run's; by invocation they are not, and the new run's one line is what a stall quotes.
+    shutdown = ['Stopping vllm.service...', '(EngineCore pid=6472) INFO [core.py:1499] [shutdown] exiting busy loop']
+
+    def read(since=None, lines=None, invocation=None):
+        world.journal_calls.append({'since': since, 'lines': lines, 'invocation': invocation})
+        text = [SHARD_0] if invocation == INVOCATION else shutdown + [SHARD_0]
+        return '\n'.join(text[-lines:] if lines else text) + '\n'
+
+    world = World(health=[REFUSED], units=[running(0, 990)])
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=3600, stall_timeout=900, read_journal=read).run()
+    assert err.value.details['journal'] == [SHARD_0]
+    assert {c['invocation'] for c in world.journal_calls} == {INVOCATION}
+
+
+def test_without_an_invocation_id_the_stall_check_reads_from_the_main_process_start():
+    world = World(health=[REFUSED], units=[running(0, 990, invocation=None)])
+    with pytest.raises(CheckFailed):
+        world.check(timeout=3600, stall_timeout=900, read_journal=growing_journal(world, 0, [SHARD_0])).run()
+    assert world.journal_calls[0] == {'since': EPOCH + 990, 'lines': 5, 'invocation': None}
 
 
 def test_a_long_load_that_logs_its_shards_is_not_a_stall():

@@ -464,14 +464,14 @@ def test_a_unit_that_fails_while_loading_fails_the_wait_at_once(tmp_path, module
         lines(bin_dir / 'systemctl.args')
         == [
             'show --property LoadState,ActiveState,SubState,Result,NRestarts,ExecMainStatus,'
-            'ExecMainStartTimestampMonotonic -- vllm.service'
+            'ExecMainStartTimestampMonotonic,InvocationID -- vllm.service'
         ]
         * 3
     )
     journal_args = lines(bin_dir / 'journalctl.args')
     assert len(journal_args) == 2
-    assert journal_args[0].startswith('--unit vllm.service --output cat --no-pager --quiet --since @')
-    assert journal_args[1] == '--unit vllm.service --output cat --no-pager --quiet --lines 2000'
+    assert journal_args[0].startswith('--output cat --no-pager --quiet --unit vllm.service --since @')
+    assert journal_args[1] == '--output cat --no-pager --quiet --unit vllm.service --lines 2000'
 
 
 def test_a_restart_loop_fails_the_wait_at_once(tmp_path, module_result, free_port):
