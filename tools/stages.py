@@ -5,8 +5,8 @@
 
 The --first stages run one after the other before any lane starts: what the lanes share is built
 once, not by two makes at the same time. Each lane runs its stages one after the other; the lanes run at the same time. A stage's output
-goes to .build/stages/<stage>.log and is printed whole once the stage ends, so that lanes running
-side by side do not interleave their lines. Every stage runs even when an earlier one failed (one
+goes to .build/stages/<stage>.log, each line prefixed with the minutes since the stage began, and is
+printed whole once the stage ends, so that lanes running side by side do not interleave their lines. Every stage runs even when an earlier one failed (one
 CI run then names every failure); the exit status is 1 if any stage failed. The table is printed
 last, and also when the run is interrupted.
 
@@ -57,10 +57,13 @@ def run_stage(stage: Stage, make: list) -> None:
     stage.started = time.time()
     pinned = ['taskset', '-c', stage.cpus] if stage.cpus else []
     with open(stage.log_path, 'wb') as log:
-        proc = subprocess.run(
-            pinned + make + [stage.target], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        proc = subprocess.Popen(
+            pinned + make + [stage.target], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
-    stage.returncode = proc.returncode
+        # Each line carries the minutes since its stage began: the log shows where a stage's time went.
+        for line in proc.stdout:
+            log.write(b'[+%s] ' % minutes(time.time() - stage.started).encode() + line)
+        stage.returncode = proc.wait()
     stage.ended = time.time()
     with PRINT_LOCK, open(stage.log_path, 'rb') as log:
         sys.stdout.write(

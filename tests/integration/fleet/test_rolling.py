@@ -4,8 +4,12 @@
 """Rolling changes across three replica sandbox hosts (molecule scenario `fleet`), real vLLM and the real role.
 
 While each playbooks/upgrade.yml run goes on, a watcher asks every replica the
-coherence question four times a second and reads the load balancer's endpoints
+coherence question every two seconds and reads the load balancer's endpoints
 file (the drain/undrain examples keep it), so the tests see what clients saw.
+A restart keeps a replica down for half a minute or more, so each is seen many
+times. Not more often: vLLM's engine spins on its message queue for a second
+after each request, and replicas asked without pause would keep both cores busy
+while the replica being changed loads.
 
 1. A capacity floor: with one replica down, a change is refused before any host
    goes down, naming the replica that does not answer.
@@ -46,6 +50,7 @@ GATE = os.path.join(REPO, "playbooks", "gate.yml")
 ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
 WRONG_REVISION = revision("wrong")
 RIGHT_ANSWER = "The capital of France is Paris."
+SAMPLE_SECONDS = 2.0
 TABLE_TASKS = ("Show the fleet's table", "Show the fleet's table before stopping")
 
 
@@ -72,7 +77,7 @@ def endpoints_file(fleet):
 
 
 class Watch(threading.Thread):
-    """Samples (time, {host: answered coherently}, endpoints in the file) four times a second."""
+    """Samples (time, {host: answered coherently}, endpoints in the file) every SAMPLE_SECONDS."""
 
     def __init__(self, fleet, endpoints_file):
         super(Watch, self).__init__(daemon=True)
@@ -98,7 +103,7 @@ class Watch(threading.Thread):
             with open(self.endpoints_file) as f:
                 listed = set(f.read().split())
             self.samples.append((time.time(), up, listed))
-            time.sleep(0.25)
+            self.stop.wait(SAMPLE_SECONDS)
 
     def __enter__(self):
         self.start()
