@@ -143,21 +143,23 @@ matrix-%: .build/matrix/%/.installed collection-link promtool
 # integration already run: make test adds only the older releases.
 MATRIX_OLDER := $(filter-out $(lastword $(MATRIX_CORES)),$(MATRIX_CORES))
 
-# make test: what both lanes share is built first; then the static checks and the tests that run
-# outside the sandboxes in one lane, beside the sandbox scenarios (which wait on vLLM start-ups and
-# SSH much of the time) in the other. The tiny models train at the head of the sandbox lane, beside
-# the static checks; the integration tests that need them wait on the trainer's lock.
+# make test: what the lanes share is built first; then the static checks and the tests that run
+# outside the sandboxes in one lane, the tiny models' training in another, and the sandbox scenarios
+# (which wait on vLLM start-ups and SSH much of the time) in the third: the default scenario's sandbox
+# is created and prepared while the models train, and whatever needs the models (the scenarios'
+# fake Hub, the integration tests) waits on the trainer's lock.
 # tools/stages.py ends with a table of each stage's wall time.
 TEST_FIRST := tools promtool vllm-venv
 TEST_STATIC_LANE := lint sanity ecosystem units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
-TEST_SANDBOX_LANE := models molecule molecule-fleet
+TEST_MODELS_LANE := models
+TEST_SANDBOX_LANE := molecule-create molecule-test molecule-fleet
 # The static lane keeps to the last core: the default scenario's vLLM runs on the first (vLLM's CPU build
 # binds its engine there; the sandbox host's unit pins the rest of it), where the performance gate's figures
 # would otherwise move with what the other lane runs.
 TEST_STATIC_LANE_CPUS := $(shell echo $$(( $$(nproc) - 1 )))
 test: collection-link
-	$(PYTHON) tools/stages.py --first "$(TEST_FIRST)" --lane "$(TEST_STATIC_LANE)" --lane "$(TEST_SANDBOX_LANE)" \
-	  --pin 1:$(TEST_STATIC_LANE_CPUS)
+	$(PYTHON) tools/stages.py --first "$(TEST_FIRST)" --lane "$(TEST_STATIC_LANE)" --lane "$(TEST_MODELS_LANE)" \
+	  --lane "$(TEST_SANDBOX_LANE)" --pin 1:$(TEST_STATIC_LANE_CPUS)
 
 build: tools
 	$(BIN)/ansible-galaxy collection build --force --output-path .build

@@ -7,7 +7,7 @@ DEMO_SANDBOX := sandbox
 DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 
-.PHONY: models fakehub-up sandbox-up sandbox-down demo molecule molecule-fleet bench-deploy
+.PHONY: models fakehub-up sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
 
 # The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
 # own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
@@ -51,9 +51,19 @@ demo: tools sandbox-up
 	$(BIN)/ansible-playbook -i inventories/sandbox playbooks/deploy.yml
 	$(BIN)/ansible-playbook -i inventories/sandbox playbooks/gate.yml
 
-# create -> converge -> idempotence -> verify (testinfra + the fault scenarios
-# of tests/integration/sandbox) -> destroy, on a sandbox of its own.
-molecule: tools models fakehub-up
+# The default scenario in two parts: create -> prepare (a fresh sandbox and its Prometheus, no model
+# needed, so make test runs it beside the models' training), then check -> converge -> idempotence ->
+# verify (testinfra + the fault scenarios of tests/integration/sandbox) -> destroy on that sandbox
+# (molecule skips the create and prepare it already did).
+molecule: molecule-create
+	$(MAKE) --no-print-directory molecule-test
+
+# molecule's create runs prepare too.
+molecule-create: tools
+	$(BIN)/molecule destroy
+	$(BIN)/molecule create
+
+molecule-test: tools models fakehub-up
 	$(BIN)/molecule test
 
 # Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a

@@ -4,7 +4,7 @@
 """Rolling changes across three replica sandbox hosts (molecule scenario `fleet`), real vLLM and the real role.
 
 While each playbooks/upgrade.yml run goes on, a watcher asks every replica the
-coherence question every two seconds and reads the load balancer's endpoints
+coherence question every five seconds and reads the load balancer's endpoints
 file (the drain/undrain examples keep it), so the tests see what clients saw.
 A restart keeps a replica down for half a minute or more, so each is seen many
 times. Not more often: vLLM's engine spins on its message queue for a second
@@ -50,7 +50,7 @@ GATE = os.path.join(REPO, "playbooks", "gate.yml")
 ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
 WRONG_REVISION = revision("wrong")
 RIGHT_ANSWER = "The capital of France is Paris."
-SAMPLE_SECONDS = 2.0
+SAMPLE_SECONDS = 5.0
 TABLE_TASKS = ("Show the fleet's table", "Show the fleet's table before stopping")
 
 

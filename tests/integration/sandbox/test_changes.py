@@ -4,14 +4,15 @@
 """Changes to a running deployment on the sandbox host, with the real vLLM (CPU build) and the real role.
 
 1. A venv spec pip cannot install: the play fails while building the release
-   beside the running one; the service is never restarted and still restarts
-   onto its own release afterwards.
+   beside the running one; the service is never restarted.
 2. Another model revision that answers wrongly, fetched from the (fake) Hub
    and verified: the gate fails, the role rolls the host back
    to the last good deployment by itself, and the play's message says both.
    A rerun with the good settings then changes nothing.
 3. An argument vLLM rejects: the unit crashes at start, the gate fails from the
-   journal long before its timeout, the host is rolled back. An engine that hangs
+   journal long before its timeout, the host is rolled back. A plain restart then
+   comes back coherent: none of the three failed changes so far removed anything
+   the unit uses (one restart for the three, as a removal would stay). An engine that hangs
    after its first line fails the gate once it made no progress for
    vllm_kimi_stall_timeout, quoting that line, and is rolled back too.
 4. A good change: recorded as the new last good deployment, the previous one
@@ -105,10 +106,6 @@ def test_bad_spec_never_restarted_the_service_nor_left_a_release(sandbox, bad_sp
     assert restarts == []
 
 
-def test_bad_spec_restart_afterwards_still_answers(sandbox, bad_spec):
-    assert_restart_answers(sandbox)
-
-
 @pytest.fixture(scope="module")
 def wrong_model(sandbox):
     before = served(sandbox)
@@ -152,10 +149,6 @@ def test_wrong_model_rerun_with_the_good_settings_changes_nothing(sandbox, wrong
     assert GATE_TASK not in [n for n, r in task_results(report, sandbox.name)]
 
 
-def test_wrong_model_restart_afterwards_still_answers(sandbox, wrong_model):
-    assert_restart_answers(sandbox)
-
-
 @pytest.fixture(scope="module")
 def rejected_argument(sandbox):
     before = served(sandbox)
@@ -189,7 +182,7 @@ STALLING_ENGINE = [
     "import sys, time; print('Loading safetensors checkpoint shards:   0% Completed | 0/119', file=sys.stderr, "
     "flush=True); time.sleep(10 ** 6)",
 ]
-STALL_TIMEOUT = 30
+STALL_TIMEOUT = 20
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +198,9 @@ def test_a_stalled_start_fails_the_gate_early_quoting_its_last_line(sandbox, sta
     name, result = first_failure(report, sandbox.name)
     assert rc == 2, output[-3000:]
     assert name == GATE_TASK, result
-    assert re.search(r"^No progress for %d(\.\d)? s \(stall_timeout\)" % STALL_TIMEOUT, result["msg"]), result["msg"]
+    # The journal is read every 10 s: the stall is noticed within one read of stall_timeout.
+    silent = re.search(r"^No progress for ([0-9.]+) s \(stall_timeout\)", result["msg"])
+    assert silent and STALL_TIMEOUT <= float(silent.group(1)) < STALL_TIMEOUT + 15, result["msg"]
     assert "Loading safetensors checkpoint shards:   0% Completed | 0/119" in result["msg"], (
         result["msg"], sandbox.journal(60))
     assert result["elapsed"] < sandbox.vars["vllm_kimi_coherence_timeout"] / 3, result["elapsed"]

@@ -34,7 +34,7 @@ FINAL_TASK = "Stop with the cause and where the host stands now"
 DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
 ALERTS = {"LlmserveGateFailed", "LlmservePerfGateFailed", "LlmserveRolledBack", "VllmServiceRestarting",
           "VllmKvCacheNearlyFull", "VllmTimeToFirstTokenHigh"}
-# The heavy revision of the staged repository (inventories/sandbox): same answers, about four times the work.
+# The heavy revision of the staged repository (inventories/sandbox): same answers, several times the work.
 HEAVY_REVISION = revision("heavy")
 HARMLESS = json.dumps({"vllm_kimi_service_settings": {"Nice": "1"}})
 
