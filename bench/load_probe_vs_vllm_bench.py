@@ -3,8 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Does llmserve.vllm.load_probe tell the server's truth? (make bench-load-probe)
 
-Serves the tests' tiny chat model with the CPU build of vLLM on 127.0.0.1 (as bench/perf_gate_figures.py does)
-and measures it, alternately in one run, ROUNDS times each (default 5; the machine may be shared, hence the medians):
+Serves the sandbox's miniature with the CPU build of vLLM on 127.0.0.1 as the sandbox serves it (tiny-kimi, `vllm
+serve` with the sandbox's flags: bench/served_vllm.py), every vLLM process on the cores of --server-cpus and both
+clients on those of --client-cpus, so that neither client takes CPU from the server it measures; and measures it,
+alternately in one run, ROUNDS times each (default 5; the machine may be shared, hence the medians):
 
 - load_probe, run through `ansible localhost` as the role runs it: CONCURRENCY clients for DURATION seconds,
   max_tokens OUTPUT, ignore_eos, its default prompt;
@@ -32,16 +34,14 @@ ANSIBLE_COLLECTIONS_PATH set (the Makefile does both), after `make models`.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VLLM_BIN = os.path.join(REPO, '.venv-vllm', 'bin')
+from served_vllm import REPO, SERVED_NAME, VLLM_PYTHON, Vllm, tiny_models
+
 LOG = os.path.join(REPO, '.cache', 'bench', 'load_probe_vs_vllm_bench_vllm.log')
 # load_probe's default prompt (plugins/module_utils/_load_probe.py DEFAULT_PROMPT).
 PROMPT = 'Write a long story about a lighthouse keeper and the sea.'
@@ -57,26 +57,6 @@ THROUGHPUT_TARGET = 0.10
 TTFT_TARGET = 0.25
 
 
-def tiny_chat():
-    out = subprocess.run(
-        [os.path.join(VLLM_BIN, 'python'), os.path.join(REPO, 'tools', 'make_tiny_models.py')],
-        check=True,
-        stdout=subprocess.PIPE,
-    ).stdout.decode()
-    return os.path.join(out.strip().splitlines()[-1], 'tiny-chat')
-
-
-def free_port(ports):
-    for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind(('127.0.0.1', port))
-            except OSError:
-                continue
-            return port
-    raise SystemExit('no free port among %s' % ports)
-
-
 def post(port, path, payload):
     request = urllib.request.Request(
         'http://127.0.0.1:%d%s' % (port, path), json.dumps(payload).encode(), {'Content-Type': 'application/json'}
@@ -85,68 +65,17 @@ def post(port, path, payload):
         return json.loads(response.read())
 
 
-class Vllm:
-    """vLLM's OpenAI server on loopback, as bench/perf_gate_figures.py starts it."""
-
-    def __init__(self, model, port):
-        self.port = port
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE='1')
-        self.log = open(LOG, 'w')  # noqa: SIM115 - open while the server runs, closed by stop()
-        self.proc = subprocess.Popen(
-            [
-                os.path.join(VLLM_BIN, 'python'),
-                '-m',
-                'vllm.entrypoints.openai.api_server',
-                '--model',
-                model,
-                '--served-model-name',
-                'tiny',
-                '--host',
-                '127.0.0.1',
-                '--port',
-                str(port),
-                '--enforce-eager',
-                '--max-model-len',
-                '512',
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        started = time.time()
-        while True:
-            try:
-                urllib.request.urlopen('http://127.0.0.1:%d/v1/models' % port, timeout=2).read()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.time() - started > 600:
-                    self.stop()
-                    raise SystemExit('vLLM did not come up; see %s' % LOG) from None
-                time.sleep(1)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait(10)
-        self.log.close()
-
-
 def input_lengths(port):
     """(P, T): load_probe's prompt in tokens with the chat template, and its text alone."""
-    with_template = post(port, '/tokenize', {'model': 'tiny', 'messages': [{'role': 'user', 'content': PROMPT}]})
-    text = post(port, '/tokenize', {'model': 'tiny', 'prompt': PROMPT, 'add_special_tokens': False})
+    with_template = post(port, '/tokenize', {'model': SERVED_NAME, 'messages': [{'role': 'user', 'content': PROMPT}]})
+    text = post(port, '/tokenize', {'model': SERVED_NAME, 'prompt': PROMPT, 'add_special_tokens': False})
     return with_template['count'], text['count']
 
 
 def load_probe(port, options):
     args = {
         'url': 'http://127.0.0.1:%d' % port,
-        'model': 'tiny',
+        'model': SERVED_NAME,
         'concurrency': options.concurrency,
         'duration': options.duration,
         'max_tokens': options.output,
@@ -154,6 +83,9 @@ def load_probe(port, options):
     }
     proc = subprocess.run(
         [
+            'taskset',
+            '-c',
+            options.client_cpus,
             'ansible',
             'localhost',
             '-m',
@@ -184,7 +116,10 @@ def load_probe(port, options):
 def vllm_bench(port, model, input_len, prompts, options, workdir, number):
     name = 'round%d.json' % number
     command = [
-        os.path.join(VLLM_BIN, 'python'),
+        'taskset',
+        '-c',
+        options.client_cpus,
+        VLLM_PYTHON,
         '-c',
         VLLM_BENCH_SERVE,
         '--backend',
@@ -194,7 +129,7 @@ def vllm_bench(port, model, input_len, prompts, options, workdir, number):
         '--base-url',
         'http://127.0.0.1:%d' % port,
         '--model',
-        'tiny',
+        SERVED_NAME,
         '--tokenizer',
         model,
         '--dataset-name',
@@ -244,13 +179,17 @@ def main():
     parser.add_argument('--concurrency', type=int, default=4)
     parser.add_argument('--duration', type=int, default=10)
     parser.add_argument('--output', type=int, default=128)
-    parser.add_argument('--ports', default='8150-8159', help='where vLLM may listen on 127.0.0.1, FIRST-LAST')
+    parser.add_argument('--server-cpus', default='0', help="taskset's list for every vLLM process (default: 0)")
+    parser.add_argument(
+        '--client-cpus',
+        default='1-%d' % (os.cpu_count() - 1) if (os.cpu_count() or 1) > 1 else '0',
+        help="taskset's list for load_probe and vllm bench serve (default: every core but the first)",
+    )
     parser.add_argument('--json', default=os.path.join(REPO, '.cache', 'bench', 'load_probe_vs_vllm_bench.json'))
     options = parser.parse_args()
-    first, _, last = options.ports.partition('-')
     os.makedirs(os.path.dirname(options.json), exist_ok=True)
-    model = tiny_chat()
-    server = Vllm(model, free_port(range(int(first), int(last or first) + 1)))
+    model = os.path.join(tiny_models(), 'tiny-kimi')
+    server = Vllm(model, options.server_cpus, LOG)
     rounds = []
     try:
         prompt_tokens, text_tokens = input_lengths(server.port)
@@ -302,12 +241,14 @@ def main():
     within = abs(throughput - 1) <= THROUGHPUT_TARGET and ttft is not None and abs(ttft - 1) <= TTFT_TARGET
     figures = {
         'cpus': os.cpu_count(),
+        'server_cpus': options.server_cpus,
+        'client_cpus': options.client_cpus,
         'concurrency': options.concurrency,
         'duration': options.duration,
         'output_tokens': options.output,
         'prompt_tokens': prompt_tokens,
         'random_input_len': text_tokens,
-        'vllm_bench_command': 'vllm bench serve ' + ' '.join(command[3:]),
+        'vllm_bench_command': 'vllm bench serve ' + ' '.join(command[6:]),
         'rounds': rounds,
         'medians': medians,
         'throughput_ratio': throughput,
@@ -329,7 +270,7 @@ def main():
         'ratio load_probe / vllm bench: throughput %.3f (target 1 +- %.2f), TTFT %.3f (target 1 +- %.2f): %s'
         % (throughput, THROUGHPUT_TARGET, ttft or 0.0, TTFT_TARGET, 'within target' if within else 'OUTSIDE target')
     )
-    print('vllm bench serve ran as: vllm bench serve %s' % ' '.join(command[3:]))
+    print('vllm bench serve ran as: vllm bench serve %s' % ' '.join(command[6:]))
     print('figures written to %s' % options.json)
     return 0 if within else 1
 

@@ -22,62 +22,13 @@ from __future__ import absolute_import, division, print_function
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VLLM_PYTHON = os.path.join(REPO, ".venv-vllm", "bin", "python")
-VLLM_CLI = os.path.join(REPO, "roles", "vllm_kimi", "files", "llmserve-vllm-cli")
-# inventories/sandbox/group_vars/vllm.yml's flags: its parsers, text only, its extra_args and KV cache.
-SANDBOX_FLAGS = ["--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-auto-tool-choice",
-                 "--language-model-only", "--enforce-eager", "--compilation-config",
-                 '{"custom_ops": ["all", "-rotary_embedding"]}', "--max-model-len", "1024",
-                 "--kv-cache-memory-bytes", "14155776"]
+from served_vllm import REPO, Vllm, tiny_models
 
-
-def tiny_models():
-    """The directory of tiny-kimi/ and tiny-kimi-heavy/."""
-    return subprocess.run([VLLM_PYTHON, os.path.join(REPO, "tools", "make_tiny_models.py")], check=True,
-                          stdout=subprocess.PIPE).stdout.decode().strip().splitlines()[-1]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Vllm(object):
-    """vLLM's OpenAI server on loopback, `vllm serve` through the role's version shim, kept to CPUS."""
-
-    def __init__(self, model, cpus):
-        self.port = free_port()
-        self.log = open(os.path.join(REPO, ".cache", "bench", "perf_gate_vllm.log"), "w")
-        self.proc = subprocess.Popen(
-            ["taskset", "-c", cpus, VLLM_PYTHON, VLLM_CLI, "serve", model, "--served-model-name", "tiny",
-             "--port", str(self.port)] + SANDBOX_FLAGS,
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        started = time.time()
-        while True:
-            try:
-                urllib.request.urlopen("http://127.0.0.1:%d/v1/models" % self.port, timeout=2).read()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.time() - started > 600:
-                    self.stop()
-                    raise SystemExit("vLLM did not come up; see .cache/bench/perf_gate_vllm.log") from None
-                time.sleep(1)
-        self.ready_after = time.time() - started
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            self.proc.wait(60)
-        self.log.close()
+LOG = os.path.join(REPO, ".cache", "bench", "perf_gate_vllm.log")
 
 
 def probe(port, concurrency, duration):
@@ -120,7 +71,7 @@ def main():
     models = tiny_models()
     figures = {"cpus": options.cpus, "duration": options.duration, "max_tokens": 128}
 
-    server = Vllm(os.path.join(models, "tiny-kimi"), options.cpus)
+    server = Vllm(os.path.join(models, "tiny-kimi"), options.cpus, LOG)
     try:
         figures["ready_after_seconds"] = round(server.ready_after, 1)
         figures["by_concurrency"] = {}
@@ -131,7 +82,7 @@ def main():
     finally:
         server.stop()
 
-    heavy = Vllm(os.path.join(models, "tiny-kimi-heavy"), options.cpus)
+    heavy = Vllm(os.path.join(models, "tiny-kimi-heavy"), options.cpus, LOG)
     try:
         figures["heavy_ready_after_seconds"] = round(heavy.ready_after, 1)
         figures["heavy_at_4"] = summary([probe(heavy.port, 4, options.duration) for run in range(options.runs)])

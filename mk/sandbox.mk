@@ -19,6 +19,9 @@ FAKEHUB_REVISION := $(shell sed -n 's/^vllm_kimi_model_revision: *//p' $(SANDBOX
 sandbox_revision = $(shell sed -n 's/^\#   $(1): \([0-9a-f]\{40\}\) .*/\1/p' $(SANDBOX_VARS))
 # Published as tiny-kimi-<name>, from the models of the same name.
 FAKEHUB_FAILING := wrong heavy thinks-forever ignores-tools
+# The wrong revision comes at 200 kB/s, so that its fetch (2.5 MB) lasts about 12 s: the sandbox test of the
+# fetch's progress lines (tests/integration/sandbox/test_changes.py) sees it come in.
+FAKEHUB_SLOW := --slow $(call sandbox_revision,wrong)=200000
 
 # Trained with the vLLM venv's torch/transformers; cached by the script's hash.
 models: vllm-venv
@@ -29,7 +32,7 @@ fakehub-up: models
 	mkdir -p $(FAKEHUB_DIR)
 	if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
 	models=$$($(VLLM_VENV)/bin/python tools/make_tiny_models.py | tail -1); \
-	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet \
+	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet $(FAKEHUB_SLOW) \
 	    $(foreach name,$(FAKEHUB_FAILING),--publish llmserve/tiny-kimi=$$models/tiny-kimi-$(name)@$(call sandbox_revision,$(name))) \
 	    --publish llmserve/tiny-kimi=$$models/tiny-kimi@$(FAKEHUB_REVISION) \
 	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid

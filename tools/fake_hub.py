@@ -43,6 +43,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -270,15 +271,20 @@ class Handler(BaseHTTPRequestHandler):
         stop = end
         if self.server.take_drop(name):
             stop = begin + (end - begin) // 2
+        rate = self.server.slow.get(commit)
+        began = time.monotonic()
         with open(full, 'rb') as f:
             f.seek(begin)
             left = stop - begin
             while left > 0:
-                chunk = f.read(min(CHUNK, left))
+                # A slow revision goes out in tenths of its rate, each at its time.
+                chunk = f.read(min(CHUNK, left, max(1, rate // 10)) if rate else min(CHUNK, left))
                 if not chunk:
                     break
                 self.wfile.write(chunk)
                 left -= len(chunk)
+                if rate:
+                    time.sleep(max(0.0, began + (stop - begin - left) / rate - time.monotonic()))
         if stop != end:
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -318,11 +324,12 @@ class FakeHub(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, root, host='127.0.0.1', port=0, token=None, drop_once=(), verbose=False):
+    def __init__(self, root, host='127.0.0.1', port=0, token=None, drop_once=(), verbose=False, slow=None):
         ThreadingHTTPServer.__init__(self, (host, port), Handler)
         self.root = os.path.abspath(root)
         self.token = token
         self.drop_once = set(drop_once)
+        self.slow = dict(slow or {})
         self.verbose = verbose
         self.requests = []
         self.answers = []
@@ -408,8 +415,21 @@ def main(argv=None):
         metavar='NS/NAME=DIR[@COMMIT]',
         help='copy a model directory in as a revision of NS/NAME (under COMMIT if given), branch main',
     )
+    parser.add_argument(
+        '--slow',
+        action='append',
+        default=[],
+        metavar='COMMIT=BYTES_PER_SECOND',
+        help="serve each file of this commit at this rate (each GET): a long download in miniature",
+    )
     parser.add_argument('--quiet', action='store_true', help='no access log on stderr')
     args = parser.parse_args(argv)
+    slow = {}
+    for item in args.slow:
+        commit, sep, rate = item.partition('=')
+        if not sep or not COMMIT.match(commit) or not rate.isdigit() or int(rate) < 1:
+            parser.error('--slow wants COMMIT (40 hex digits)=BYTES_PER_SECOND (at least 1), got %s' % item)
+        slow[commit] = int(rate)
     os.makedirs(args.root, exist_ok=True)
     for item in args.publish:
         repo_id, sep, source = item.partition('=')
@@ -420,7 +440,7 @@ def main(argv=None):
             'published %s at %s (branch main)' % (repo_id, publish(args.root, repo_id, source, commit=commit or None)),
             flush=True,
         )
-    hub = FakeHub(args.root, args.host, args.port, args.token, args.drop_once, verbose=not args.quiet)
+    hub = FakeHub(args.root, args.host, args.port, args.token, args.drop_once, verbose=not args.quiet, slow=slow)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     print('fake hub serving %s at %s' % (hub.root, hub.url), flush=True)
     try:

@@ -140,18 +140,21 @@ _EXPLAIN_PATTERNS = [
 _PROGRESS_PATTERNS = [
     re.compile(p)
     for p in (
+        r'Starting to load model',
         r'Loading safetensors checkpoint shards',
         r'Loading weights took',
         r'Model loading took',
         r'KV cache size:',
         r'Maximum concurrency for',
+        r'Capturing CUDA graphs',
         r'Graph capturing finished',
         r'init engine \(profile, create kv cache, warmup model\) took',
-        r'Starting vLLM API server',
+        r'Starting vLLM (?:API )?server',
         r'Application startup complete',
     )
 ]
-_SHARD_PROGRESS = re.compile(r'Loading safetensors checkpoint shards')
+# Progress bars: each update is a line of its own; consecutive updates of one bar keep only the latest.
+_PROGRESS_BARS = [re.compile(r'Loading safetensors checkpoint shards'), re.compile(r'Capturing CUDA graphs')]
 _LOG_PREFIX = re.compile(
     r'^\s*(?:\([^)]*\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+'
     r'\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?)?'
@@ -567,13 +570,13 @@ def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> li
 
 
 def progress_lines(lines: list[str], limit: int = MAX_PROGRESS_LINES) -> list[str]:
-    """Pick the loading-progress lines; consecutive shard-progress updates keep only the latest."""
+    """Pick the loading-progress lines; consecutive updates of one progress bar keep only the latest."""
     picked: list[str] = []
     for line in lines:
         if not any(p.search(line) for p in _PROGRESS_PATTERNS):
             continue
         line = strip_log_prefix(line)
-        if picked and _SHARD_PROGRESS.search(line) and _SHARD_PROGRESS.search(picked[-1]):
+        if picked and any(bar.search(line) and bar.search(picked[-1]) for bar in _PROGRESS_BARS):
             picked[-1] = line
         else:
             picked.append(line)

@@ -465,7 +465,6 @@ journal:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_EXPECT,
     DEFAULT_FORBIDDEN_MARKUP,
@@ -478,24 +477,19 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_STALL_TIMEOUT,
     DEFAULT_TIMEOUT,
     DEFAULT_URL,
-    JOURNAL_SECONDS,
     MAX_INTERVAL,
-    MAX_JOURNAL_BYTES,
     MAX_TIMEOUT,
-    UNIT_PROPERTIES,
     ChatCheck,
     CheckFailed,
     api_key_problem,
     extra_body_problem,
-    format_seconds,
     hide_url_password,
     make_transport,
     markup_problem,
-    mask,
-    parse_unit_show,
     tool_call_problem,
     url_problem,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import journal_reader, unit_probe
 
 
 def validate(module):
@@ -526,50 +520,6 @@ def validate(module):
         if p[name] > MAX_TIMEOUT:
             return '%s must be at most %d, got %d' % (name, MAX_TIMEOUT, p[name])
     return None
-
-
-def unit_probe(module, unit, api_key):
-    systemctl = module.get_bin_path('systemctl', required=True)
-
-    def probe(seconds):
-        argv = [systemctl, 'show', '--property', ','.join(UNIT_PROPERTIES), '--', unit]
-        try:
-            rc, out, err = command.run(argv, seconds)
-        except command.CommandTimeout:
-            raise CheckFailed(
-                'systemctl show %s did not finish within %s s' % (unit, format_seconds(seconds))
-            ) from None
-        except (command.CommandError, OSError) as exc:
-            raise CheckFailed('systemctl show %s failed: %s' % (unit, exc)) from exc
-        if rc != 0:
-            raise CheckFailed('systemctl show %s failed (rc=%d): %s' % (unit, rc, mask((err or out).strip(), api_key)))
-        return parse_unit_show(out)
-
-    return probe
-
-
-def journal_reader(module, unit, api_key):
-    journalctl = module.get_bin_path('journalctl')
-    if journalctl is None:
-        return None
-
-    def read(since=None, lines=None, invocation=None):
-        cmd = [journalctl, '--output', 'cat', '--no-pager', '--quiet']
-        if invocation is not None:
-            # One run of the unit: its processes' lines, and systemd's about it.
-            cmd += ['_SYSTEMD_INVOCATION_ID=%s' % invocation, '+', 'INVOCATION_ID=%s' % invocation]
-        else:
-            cmd += ['--unit', unit]
-        if since is not None:
-            cmd += ['--since', '@%d' % since]
-        if lines is not None:
-            cmd += ['--lines', '%d' % lines]
-        # Raises when journalctl hangs or floods; the check then goes without the journal.
-        rc, out, err = command.run(cmd, JOURNAL_SECONDS, max_output=MAX_JOURNAL_BYTES)
-        # A request that failed may be logged with its Authorization header.
-        return mask(out, api_key) if rc == 0 else ''
-
-    return read
 
 
 def main():

