@@ -177,6 +177,11 @@ def kv_cache_dtype(
     return dtype, source, strip, stripped
 
 
+def serves_images(params: Params, config: Config) -> bool:
+    """Whether vLLM profiles a vision encoder: the checkpoint has one and multimodal is not text_only."""
+    return isinstance(config.get('vision_config'), dict) and params.get('multimodal') != 'text_only'
+
+
 def reserve_per_gpu(
     params: Params, config: Config, total: Optional[int], cpu: bool, found: Findings, gpu_name: str = ''
 ) -> dict[str, object]:
@@ -195,6 +200,7 @@ def reserve_per_gpu(
         params.get('max_num_seqs'),
         params.get('max_num_batched_tokens'),
         gpu_name=gpu_name,
+        serves_images=serves_images(params, config),
     )
     if not parts['estimated']:
         found.warnings.append(

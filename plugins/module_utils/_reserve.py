@@ -90,6 +90,14 @@ DRIVER_RESERVED_BYTES = {'H200': 616 * MIB}
 DRIVER_RESERVED_DEFAULT = 640 * MIB
 
 
+# The encoder of a model that serves images (vLLM V1's profile_run and its encoder budget,
+# v1/core/encoder_cache_manager.py compute_mm_encoder_budget; 0.32-0.33): the encoder cache holds
+# max(max_num_batched_tokens, the tokens of the largest item) embeddings of the language model's hidden
+# size, and the profile run keeps the dummy items' outputs (as many whole items as that budget takes) alive
+# through the language model's dummy run, so they add to its peak. Kimi-K2.5's largest image is 4225
+# tokens, within the default 8192; its encoder's own activations are transient and not modelled.
+
+
 def default_batching(gpu_memory_bytes: int) -> tuple[int, int]:
     """vLLM's (max_num_seqs, max_num_batched_tokens) for `vllm serve` on a GPU of this size."""
     return DEFAULT_BATCHING_LARGE if gpu_memory_bytes >= LARGE_GPU_BYTES else DEFAULT_BATCHING_SMALL
@@ -162,6 +170,7 @@ def estimate(
     vllm_version: Optional[str] = None,
     gpu_name: str = '',
     driver_reserved: Optional[int] = None,
+    serves_images: bool = False,
 ) -> dict[str, object]:
     """The reserve per GPU in bytes and its parts.
 
@@ -169,6 +178,9 @@ def estimate(
     (None: a current one) decides V0's or V1's accounting of the NCCL communicators and whether the CUDA-graph
     estimate is subtracted; gpu_name (nvidia-smi's) the peer-to-peer and NVLink SHARP terms and, unless
     driver_reserved (nvidia-smi's memory.reserved, bytes) is given, the driver's reserved memory.
+    serves_images (a vision tower, not --language-model-only) adds the encoder's outputs that vLLM's profile run
+    keeps alive through the language model's dummy run, which as many embeddings as its encoder cache holds can
+    match at run time.
     Without hidden_size or vocab_size in config.json the reserve is FALLBACK_RESERVE_BYTES and 'estimated' is False.
     """
     seqs, tokens = default_batching(gpu_memory_bytes)
@@ -194,6 +206,7 @@ def estimate(
         'driver': int(
             (driver_reserved if driver_reserved is not None else driver_reserved_bytes(gpu_name)) * utilization
         ),
+        'encoder_outputs': tokens * hidden * ACTIVATION_BYTES if serves_images else 0,
     }
     parts.update(terms, estimated=True, total=sum(terms.values()))
     return parts

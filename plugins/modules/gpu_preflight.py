@@ -158,6 +158,19 @@ options:
       - vLLM's C(--max-num-batched-tokens), the tokens of the profile run that sets the reserve's activation term. Not
         given, vLLM's default for C(vllm serve) (8192 on GPUs of 70 GiB or more, else 2048).
     type: int
+  multimodal:
+    description:
+      - How vLLM serves a checkpoint with a vision tower (C(vision_config) in C(config.json)), as the role's
+        C(vllm_kimi_multimodal) sets it. V(text_only) (C(--language-model-only)) skips the encoder; with
+        V(encoder_data_parallel) or V(encoder_tensor_parallel) the reserve counts the encoder outputs that vLLM's
+        profile run keeps through the language model's dummy run (max(O(max_num_batched_tokens), the largest
+        item's tokens) embeddings of the hidden size; the largest item is taken to be within O(max_num_batched_tokens),
+        as Kimi-K2.5's 4225-token image is within 8192). The vision tower's weights count as replicated on every GPU
+        in every mode.
+      - Without a vision tower it changes nothing.
+    type: str
+    choices: [text_only, encoder_data_parallel, encoder_tensor_parallel]
+    default: encoder_data_parallel
   block_size:
     description:
       - vLLM's KV-cache block size in tokens; the cache is allocated in whole blocks. 16 is vLLM's usual size on GPUs and its
@@ -316,6 +329,12 @@ reserve:
       description: gpu_memory_utilization × the memory nvidia-smi counts but CUDA does not offer.
       type: int
       returned: when source is V(estimated)
+    encoder_outputs:
+      description:
+        - The vision encoder's outputs that the profile run keeps through the language model's dummy run (see
+          O(multimodal)); V(0) without a vision tower or with O(multimodal=text_only).
+      type: int
+      returned: when source is V(estimated)
   sample:
     source: estimated
     total: 4218421657
@@ -325,6 +344,7 @@ reserve:
     non_torch: 645922816
     cuda_graphs: 1023410176
     driver: 422785843
+    encoder_outputs: 0
 kv_cache_dtype:
   description: The KV-cache dtype the plan uses (after V(auto) resolution, and after stripping when RV(strip_fp8_kv_cache)).
   returned: always
@@ -497,6 +517,9 @@ ARGUMENT_SPEC = dict(
     reserve_bytes_per_gpu=dict(type='int'),
     max_num_seqs=dict(type='int'),
     max_num_batched_tokens=dict(type='int', no_log=False),
+    multimodal=dict(
+        type='str', choices=['text_only', 'encoder_data_parallel', 'encoder_tensor_parallel'], default='encoder_data_parallel'
+    ),
     block_size=dict(type='int', default=DEFAULT_BLOCK_SIZE),
     port=dict(type='int'),
     host=dict(type='str', default='127.0.0.1'),

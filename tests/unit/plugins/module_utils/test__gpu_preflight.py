@@ -334,22 +334,37 @@ def test_plan_needs_a_layer_per_pipeline_stage():
     )
 
 
+# The real case's plans (README: Preflight accuracy): 262,144 does not fit at 0.90, 131,072 does at 0.95.
+KIMI_TOKENS_AT_090 = 201088
+KIMI_TOKENS_AT_095 = 273632
+
+
 def test_kimi_with_the_estimated_reserve(kimi):
     """The real case as the preflight now plans it by default: the reserve estimated in vLLM's terms
     (vllm serve's 1024 sequences and 8192 batched tokens on a 96 GB card), not the old 5 GiB."""
     at_090 = kimi_plan(kimi, gpu_memory_utilization=0.9, max_model_len=262144, reserve_bytes_per_gpu=None)
     assert at_090['reserve']['source'] == 'estimated'
     assert at_090['reserve']['activation'] == 6828326912  # the sampler's run over 1024 x 163,840 logits
-    assert at_090['reserve_bytes_per_gpu'] == 8724152320
-    assert at_090['kv_cache_tokens'] == 202752
+    # Its vision encoder's outputs, kept through the profile run: 8192 embeddings of 7168 in bf16.
+    assert at_090['reserve']['encoder_outputs'] == 8192 * 7168 * 2
+    assert at_090['reserve_bytes_per_gpu'] == 8724152320 + 8192 * 7168 * 2
+    assert at_090['kv_cache_tokens'] == KIMI_TOKENS_AT_090
     assert at_090['fits'] is False
     assert at_090['remedies'] == [
-        'set max_model_len to 202752 (fits at gpu_memory_utilization 0.9)',
+        'set max_model_len to %d (fits at gpu_memory_utilization 0.9)' % KIMI_TOKENS_AT_090,
         'set gpu_memory_utilization to 0.95 (fits max_model_len 262144)',
     ]
     at_095 = kimi_plan(kimi, gpu_memory_utilization=0.95, max_model_len=131072, reserve_bytes_per_gpu=None)
-    assert at_095['kv_cache_tokens'] == 275312
+    assert at_095['kv_cache_tokens'] == KIMI_TOKENS_AT_095
     assert at_095['fits'] is True
+
+
+def test_kimi_text_only_profiles_no_encoder(kimi):
+    text_only = kimi_plan(
+        kimi, gpu_memory_utilization=0.9, max_model_len=131072, reserve_bytes_per_gpu=None, multimodal='text_only'
+    )
+    assert text_only['reserve']['encoder_outputs'] == 0
+    assert text_only['reserve_bytes_per_gpu'] == 8724152320
 
 
 # ---------------------------------------------------------------- the NVIDIA devices
