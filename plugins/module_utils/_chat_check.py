@@ -28,6 +28,8 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import Request, make_context
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
+from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import LINE_PATTERNS as FIGURE_PATTERNS
+from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import startup_figures
 
 DEFAULT_URL = 'http://127.0.0.1:8000'
 DEFAULT_PROMPT = 'What is the capital of France?'
@@ -152,7 +154,7 @@ _PROGRESS_PATTERNS = [
         r'Starting vLLM (?:API )?server',
         r'Application startup complete',
     )
-]
+] + FIGURE_PATTERNS
 # Progress bars: each update is a line of its own; consecutive updates of one bar keep only the latest.
 _PROGRESS_BARS = [re.compile(r'Loading safetensors checkpoint shards'), re.compile(r'Capturing CUDA graphs')]
 _LOG_PREFIX = re.compile(
@@ -816,9 +818,12 @@ class ChatCheck:
         if self.unit:
             details['restarts'] = self._restarts()
             details['unit_state'] = dict(self.unit_state)
-            details['progress'] = self._progress()
+            lines = self._journal(**self._current_run())
+            details['progress'] = progress_lines(lines)
+            details['startup'] = startup_figures(lines)
         else:
             details['progress'] = []
+            details['startup'] = {}
         return details
 
     def _restarts(self) -> int:

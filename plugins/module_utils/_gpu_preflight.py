@@ -13,6 +13,8 @@ feeds it nvidia-smi's output, the checkpoint's headers and the host's facts, and
 the plan.
 """
 
+import hashlib
+import json
 import math
 from typing import Any, Callable, Optional
 
@@ -49,6 +51,19 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # What max_model_len says when the plan is to choose the longest context that fits.
 AUTO_MAX_MODEL_LEN = (None, 'auto', -1, '-1')
 
+# The options that decide vLLM's memory, beside the GPUs and the resolved KV-cache dtype: a measurement of one start
+# stands for another only where all of them are the same.
+MEMORY_OPTIONS = (
+    'tensor_parallel_size',
+    'pipeline_parallel_size',
+    'gpu_memory_utilization',
+    'kv_cache_memory_bytes',
+    'max_num_seqs',
+    'max_num_batched_tokens',
+    'block_size',
+    'multimodal',
+)
+
 # The module's options; the host's facts by name: 'belongs'(pid), 'name'(pid), 'shm'(path), 'port'(host, port).
 Params = dict[str, Any]
 Host = dict[str, Callable[..., Any]]
@@ -78,6 +93,38 @@ class Memory:
         self.tokens = 0  # the budget holds, in whole blocks
 
 
+def memory_key(params: Params, gpus_used: list[Gpu], dtype: str, cpu: bool) -> dict[str, Any]:
+    """What decides vLLM's memory at start: the GPUs (model and count), the memory options, the KV-cache dtype, and
+    what the caller adds in memory_key (the model revision, the vLLM release, its other serving flags)."""
+    key = {name: params.get(name) for name in MEMORY_OPTIONS}
+    key.update(
+        accelerator='cpu' if cpu else 'gpu',
+        gpus=[] if cpu else [str(gpu.get('name') or '') for gpu in gpus_used],
+        kv_cache_dtype=dtype,
+        given=dict(params.get('memory_key') or {}),
+    )
+    return key
+
+
+def memory_key_id(key: dict[str, Any]) -> str:
+    """A short stable name for a memory key: the file name of its measurement."""
+    text = json.dumps(key, sort_keys=True, separators=(',', ':'), default=str)
+    return hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]
+
+
+def measurement_for(key_id: str, measurements: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The newest measurement of this key that gives the KV tokens (a start that logged them), or None."""
+    usable = [
+        m
+        for m in measurements
+        if isinstance(m, dict)
+        and m.get('memory_key_id') == key_id
+        and isinstance((m.get('startup') or {}).get('kv_tokens'), int)
+        and m['startup']['kv_tokens'] > 0
+    ]
+    return max(usable, key=lambda m: str(m.get('recorded_at') or '')) if usable else None
+
+
 def plan(
     params: Params,
     config: Config,
@@ -86,6 +133,7 @@ def plan(
     apps: list[App],
     dtype_info: DtypeInfo,
     host: Optional[Host] = None,
+    measurements: Optional[list[dict[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Compute the whole preflight answer.
 
@@ -93,7 +141,9 @@ def plan(
     _safetensors.Checkpoint or None when weights_bytes_per_gpu is given. gpus/apps:
     parsed nvidia-smi (or the gpus option; apps []). dtype_info: resolve_kv_cache_dtype's (dtype, source, warning).
     host: optional callables for host facts {'belongs': f(pid), 'name': f(pid),
-    'shm': f(path), 'port': f(host, port)}.
+    'shm': f(path), 'port': f(host, port)}. measurements: vLLM's figures of earlier starts, each
+    {'memory_key_id', 'startup': chat_check's startup, 'recorded_at', 'host'}; one of this plan's memory key sets
+    the KV cache exactly (its tokens as vLLM logged them), the prediction is returned beside it.
     Returns the result dict (without changed).
     """
     host = host or {}
@@ -114,7 +164,24 @@ def plan(
     reserve_parts = reserve_per_gpu(params, config, total, cpu, found, gpu_name)
     reserve = int(reserve_parts['total'])  # type: ignore[call-overload]
     memory = Memory(params, total, weights, reserve, per_token)
-    size_kv_cache(memory, found)
+    sizing = Findings()
+    size_kv_cache(memory, sizing)
+    predicted = {
+        'kv_cache_tokens': memory.tokens,
+        'kv_cache_bytes': max(memory.budget, 0),
+        'weights_bytes_per_gpu': weights,
+        'reserve_bytes_per_gpu': reserve,
+    }
+    key = memory_key(params, gpus_used, dtype, cpu)
+    key_id = memory_key_id(key)
+    measured = measurement_for(key_id, measurements or [])
+    if measured is None:
+        for name in ('warnings', 'problems', 'remedies'):
+            getattr(found, name).extend(getattr(sizing, name))
+    else:
+        # vLLM's own count of this key's cache: what it holds, whatever the prediction said.
+        memory.tokens = measured['startup']['kv_tokens']
+        memory.budget = bytes_for(memory.tokens, per_token, memory.block)
     fit, chosen, requested_fits = choose_context_length(params, config, memory, found)
     if cpu and memory.explicit is None:
         found.problems.append('accelerator cpu needs kv_cache_memory_bytes')
@@ -133,6 +200,11 @@ def plan(
         'kv_cache_bytes_per_token': per_token,
         'kv_cache_bytes': max(memory.budget, 0),
         'kv_cache_tokens': memory.tokens,
+        'kv_cache_tokens_source': 'measured' if measured is not None else 'predicted',
+        'predicted': predicted,
+        'measured': measured or {},
+        'memory_key': key,
+        'memory_key_id': key_id,
         'max_model_len_fit': fit,
         'max_model_len': chosen,
         'fits': bool(requested_fits and memory.budget > 0 and not found.problems),

@@ -415,6 +415,49 @@ tool_call:
       description: Wall time of the request in seconds.
       type: float
       sample: 0.412
+startup:
+  description:
+    - vLLM's own figures of the unit's current run, read from the same journal lines (M(llmserve.vllm.gpu_preflight)
+      plans from them once the role recorded them). Each only where the log gives it; empty without O(unit).
+    - Where tensor-parallel ranks log their own, the bounding one - the largest weights and CUDA-graph memory, the
+      smallest KV memory, tokens and concurrency.
+  returned: always
+  type: dict
+  contains:
+    weights_gib:
+      description: GiB of weights on the most loaded GPU (C(Model loading took ... GiB)).
+      type: float
+      returned: when logged
+    available_kv_gib:
+      description: GiB for the KV cache (C(Available KV cache memory)).
+      type: float
+      returned: when logged
+    kv_tokens:
+      description: Tokens the KV cache holds (C(GPU KV cache size), the CPU build's C(CPU KV cache size)).
+      type: int
+      returned: when logged
+    max_concurrency:
+      description: How many requests of the served C(--max-model-len) the KV cache holds at once.
+      type: float
+      returned: when logged
+    cudagraph_gib:
+      description: GiB of CUDA-graph memory (C(Graph capturing finished ... took)).
+      type: float
+      returned: when logged
+    gpu_blocks:
+      description: KV-cache blocks (vLLM V0's C(# GPU blocks), V1's C(num_gpu_blocks)).
+      type: int
+      returned: when logged
+    kv_cache_device:
+      description: V(GPU), or V(CPU) for the CPU build.
+      type: str
+      returned: when logged
+  sample:
+    weights_gib: 67.2
+    available_kv_gib: 12.28
+    kv_tokens: 178912
+    max_concurrency: 1.36
+    kv_cache_device: GPU
 progress:
   description:
     - Loading-progress lines from the unit's journal for its current run (safetensors shards, model

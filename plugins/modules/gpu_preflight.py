@@ -158,6 +158,32 @@ options:
       - vLLM's C(--max-num-batched-tokens), the tokens of the profile run that sets the reserve's activation term. Not
         given, vLLM's default for C(vllm serve) (8192 on GPUs of 70 GiB or more, else 2048).
     type: int
+  memory_key:
+    description:
+      - What else decides vLLM's memory at start that the module does not see, for the plan's memory key (RV(memory_key));
+        the role passes the model revision, the vLLM package spec and its other serving flags.
+      - The key also holds the GPUs' model and count, the resolved KV-cache dtype and the memory options
+        (O(tensor_parallel_size), O(pipeline_parallel_size), O(gpu_memory_utilization), O(kv_cache_memory_bytes),
+        O(max_num_seqs), O(max_num_batched_tokens), O(block_size), O(multimodal)), never O(max_model_len), as the KV
+        cache vLLM sizes does not depend on it.
+    type: dict
+    default: {}
+  measurements_dir:
+    description:
+      - A directory of vLLM's figures measured at earlier starts, one C(<memory_key_id>.json) per memory key, as the
+        role records them after each passed gate (keys C(memory_key_id), C(startup), C(recorded_at), C(host); C(startup) as
+        M(llmserve.vllm.chat_check) returns it). A file for this plan's RV(memory_key_id) that gives the KV tokens
+        sets RV(kv_cache_tokens) to them exactly (RV(kv_cache_tokens_source=measured)); the prediction is
+        returned as RV(predicted).
+      - A missing directory, and files that are not such measurements, are passed over.
+    type: path
+  measurements:
+    description:
+      - Measurements as in O(measurements_dir), given directly (the role passes those of the other hosts of the
+        play, so that nodes of one memory key share one node's measurement). The newest that matches wins.
+    type: list
+    elements: dict
+    default: []
   multimodal:
     description:
       - How vLLM serves a checkpoint with a vision tower (C(vision_config) in C(config.json)), as the role's
@@ -375,6 +401,57 @@ kv_cache_tokens:
   returned: always
   type: int
   sample: 323536
+kv_cache_tokens_source:
+  description:
+    - V(measured) where a measurement of this plan's memory key (O(measurements_dir), O(measurements)) set
+      RV(kv_cache_tokens) to the tokens vLLM logged, else V(predicted).
+  returned: always
+  type: str
+  sample: measured
+predicted:
+  description: The prediction, also where a measurement set the plan.
+  returned: always
+  type: dict
+  contains:
+    kv_cache_tokens:
+      description: The tokens the predicted KV budget holds.
+      type: int
+      returned: always
+    kv_cache_bytes:
+      description: The predicted KV budget per GPU.
+      type: int
+      returned: always
+    weights_bytes_per_gpu:
+      description: RV(weights_bytes_per_gpu).
+      type: int
+      returned: always
+    reserve_bytes_per_gpu:
+      description: RV(reserve_bytes_per_gpu).
+      type: int
+      returned: always
+  sample:
+    kv_cache_tokens: 201088
+    kv_cache_bytes: 14130913280
+    weights_bytes_per_gpu: 69361787904
+    reserve_bytes_per_gpu: 8841592832
+measured:
+  description: The measurement the plan used (as recorded), or V({}) for none.
+  returned: always
+  type: dict
+  sample:
+    memory_key_id: 3f1c2a9b8d7e6f50
+    startup: {kv_tokens: 4096, max_concurrency: 4.0, kv_cache_device: CPU}
+    recorded_at: '2026-12-01T16:25:40Z'
+    host: sandbox
+memory_key:
+  description: What decides vLLM's memory at start for this plan (see O(memory_key)).
+  returned: always
+  type: dict
+memory_key_id:
+  description: A short stable name of RV(memory_key), the file name of its measurement.
+  returned: always
+  type: str
+  sample: 3f1c2a9b8d7e6f50
 max_model_len_fit:
   description: The largest context length that fits, capped at the model's C(max_position_embeddings).
   returned: always
@@ -431,6 +508,7 @@ warnings:
 """
 
 import functools
+import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -486,6 +564,8 @@ INT_OPTIONS = (
 )
 # selectors cannot wait much longer than a day, and no nvidia-smi needs that long.
 MAX_NVIDIA_SMI_TIMEOUT = 86400
+# A measurement is a few hundred bytes; a larger file is not one.
+MAX_MEASUREMENT_BYTES = 64 * 1024
 
 ARGUMENT_SPEC = dict(
     model_path=dict(type=nul_free_path, required=True),
@@ -518,7 +598,9 @@ ARGUMENT_SPEC = dict(
     max_num_seqs=dict(type='int'),
     max_num_batched_tokens=dict(type='int', no_log=False),
     multimodal=dict(
-        type='str', choices=['text_only', 'encoder_data_parallel', 'encoder_tensor_parallel'], default='encoder_data_parallel'
+        type='str',
+        choices=['text_only', 'encoder_data_parallel', 'encoder_tensor_parallel'],
+        default='encoder_data_parallel',
     ),
     block_size=dict(type='int', default=DEFAULT_BLOCK_SIZE),
     port=dict(type='int'),
@@ -528,6 +610,9 @@ ARGUMENT_SPEC = dict(
     shm_min_bytes=dict(type='int', default=DEFAULT_SHM_MIN_BYTES),
     dev_path=dict(type=nul_free_path, default=DEFAULT_DEV_PATH),
     fp8_kv_cache_policy=dict(type='str', default='auto', choices=['auto', 'strip', 'keep']),
+    memory_key=dict(type='dict', default={}),
+    measurements_dir=dict(type=nul_free_path),
+    measurements=dict(type='list', elements='dict', default=[]),
 )
 
 
@@ -644,6 +729,28 @@ def failure_message(result):
     return msg
 
 
+def recorded_measurements(directory):
+    """The measurements kept in directory (<memory_key_id>.json each); unreadable or foreign files are passed over:
+    a measurement only refines the plan, and without one the plan is the prediction."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    found = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if not name.endswith('.json') or not os.path.isfile(path) or os.path.islink(path):
+            continue
+        try:
+            if os.path.getsize(path) > MAX_MEASUREMENT_BYTES:
+                continue
+            with open(path, 'rb') as f:
+                measurement = json.loads(f.read().decode('utf-8'))
+        except (OSError, ValueError):
+            continue
+        if isinstance(measurement, dict) and measurement.get('memory_key_id') == name[: -len('.json')]:
+            found.append(measurement)
+    return found
+
+
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
@@ -662,7 +769,8 @@ def main():
         checkpoint = scan(p['model_path']) if p['weights_bytes_per_gpu'] is None else None
         dtype_info = kv_cache_dtype_info(p, config)
         gpus, apps = gpus_and_apps(module, p)
-        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p)))
+        measurements = p['measurements'] + recorded_measurements(p['measurements_dir'])
+        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p), measurements))
     except (CheckpointError, command.CommandError, KvCacheQuantError, PreflightError) as exc:
         module.fail_json(msg=str(exc), **result)
 

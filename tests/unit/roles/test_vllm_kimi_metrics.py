@@ -31,6 +31,21 @@ CASES = {
         perf=dict(PERF, failed=True, output_tokens_per_second=90.0),
         rollbacks={'total': 3, 'last': 1796040000},
     ),
+    'measured': dict(
+        passed=True,
+        gate=GATE,
+        serving=dict(
+            RELEASE,
+            memory={
+                'key_id': '3f1c2a9b8d7e6f50',
+                'planned_from': 'predicted',
+                'predicted': {'kv_cache_tokens': 201088},
+                'measured': {'kv_tokens': 212000, 'available_kv_gib': 14.2},
+            },
+        ),
+        perf={},
+        rollbacks={'total': 0, 'last': 0},
+    ),
     'first deploy failed': dict(
         passed=False,
         gate={'elapsed': 3.2, 'healthy_after': None},
@@ -112,6 +127,15 @@ def test_a_rollback_after_a_slow_change(tmp_path):
         'llmserve_release_info{%s,release="0123456789ab",vllm_version="0.32.0",model_revision="%s"}'
         % (SERVICE, RELEASE['model_revision'])
     ]
+
+
+def test_the_predicted_and_the_measured_kv_cache_are_two_series_and_the_error_a_third(tmp_path):
+    found = samples(render(tmp_path, CASES['measured']))
+    assert found['llmserve_kv_cache_tokens{%s,source="predicted"}' % SERVICE] == 201088
+    assert found['llmserve_kv_cache_tokens{%s,source="measured"}' % SERVICE] == 212000
+    assert found['llmserve_kv_cache_prediction_error_ratio{%s}' % SERVICE] == round((201088 - 212000) / 212000, 6)
+    # A record without vLLM's figures (passed, rolled back above) has none of the three.
+    assert not [series for series in samples(render(tmp_path, CASES['passed'])) if 'kv_cache' in series]
 
 
 def test_a_failed_first_deploy_has_no_release_and_no_load_figures(tmp_path):

@@ -643,6 +643,7 @@ def test_waits_through_refused_and_503_then_judges_the_answer():
         'url': 'http://127.0.0.1:8000',
         'healthy_after': 4.0,
         'progress': [],
+        'startup': {},
         'model': 'tiny-chat',
         'answer': PARIS,
         'content': PARIS,
@@ -995,6 +996,8 @@ def test_one_restart_is_tolerated_and_progress_is_returned():
     assert result['unit_state']['NRestarts'] == '1'
     assert result['progress'][-1] == 'INFO:     Application startup complete.'
     assert len(result['progress']) == 7
+    # vLLM's own figures of the run, from the same lines (the CPU build logs no weights or KV memory).
+    assert result['startup'] == {'kv_tokens': 4096, 'max_concurrency': 4.0, 'kv_cache_device': 'CPU'}
     # Progress is the unit's current run's: the restarted one's invocation.
     assert world.journal_calls == [{'since': None, 'lines': None, 'invocation': RESTARTED}]
 

@@ -408,3 +408,70 @@ def test_the_fake_dev_is_the_h200_hosts(tmp_path):
         'nvidia0',
         'nvidiactl',
     ]
+
+
+# ---------------------------------------------------------------- plans from measured starts
+
+
+def measurement_of(result, kv_tokens, recorded_at='2026-12-01T10:00:00Z'):
+    """What the role records after a passed gate, for the plan that result is."""
+    return {
+        'memory_key_id': result['memory_key_id'],
+        'startup': {'kv_tokens': kv_tokens, 'available_kv_gib': 21.43, 'weights_gib': 66.9},
+        'recorded_at': recorded_at,
+        'host': 'gpu1',
+    }
+
+
+def kimi_measured_plan(path, measurements, **kw):
+    config = checkpoint_config('kimi-k2.5-nvfp4')
+    gpus = [dict(RTX_PRO_6000, index=i, uuid='u%d' % i) for i in range(8)]
+    p = params(reserve_bytes_per_gpu=None, **kw)
+    dtype = resolve_kv_cache_dtype(p['kv_cache_dtype'], path, config)
+    return plan(p, config, scan(path), gpus, [], dtype, measurements=measurements)
+
+
+def test_a_measured_start_of_the_same_key_sets_the_plan_exactly(kimi):
+    predicted = kimi_measured_plan(kimi, [], max_model_len=262144)
+    assert predicted['kv_cache_tokens_source'] == 'predicted' and predicted['fits'] is False
+    assert predicted['measured'] == {}
+    # vLLM logged more than the prediction: its figure decides, and 262,144 then fits.
+    measured = kimi_measured_plan(kimi, [measurement_of(predicted, 294688)], max_model_len=262144)
+    assert measured['kv_cache_tokens_source'] == 'measured'
+    assert measured['kv_cache_tokens'] == 294688
+    assert measured['max_model_len_fit'] == 262144  # the model's own limit
+    assert measured['fits'] is True and measured['problems'] == [] and measured['remedies'] == []
+    assert measured['predicted']['kv_cache_tokens'] == KIMI_TOKENS_AT_090
+    assert measured['measured']['host'] == 'gpu1'
+
+
+def test_a_measurement_below_the_prediction_refuses_what_the_prediction_allowed(kimi):
+    predicted = kimi_measured_plan(kimi, [], max_model_len=131072)
+    assert predicted['fits'] is True
+    measured = kimi_measured_plan(kimi, [measurement_of(predicted, 120000)], max_model_len=131072)
+    assert measured['fits'] is False
+    assert measured['remedies'][0] == 'set max_model_len to 120000 (fits at gpu_memory_utilization 0.9)'
+
+
+def test_the_memory_key_leaves_out_max_model_len_and_holds_what_sizes_the_cache(kimi):
+    base = kimi_measured_plan(kimi, [], max_model_len=131072)
+    assert kimi_measured_plan(kimi, [], max_model_len=65536)['memory_key_id'] == base['memory_key_id']
+    others = [
+        kimi_measured_plan(kimi, [], max_model_len=131072, gpu_memory_utilization=0.95),
+        kimi_measured_plan(kimi, [], max_model_len=131072, max_num_seqs=256),
+        kimi_measured_plan(kimi, [], max_model_len=131072, multimodal='text_only'),
+        kimi_measured_plan(kimi, [], max_model_len=131072, memory_key={'revision': 'another'}),
+    ]
+    assert base['memory_key_id'] not in {other['memory_key_id'] for other in others}
+    assert base['memory_key']['gpus'] == ['NVIDIA RTX PRO 6000 Blackwell Server Edition'] * 8
+
+
+def test_a_measurement_of_another_key_is_not_used_and_the_newest_of_this_key_is(kimi):
+    predicted = kimi_measured_plan(kimi, [], max_model_len=131072)
+    other = dict(measurement_of(predicted, 999999), memory_key_id='0' * 16)
+    older = measurement_of(predicted, 230000, '2026-11-01T00:00:00Z')
+    newer = measurement_of(predicted, 240000, '2026-11-30T00:00:00Z')
+    no_tokens = dict(measurement_of(predicted, 0, '2026-12-31T00:00:00Z'), startup={'weights_gib': 66.9})
+    result = kimi_measured_plan(kimi, [other, newer, no_tokens, older], max_model_len=131072)
+    assert result['kv_cache_tokens'] == 240000
+    assert result['measured']['recorded_at'] == '2026-11-30T00:00:00Z'

@@ -290,6 +290,29 @@ def test_cpu_accelerator(tmp_path, model, module_result):
     assert warning_texts(r) == ["max_model_len auto: 1024 tokens fit, below the model's 4096"]
 
 
+def test_a_recorded_measurement_of_the_same_key_sets_the_plan(tmp_path, model, module_result):
+    args = dict(model_path=model, accelerator='cpu', kv_cache_memory_bytes=1048576, max_model_len='auto')
+    rc, first = module_result('gpu_preflight', dict(args, measurements_dir=str(tmp_path / 'none-yet')))
+    assert rc == 0 and first['kv_cache_tokens_source'] == 'predicted', first
+    measured = tmp_path / 'measurements'
+    measured.mkdir()
+    record = {'memory_key_id': first['memory_key_id'], 'startup': {'kv_tokens': 960, 'kv_cache_device': 'CPU'}}
+    (measured / ('%s.json' % first['memory_key_id'])).write_text(json.dumps(record))
+    # Passed over: a file named for another key, one that is not JSON, and a link.
+    (measured / ('%s.json' % ('0' * 16))).write_text(json.dumps(dict(record, memory_key_id='1' * 16)))
+    (measured / 'broken.json').write_text('{"memory_key_id": ')
+    (measured / 'link.json').symlink_to(measured / ('%s.json' % first['memory_key_id']))
+    rc, second = module_result('gpu_preflight', dict(args, measurements_dir=str(measured)))
+    assert rc == 0, second
+    assert (second['kv_cache_tokens_source'], second['kv_cache_tokens'], second['max_model_len_fit']) == (
+        'measured',
+        960,
+        960,
+    )
+    assert second['predicted']['kv_cache_tokens'] == 1024
+    assert second['measured'] == record
+
+
 MLA_FP8 = {
     'model_type': 'deepseek_v3',
     'num_hidden_layers': 3,

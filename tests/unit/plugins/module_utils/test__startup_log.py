@@ -1,0 +1,82 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""vLLM's start-up figures read from real start-up logs (tests/fixtures/startup_logs: their lines verbatim, and the
+figures a person read off them, in `logged`)."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import startup_figures
+from ansible_collections.llmserve.vllm.tests.support import fixture_path
+
+LOGS = sorted(glob.glob(os.path.join(fixture_path('startup_logs'), '*.json')))
+FIGURES = ('weights_gib', 'available_kv_gib', 'kv_tokens', 'cudagraph_gib', 'gpu_blocks')
+# Figures a person derived rather than read: V0 prints blocks, not tokens (tokens = blocks x block size), and one
+# reporter quoted the KV memory in prose ("is only 8.69GiB"), not as vLLM logs it.
+DERIVED = {
+    'deepseek-r1-h200-tp8-v0': {'kv_tokens'},
+    'llama31-8b-rtx3090-v0-20k': {'kv_tokens', 'gpu_blocks'},
+    'llama31-8b-rtx3090-v0-29k-failed': {'kv_tokens'},
+    'qwen25-15b-t4-v0': {'kv_tokens', 'gpu_blocks'},
+    'qwen25-math-15b-l40-v0': {'kv_tokens', 'gpu_blocks'},
+    'r1-distill-qwen-14b-2x4090-v0-tp2-failed': {'kv_tokens', 'available_kv_gib'},
+}
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize('path', LOGS, ids=[os.path.basename(p)[:-5] for p in LOGS])
+def test_every_logged_figure_is_read_from_the_lines(path):
+    log = load(path)
+    name = os.path.basename(path)[:-5]
+    got = startup_figures(log['excerpt'])
+    wanted = {
+        key: log['logged'][key]
+        for key in FIGURES
+        if log['logged'].get(key) is not None and key not in DERIVED.get(name, ())
+    }
+    assert {key: got.get(key) for key in wanted} == wanted
+
+
+def test_the_logs_cover_every_figure():
+    read = set()
+    for path in LOGS:
+        read.update(startup_figures(load(path)['excerpt']))
+    assert read >= set(FIGURES) | {'kv_cache_device', 'max_concurrency'}
+
+
+def test_eight_ranks_give_the_bounding_figures():
+    lines = [
+        '(Worker_TP%d pid=%d) INFO 09-24 20:50:59 [gpu_model_runner.py:2392] Model loading took %s GiB and 287.2 seconds'
+        % (rank, 2000 + rank, weights)
+        for rank, weights in enumerate(
+            ('27.7183', '27.7190', '27.7183', '27.7183', '27.7183', '27.7183', '27.7183', '27.7')
+        )
+    ] + [
+        '(Worker_TP%d pid=%d) INFO 09-24 20:53:40 [gpu_worker.py:298] Available KV cache memory: %s GiB'
+        % (rank, 2000 + rank, kv)
+        for rank, kv in enumerate(('10.66', '10.64', '10.68', '10.65', '10.66', '10.67', '10.66', '10.65'))
+    ]
+    figures = startup_figures(lines)
+    assert (figures['weights_gib'], figures['available_kv_gib']) == (27.719, 10.64)
+
+
+def test_the_cpu_builds_lines_as_the_sandbox_logs_them():
+    lines = [
+        '(Worker pid=598) INFO 12-01 16:25:21 [default_loader.py:501] Loading weights took 0.01 seconds',
+        '(EngineCore pid=583) INFO 12-01 16:25:22 [kv_cache_utils.py:2327] CPU KV cache size: 4,096 tokens, '
+        'Maximum concurrency for 1,024 tokens per request: 4.00x',
+    ]
+    assert startup_figures(lines) == {'kv_tokens': 4096, 'max_concurrency': 4.0, 'kv_cache_device': 'CPU'}
+
+
+def test_no_figure_no_key():
+    assert startup_figures(['INFO:     Application startup complete.']) == {}
