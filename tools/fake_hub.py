@@ -420,7 +420,7 @@ def main(argv=None):
         action='append',
         default=[],
         metavar='COMMIT=BYTES_PER_SECOND',
-        help="serve each file of this commit at this rate (each GET): a long download in miniature",
+        help='serve each file of this commit at this rate (each GET): a long download in miniature',
     )
     parser.add_argument('--quiet', action='store_true', help='no access log on stderr')
     args = parser.parse_args(argv)
