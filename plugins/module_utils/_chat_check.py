@@ -578,7 +578,7 @@ def progress_lines(lines: list[str], limit: int = MAX_PROGRESS_LINES) -> list[st
         if not any(p.search(line) for p in _PROGRESS_PATTERNS):
             continue
         line = strip_log_prefix(line)
-        if picked and any(bar.search(line) and bar.search(picked[-1]) for bar in _PROGRESS_BARS):
+        if picked and any(shown.search(line) and shown.search(picked[-1]) for shown in _PROGRESS_BARS):
             picked[-1] = line
         else:
             picked.append(line)

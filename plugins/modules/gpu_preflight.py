@@ -610,7 +610,7 @@ ARGUMENT_SPEC = dict(
     shm_min_bytes=dict(type='int', default=DEFAULT_SHM_MIN_BYTES),
     dev_path=dict(type=nul_free_path, default=DEFAULT_DEV_PATH),
     fp8_kv_cache_policy=dict(type='str', default='auto', choices=['auto', 'strip', 'keep']),
-    memory_key=dict(type='dict', default={}),
+    memory_key=dict(type='dict', default={}, no_log=False),
     measurements_dir=dict(type=nul_free_path),
     measurements=dict(type='list', elements='dict', default=[]),
 )
