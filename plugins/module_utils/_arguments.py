@@ -10,6 +10,9 @@ Only the modules of llmserve.vllm may import it.
 
 from ansible.module_utils.common.validation import check_type_path
 
+# A day: the longest that any option of the collection's modules lets a wait, a timeout or a probe run.
+MAX_WAIT_SECONDS = 86400
+
 
 def nul_free_path(value: object) -> str:
     """Ansible's `type='path'` (user and variables expanded), refusing a NUL character.

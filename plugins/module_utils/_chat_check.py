@@ -40,7 +40,6 @@ DEFAULT_INTERVAL = 2.0
 MAX_INTERVAL = 2.0
 DEFAULT_REQUEST_TIMEOUT = 30
 # A day: longer than any load, short enough for every timer and clock sum.
-MAX_TIMEOUT = 86400
 DEFAULT_JOURNAL_LINES = 20
 DEFAULT_MAX_RESTARTS = 1
 # Seconds without a new journal line of the unit and without a 200 from /health or /v1/models after which a start counts as

@@ -40,6 +40,9 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant impo
     read_checkpoint,
     read_record,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
+    check_directory as check_checkpoint_directory,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import INDEX_NAME, read_header
 
 MISSING = 'missing'
@@ -85,14 +88,8 @@ def default_threads():
 
 
 def check_directory(path):
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        if not os.path.lexists(path):
-            raise VerifyError('checkpoint directory %s does not exist' % path) from exc
-        raise VerifyError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc)) from exc
-    if not stat.S_ISDIR(info.st_mode):
-        raise VerifyError('checkpoint path %s is %s, not a directory' % (path, describe_mode(info.st_mode)))
+    """The checkpoint path must be a directory (kv_cache_quant's check, with this module's error)."""
+    check_checkpoint_directory(path, VerifyError)
 
 
 def list_files(root, patterns):

@@ -23,6 +23,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]  # in the stdl
 from typing import Any, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, auto_kv_cache_dtype
+from ansible_collections.llmserve.vllm.plugins.module_utils._digest import describe_mode
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
 
 CONFIG_JSON = 'config.json'
@@ -193,16 +194,17 @@ def read_checkpoint(path: str) -> dict[str, ConfigFile]:
     return files
 
 
-def check_directory(path: str) -> None:
-    """The checkpoint path must be a directory; the message says what it is instead."""
+def check_directory(path: str, error: type[Exception] = KvCacheQuantError) -> None:
+    """The checkpoint path must be a directory; error's message says what it is instead (kv_cache_quant's and
+    checkpoint_verify's alike)."""
     try:
         info = os.stat(path)
     except OSError as exc:
         if not os.path.lexists(path):
-            raise KvCacheQuantError('checkpoint directory %s does not exist' % path) from exc
-        raise KvCacheQuantError('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc)) from exc
+            raise error('checkpoint directory %s does not exist' % path) from exc
+        raise error('cannot open checkpoint directory %s: %s' % (path, exc.strerror or exc)) from exc
     if not stat.S_ISDIR(info.st_mode):
-        raise KvCacheQuantError('checkpoint path %s is not a directory' % path)
+        raise error('checkpoint path %s is %s, not a directory' % (path, describe_mode(info.st_mode)))
 
 
 def _section(doc: Config, keys: tuple[str, ...], where: str) -> Optional[Config]:

@@ -44,8 +44,6 @@ DEFAULT_CONCURRENCY = 4
 DEFAULT_DURATION = 30
 DEFAULT_REQUEST_TIMEOUT = 120
 DEFAULT_MAX_REGRESSION_PERCENT = 20.0
-# A day, as chat_check's longest wait.
-MAX_SECONDS = 86400
 MAX_CONCURRENCY = 1024
 # One event of a stream, and all of one request's stream, in bytes: no server fills the memory.
 MAX_LINE_BYTES = 1024 * 1024
@@ -61,15 +59,6 @@ Stream = Callable[[dict[str, Any], float], Iterable[bytes]]
 
 class StreamError(Exception):
     """A request that got no usable stream: refused, an HTTP error status, a cut connection."""
-
-
-class ProbeFailed(Exception):
-    """The probe could not run, or its figures fail the gate; details are the module's return values."""
-
-    def __init__(self, msg: str, **details: Any) -> None:
-        super().__init__(msg)
-        self.msg = msg
-        self.details = details
 
 
 class Request:

@@ -508,6 +508,7 @@ journal:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_EXPECT,
     DEFAULT_FORBIDDEN_MARKUP,
@@ -521,7 +522,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_TIMEOUT,
     DEFAULT_URL,
     MAX_INTERVAL,
-    MAX_TIMEOUT,
     ChatCheck,
     CheckFailed,
     api_key_problem,
@@ -560,8 +560,8 @@ def validate(module):
         if p[name] < low:
             return '%s must be at least %d, got %d' % (name, low, p[name])
     for name in ('timeout', 'request_timeout', 'stall_timeout'):
-        if p[name] > MAX_TIMEOUT:
-            return '%s must be at most %d, got %d' % (name, MAX_TIMEOUT, p[name])
+        if p[name] > MAX_WAIT_SECONDS:
+            return '%s must be at most %d, got %d' % (name, MAX_WAIT_SECONDS, p[name])
     return None
 
 

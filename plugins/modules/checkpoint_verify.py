@@ -237,7 +237,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, nul_free_path
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
     DEFAULT_IGNORE,
     VerifyError,
@@ -261,7 +261,6 @@ SHOWN_PROBLEMS = 3
 
 
 # The manifest fetch runs under a SIGALRM deadline, which takes at most this many seconds.
-MAX_TIMEOUT = 86400
 
 
 def input_problem(params):
@@ -272,8 +271,8 @@ def input_problem(params):
         return 'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)'
     if params['threads'] is not None and params['threads'] < 1:
         return 'threads must be at least 1, got %d' % params['threads']
-    if not 1 <= params['timeout'] <= MAX_TIMEOUT:
-        return 'timeout must be between 1 and %d seconds, got %d' % (MAX_TIMEOUT, params['timeout'])
+    if not 1 <= params['timeout'] <= MAX_WAIT_SECONDS:
+        return 'timeout must be between 1 and %d seconds, got %d' % (MAX_WAIT_SECONDS, params['timeout'])
     if params['revision'] is not None:
         found = revision_problem(params['revision'], params['allow_unpinned_revision'], params['repo_id'])
         if found:

@@ -514,7 +514,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, nul_free_path
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     CheckpointError,
     load_config,
@@ -563,7 +563,6 @@ INT_OPTIONS = (
     ('shm_min_bytes', 0),
 )
 # selectors cannot wait much longer than a day, and no nvidia-smi needs that long.
-MAX_NVIDIA_SMI_TIMEOUT = 86400
 # A measurement is a few hundred bytes; a larger file is not one.
 MAX_MEASUREMENT_BYTES = 64 * 1024
 
@@ -645,7 +644,7 @@ def max_model_len_error(p):
 def check_params(p):
     """Ranges argument_spec cannot express; returns an error message or None."""
     errors = [int_error(key, p[key], minimum) for key, minimum in INT_OPTIONS if p.get(key) is not None]
-    errors.append(int_error('nvidia_smi_timeout', p['nvidia_smi_timeout'], 1, MAX_NVIDIA_SMI_TIMEOUT))
+    errors.append(int_error('nvidia_smi_timeout', p['nvidia_smi_timeout'], 1, MAX_WAIT_SECONDS))
     for i, gpu in enumerate(p['gpus'] or []):
         errors.append(int_error('gpus[%d].memory_total_mib' % i, gpu['memory_total_mib'], 1))
         errors.append(int_error('gpus[%d].memory_used_mib' % i, gpu['memory_used_mib'], 0))

@@ -248,9 +248,9 @@ import math
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_URL,
-    MAX_TIMEOUT,
     api_key_problem,
     hide_url_password,
     url_problem,
@@ -278,8 +278,8 @@ def validate(p):
         return 'model must name the served model, got an empty string'
     for name, low, high in (
         ('concurrency', 1, MAX_CONCURRENCY),
-        ('duration', 1, MAX_TIMEOUT),
-        ('request_timeout', 1, MAX_TIMEOUT),
+        ('duration', 1, MAX_WAIT_SECONDS),
+        ('request_timeout', 1, MAX_WAIT_SECONDS),
         ('max_tokens', 1, None),
     ):
         if p[name] < low or (high is not None and p[name] > high):

@@ -433,14 +433,24 @@ CASES = [
         'config.json in {ck} is a broken symbolic link to ../../blobs/gone',
     ),
     ('checkpoint missing', lambda ck, tmp_path: None, {}, 'checkpoint directory {ck} does not exist'),
-    ('checkpoint a file', lambda ck, tmp_path: ck.write_text('{}'), {}, 'checkpoint path {ck} is not a directory'),
+    (
+        'checkpoint a file',
+        lambda ck, tmp_path: ck.write_text('{}'),
+        {},
+        'checkpoint path {ck} is a regular file, not a directory',
+    ),
     (
         'checkpoint a symbolic link loop',
         lambda ck, tmp_path: os.symlink(str(ck), str(ck)),
         {},
         'cannot open checkpoint directory {ck}: Too many levels of symbolic links',
     ),
-    ('checkpoint a FIFO', lambda ck, tmp_path: os.mkfifo(str(ck)), {}, 'checkpoint path {ck} is not a directory'),
+    (
+        'checkpoint a FIFO',
+        lambda ck, tmp_path: os.mkfifo(str(ck)),
+        {},
+        'checkpoint path {ck} is a FIFO, not a directory',
+    ),
     ('no config files', files(), {}, 'no config.json or hf_quant_config.json in {ck}'),
     ('relative path', files(hf=HF_NESTED), {'path': 'ckpt'}, stripped('hf_quant_config.json', HF_STRIPPED)),
     # The record: corrupt, truncated, foreign, reaching outside the checkpoint

@@ -108,10 +108,10 @@ def test_a_passed_change(tmp_path):
         'llmserve_perf_gate_output_tokens_per_second{%s}' % SERVICE: 455.2,
         'llmserve_perf_gate_time_to_first_token_seconds{%s,quantile="0.5"}' % SERVICE: 0.38,
         'llmserve_perf_gate_time_to_first_token_seconds{%s,quantile="0.95"}' % SERVICE: 1.49,
-        'llmserve_perf_gate_inter_token_latency_seconds{%s,quantile="0.5"}' % SERVICE: 0.011,
-        'llmserve_perf_gate_inter_token_latency_seconds{%s,quantile="0.95"}' % SERVICE: 0.02,
+        'llmserve_perf_gate_time_per_output_token_seconds{%s,quantile="0.5"}' % SERVICE: 0.011,
+        'llmserve_perf_gate_time_per_output_token_seconds{%s,quantile="0.95"}' % SERVICE: 0.02,
         'llmserve_perf_gate_time_to_first_token_seconds_count{%s}' % SERVICE: 96.0,
-        'llmserve_perf_gate_inter_token_latency_seconds_count{%s}' % SERVICE: 96.0,
+        'llmserve_perf_gate_time_per_output_token_seconds_count{%s}' % SERVICE: 96.0,
     }
 
 

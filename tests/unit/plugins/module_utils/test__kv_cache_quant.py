@@ -403,7 +403,7 @@ def test_path_is_a_file(tmp_path):
     (tmp_path / 'config.json').write_text('{}')
     with pytest.raises(kvq.KvCacheQuantError) as caught:
         kvq.read_checkpoint(str(tmp_path / 'config.json'))
-    assert str(caught.value) == 'checkpoint path %s is not a directory' % (tmp_path / 'config.json')
+    assert str(caught.value) == 'checkpoint path %s is a regular file, not a directory' % (tmp_path / 'config.json')
 
 
 GOOD_ENTRY = {
