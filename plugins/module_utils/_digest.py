@@ -98,8 +98,12 @@ def hash_file(path, algorithms, chunk_bytes=CHUNK_BYTES):
 
 
 def identity(info):
-    """What says a file is unchanged since it was read: size, mtime in ns, inode and device."""
-    return [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev]
+    """What says a file is unchanged since it was read: size, mtime and ctime in ns, inode and device.
+
+    The ctime because anyone who may write a file can also set its mtime back (utime); only the kernel sets the
+    ctime, to the time of every write and every utime.
+    """
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev]
 
 
 class DigestCache:

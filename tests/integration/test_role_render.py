@@ -106,7 +106,7 @@ def test_cpu_unit_waits_for_no_nvidia_device(tmp_path):
     head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
     assert (head['After'], head['Wants']) == (['network-online.target'], ['network-online.target'])
     assert 'nvidia' not in unit
-    assert service['ExecStartPre'] == ['+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60']
+    assert service['ExecStartPre'] == ['+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60']
     assert 'DeviceAllow' not in service
 
 
@@ -184,7 +184,7 @@ def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
     unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_private_shm=False)[0]
     lines = unit.splitlines()
     assert [line for line in lines if line.startswith('ExecStartPre=')] == [
-        'ExecStartPre=+/usr/bin/python3 /usr/local/libexec/llmserve-shm-clean --min-age 60', NVIDIA_MODPROBE]
+        'ExecStartPre=+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60', NVIDIA_MODPROBE]
     assert not [line for line in lines if line.startswith('TemporaryFileSystem=')]
 
 

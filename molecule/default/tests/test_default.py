@@ -178,8 +178,26 @@ def test_unit_runs_the_checked_release(host, hostvars, unit):
     assert program.startswith("/usr/bin/python3")
 
 
+def records_dir(hostvars):
+    return hostvars["vllm_kimi_records_dir"].replace("{{ vllm_kimi_service_name }}", hostvars["vllm_kimi_service_name"])
+
+
+def test_roots_records_are_out_of_the_service_users_reach(host, hostvars):
+    records = host.file(records_dir(hostvars))
+    assert (records.user, records.group, records.mode) == ("root", "root", 0o700)
+    assert not host.file("%s/deployments" % hostvars["vllm_kimi_state_dir"]).exists
+    user = hostvars["vllm_kimi_user"]
+    # The owner of a parent could rename them (and plant a unit for the next rollback): the service user is refused.
+    for path in (records.path, records.path + "/deployments", records.path + "/deployments/last-good"):
+        moved = host.run("runuser -u %s -- mv %s %s/moved-by-the-service-user", user, path, "/tmp")
+        assert moved.rc != 0, (path, moved.stdout)
+        assert host.file(path).exists
+    planted = host.run("runuser -u %s -- ln -s /tmp %s/deployments/planted", user, records.path)
+    assert planted.rc != 0 and not host.file(records.path + "/deployments/planted").exists
+
+
 def test_last_good_deployment_is_recorded_root_only_without_the_key(host, hostvars):
-    deployments = host.file("%s/deployments" % hostvars["vllm_kimi_state_dir"])
+    deployments = host.file("%s/deployments" % records_dir(hostvars))
     assert (deployments.user, deployments.group, deployments.mode) == ("root", "root", 0o700)
     last_good = host.file(deployments.path + "/last-good")
     assert last_good.is_symlink

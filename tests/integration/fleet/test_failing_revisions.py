@@ -85,7 +85,7 @@ def sh(host, command):
 
 def last_good(host):
     """The deployment the host's last-good record names."""
-    return json.loads(sh(host, "cat /var/lib/vllm-kimi/deployments/last-good/record.json").split("\n", 1)[1])[
+    return json.loads(sh(host, "cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json").split("\n", 1)[1])[
         "deployment"]
 
 

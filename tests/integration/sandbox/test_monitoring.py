@@ -31,7 +31,7 @@ __metaclass__ = type
 
 PERF_TASK = "Measure the deployment under load and judge its throughput"
 FINAL_TASK = "Stop with the cause and where the host stands now"
-DEPLOYMENTS = "/var/lib/vllm-kimi/deployments"
+DEPLOYMENTS = "/var/lib/llmserve-vllm/vllm-kimi/deployments"
 ALERTS = {"LlmserveGateFailed", "LlmservePerfGateFailed", "LlmserveRolledBack", "VllmServiceRestarting",
           "VllmKvCacheNearlyFull", "VllmTimeToFirstTokenHigh"}
 # The heavy revision of the staged repository (inventories/sandbox): same answers, several times the work.

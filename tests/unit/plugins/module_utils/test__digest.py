@@ -6,6 +6,7 @@
 import json
 import os
 import stat
+import time
 
 import pytest
 
@@ -99,6 +100,19 @@ def test_cache_answers_for_the_same_file_only(tmp_path, shard):
     assert cache.get(shard, os.stat(shard), 'sha256') == 'x'
     os.utime(shard, ns=(info.st_atime_ns, info.st_mtime_ns + 1))
     assert cache.get(shard, os.stat(shard), 'sha256') is None
+
+
+def test_a_file_rewritten_in_place_with_its_mtime_set_back_is_a_miss(tmp_path, shard):
+    cache = DigestCache(str(tmp_path / 'cache'))
+    info = os.stat(shard)
+    cache.put(shard, info, {'sha256': 'x'})
+    time.sleep(0.01)  # a ctime the kernel can tell from the first
+    with open(shard, 'r+b') as f:
+        f.write(b'WEIGHTS')  # same size, same inode
+    os.utime(shard, ns=(info.st_atime_ns, info.st_mtime_ns))
+    after = os.stat(shard)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (info.st_size, info.st_mtime_ns, info.st_ino)
+    assert cache.get(shard, after, 'sha256') is None
 
 
 def test_cache_survives_a_save_and_load(tmp_path, shard):
