@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._digest import identity
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
@@ -239,7 +240,7 @@ def planted_cache(mode):
                     'format': 1,
                     'entries': {
                         shard: {
-                            'identity': [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev],
+                            'identity': identity(info),
                             'sha256': digest,
                             'safetensors_header_problem': '',
                         }
@@ -510,7 +511,7 @@ def wrong_type_cache(c, t):
     for name in os.listdir(c):
         info = os.stat(os.path.join(c, name))
         entries[os.path.join(c, name)] = {
-            'identity': [info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev],
+            'identity': identity(info),
             'sha256': 5,
             'git-sha1': ['x'],
             'safetensors_header_problem': {},
