@@ -9,7 +9,8 @@
 One row per log of tests/fixtures/startup_logs: the model, GPU, TP, the tokens the log shows, the prediction and
 its error before (constant reserve) and after (_reserve.estimate), and whether the prediction fits max_model_len
 where vLLM's start did (or did not); then the median and worst absolute error, fitted and held-out logs apart.
-The weights are each log's own "Model loading took", so the error is the reserve's.
+The weights are each log's own "Model loading took", so the error is the reserve's. Then the weights per GPU the
+preflight predicts before the download, from config.json's layout, against each log's "Model loading took".
 """
 
 import os
@@ -20,7 +21,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, '.build', 'collections'))
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import FALLBACK_RESERVE_BYTES  # noqa: E402
-from ansible_collections.llmserve.vllm.tests.support import logged_tokens, predict, startup_logs  # noqa: E402
+from ansible_collections.llmserve.vllm.tests.support import (  # noqa: E402
+    is_moe_at_scale,
+    logged_tokens,
+    predict,
+    predict_weights,
+    reserve_compared,
+    startup_logs,
+)
 
 
 def percent(value):
@@ -32,7 +40,7 @@ def main():
     errors = {'before': {False: [], True: []}, 'after': {False: [], True: []}}
     for log in startup_logs():
         logged = logged_tokens(log)[0]
-        compared = log.get('compare_tokens', True)
+        compared = reserve_compared(log)
         cells = []
         for label, reserve in (('before', FALLBACK_RESERVE_BYTES), ('after', None)):
             _, _, tokens, fits = predict(log, reserve)
@@ -75,5 +83,48 @@ def main():
             )
 
 
+def weights_table():
+    """Weights per GPU before the download (config.json's layout) against each log's "Model loading took"."""
+    print()
+    print('| log (* held out) | model type | TP | vLLM | logged GiB | predicted GiB | error |')
+    print('|---|---|---|---|---|---|---|')
+    errors = {False: [], True: []}
+    moe = []
+    for log in startup_logs():
+        logged = log['logged']['weights_gib'] * 1024**3
+        err = (predict_weights(log) - logged) / logged
+        errors[log['held_out']].append(err)
+        if is_moe_at_scale(log):
+            moe.append(err)
+        print(
+            '| %s%s | %s | %d | %s | %.2f | %.2f | %s |'
+            % (
+                log['name'],
+                ' *' if log['held_out'] else '',
+                log['config'].get('model_type'),
+                log['tensor_parallel_size'],
+                log['vllm_version'],
+                log['logged']['weights_gib'],
+                predict_weights(log) / 1024**3,
+                percent(err),
+            )
+        )
+    print()
+    print('| weights | logs | median abs error | worst abs error | most below |')
+    print('|---|---|---|---|---|')
+    for which, errs in (
+        ('fitted', errors[False]),
+        ('held out', errors[True]),
+        ('MoE at TP >= 4', moe),
+        ('all', errors[False] + errors[True]),
+    ):
+        absolute = [abs(e) for e in errs]
+        print(
+            '| before download | %s (%d) | %.1f %% | %.1f %% | %s |'
+            % (which, len(errs), 100 * statistics.median(absolute), 100 * max(absolute), percent(min(errs)))
+        )
+
+
 if __name__ == '__main__':
     main()
+    weights_table()

@@ -163,6 +163,38 @@ def checkpoint_config(name):
     return json.loads(recorded('checkpoints', name, 'config.json'))
 
 
+def kimi_index_names():
+    """The tensor names of Kimi-K2.5-NVFP4's weights index, as the checkpoint's layout gives them: the language model
+    under language_model. (61 MLA layers, the first dense, the rest 384 routed experts and a shared one), every linear
+    layer but the routers and lm_head in NVFP4 (weight, weight_scale, weight_scale_2, input_scale: hf_quant_config.json
+    excludes only lm_head), the MoonViT tower and its patch-merger projector in bf16."""
+    names = ['language_model.model.embed_tokens.weight', 'language_model.model.norm.weight', 'language_model.lm_head.weight']
+
+    def nvfp4(module):
+        names.extend(module + suffix for suffix in ('.weight', '.weight_scale', '.weight_scale_2', '.input_scale'))
+
+    for layer in range(61):
+        p = 'language_model.model.layers.%d.' % layer
+        names.extend(p + n for n in ('input_layernorm.weight', 'post_attention_layernorm.weight'))
+        names.extend(p + 'self_attn.' + n for n in ('q_a_layernorm.weight', 'kv_a_layernorm.weight'))
+        for proj in ('q_a_proj', 'q_b_proj', 'kv_a_proj_with_mqa', 'kv_b_proj', 'o_proj'):
+            nvfp4(p + 'self_attn.' + proj)
+        mlps = [p + 'mlp.']
+        if layer:
+            names.extend(p + 'mlp.gate.' + n for n in ('weight', 'e_score_correction_bias'))
+            mlps = [p + 'mlp.experts.%d.' % e for e in range(384)] + [p + 'mlp.shared_experts.']
+        for mlp in mlps:
+            for proj in ('gate_proj', 'up_proj', 'down_proj'):
+                nvfp4(mlp + proj)
+    names.append('vision_tower.patch_embed.proj.weight')
+    for block in range(27):
+        p = 'vision_tower.encoder.blocks.%d.' % block
+        names.extend(p + n for n in ('wqkv.weight', 'wo.weight', 'mlp.fc0.weight', 'mlp.fc1.weight'))
+        names.extend(p + n for n in ('norm0.weight', 'norm1.weight'))
+    names.extend(('mm_projector.proj.0.weight', 'mm_projector.proj.2.weight'))
+    return names
+
+
 def startup_logs():
     """The recorded vLLM start-up logs on NVIDIA GPUs (tests/fixtures/startup_logs), by name."""
     folder = fixture_path('startup_logs')
@@ -279,3 +311,39 @@ def fake_dev(dest, drop=()):
             if os.path.basename(name) not in drop:
                 open(os.path.join(str(dest), name), 'w').close()
     return str(dest)
+
+
+def reserve_compared(log):
+    """Whether a log judges the reserve: its config reproduces its tokens (compare_tokens) and nothing outside the
+    reserve's terms moved its memory (compare_reserve, with its note)."""
+    return log.get('compare_tokens', True) and log.get('compare_reserve', True)
+
+
+def is_moe_at_scale(log):
+    """A start-up log of a mixture of experts at tensor parallel 4 or more that prints vLLM's loaded weights."""
+    from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import text_config
+
+    text = text_config(log['config'])
+    experts = text.get('n_routed_experts') or text.get('num_experts') or text.get('num_local_experts')
+    return bool(experts) and log['tensor_parallel_size'] >= 4 and log['logged'].get('weights_gib') is not None
+
+
+def predict_weights(log):
+    """What the preflight predicts before the download for a log's weights per GPU, in bytes: the tensors
+    config.json's layout gives (the vision tower left out where vLLM ran the language model only), as vLLM
+    spreads them over the log's tensor parallelism, and what vLLM adds after loading."""
+    from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import checkpoint_tensors, is_vision
+    from ansible_collections.llmserve.vllm.plugins.module_utils._weights import runtime_weight_bytes, weights_per_gpu
+
+    tensors = checkpoint_tensors(log['config'])
+    if log.get('language_model_only'):
+        tensors = dict((name, nbytes) for name, nbytes in tensors.items() if not is_vision(name))
+    tp = log['tensor_parallel_size']
+    per_gpu = weights_per_gpu(tensors, sum(tensors.values()), log['config'], tp, log['pipeline_parallel_size'])[0]
+    return per_gpu + runtime_weight_bytes(log["config"], tp, vllm_version=log["vllm_version"])
+
+
+def weights_error(log):
+    """(predicted − logged) / logged weights per GPU of a start-up log (predict_weights against "Model loading took")."""
+    logged = log['logged']['weights_gib'] * 1024**3
+    return (predict_weights(log) - logged) / logged

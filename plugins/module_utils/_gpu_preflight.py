@@ -43,13 +43,19 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import
 from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import App, Gpu
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import MIB, PreflightError, gib
 from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import estimate
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import Checkpoint
-from ansible_collections.llmserve.vllm.plugins.module_utils._weights import weights_per_gpu
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import INDEX_NAME, Checkpoint
+from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import is_vision, sized_from_config
+from ansible_collections.llmserve.vllm.plugins.module_utils._weights import runtime_weight_bytes, weights_per_gpu
 
 # vLLM's --gpu-memory-utilization when it is not given.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # What max_model_len says when the plan is to choose the longest context that fits.
 AUTO_MAX_MODEL_LEN = (None, 'auto', -1, '-1')
+
+# What the plan adds to predicted weights: vLLM's "Model loading took" was at most this much above the prediction
+# before download in every start-up log of a mixture of experts at TP >= 4 (tests/fixtures/startup_logs, judged by
+# tests/unit/plugins/module_utils/test_weights_calibration.py). Weights given (a measurement) get none.
+PREDICTED_WEIGHTS_MARGIN = 0.02
 
 # The options that decide vLLM's memory, beside the GPUs and the resolved KV-cache dtype: a measurement of one start
 # stands for another only where all of them are the same.
@@ -134,6 +140,7 @@ def plan(
     dtype_info: DtypeInfo,
     host: Optional[Host] = None,
     measurements: Optional[list[dict[str, Any]]] = None,
+    hf_quant_config: Optional[Config] = None,
 ) -> dict[str, Any]:
     """Compute the whole preflight answer.
 
@@ -143,7 +150,8 @@ def plan(
     host: optional callables for host facts {'belongs': f(pid), 'name': f(pid),
     'shm': f(path), 'port': f(host, port)}. measurements: vLLM's figures of earlier starts, each
     {'memory_key_id', 'startup': chat_check's startup, 'recorded_at', 'host'}; one of this plan's memory key sets
-    the KV cache exactly (its tokens as vLLM logged them), the prediction is returned beside it.
+    the KV cache exactly (its tokens as vLLM logged them), the prediction is returned beside it. hf_quant_config:
+    the checkpoint's hf_quant_config.json where vLLM reads it (it says which tensors are quantized before download).
     Returns the result dict (without changed).
     """
     host = host or {}
@@ -158,18 +166,20 @@ def plan(
         raise PreflightError('kv_cache_dtype %s: its size per element is not known to the preflight' % dtype)
     per_token, attention = kv_bytes_per_token(config, dtype_bytes, tp)
     check_pipeline_stages(config, pp)
-    weights_total, weights = weights_on_a_gpu(params, config, checkpoint, tp, pp, found)
+    weights_total, weights, weights_source = weights_on_a_gpu(params, config, checkpoint, tp, pp, found, hf_quant_config)
+    weights_margin = 0 if weights_source == 'given' else int(math.ceil(weights * PREDICTED_WEIGHTS_MARGIN))
     total = None if cpu else gpu_memory(params, gpus, gpus_used, apps, host, found)
     gpu_name = str(gpus_used[0].get('name') or '') if gpus_used and not cpu else ''
     reserve_parts = reserve_per_gpu(params, config, total, cpu, found, gpu_name)
     reserve = int(reserve_parts['total'])  # type: ignore[call-overload]
-    memory = Memory(params, total, weights, reserve, per_token)
+    memory = Memory(params, total, weights + weights_margin, reserve, per_token)
     sizing = Findings()
     size_kv_cache(memory, sizing)
     predicted = {
         'kv_cache_tokens': memory.tokens,
         'kv_cache_bytes': max(memory.budget, 0),
         'weights_bytes_per_gpu': weights,
+        'weights_margin_bytes_per_gpu': weights_margin,
         'reserve_bytes_per_gpu': reserve,
     }
     key = memory_key(params, gpus_used, dtype, cpu)
@@ -192,6 +202,8 @@ def plan(
         'gpus': gpus_used if not cpu else [],
         'weights_bytes_total': weights_total,
         'weights_bytes_per_gpu': weights,
+        'weights_margin_bytes_per_gpu': weights_margin,
+        'weights_source': weights_source,
         'reserve_bytes_per_gpu': reserve,
         'reserve': reserve_parts,
         'kv_cache_dtype': dtype,
@@ -271,6 +283,7 @@ def reserve_per_gpu(
         total or 0,
         params.get('max_num_seqs'),
         params.get('max_num_batched_tokens'),
+        vllm_version=params.get('vllm_version'),
         gpu_name=gpu_name,
         serves_images=serves_images(params, config),
     )
@@ -295,16 +308,31 @@ def check_pipeline_stages(config: Config, pp: int) -> None:
 
 
 def weights_on_a_gpu(
-    params: Params, config: Config, checkpoint: Optional[Checkpoint], tp: int, pp: int, found: Findings
-) -> tuple[int, int]:
-    """(bytes of all weights, bytes on the most loaded GPU): weights_bytes_per_gpu as given, or from the checkpoint."""
+    params: Params,
+    config: Config,
+    checkpoint: Optional[Checkpoint],
+    tp: int,
+    pp: int,
+    found: Findings,
+    hf_quant_config: Optional[Config] = None,
+) -> tuple[int, int, str]:
+    """(bytes of all weights, bytes on the most loaded GPU, where that figure comes from): weights_bytes_per_gpu as
+    given, or from the checkpoint: its headers, or before the download config.json's dimensions for the tensors
+    the index names (the index's total where the family is not modelled)."""
     given = params.get('weights_bytes_per_gpu')
     if checkpoint is not None:
         found.problems.extend(checkpoint.problems)
     if given is not None or checkpoint is None:
         weights = given or 0
-        return (checkpoint.total_bytes if checkpoint is not None else weights * tp * pp), weights
-    weights, estimated = weights_per_gpu(checkpoint.tensors, checkpoint.total_bytes, config, tp, pp)
+        return (checkpoint.total_bytes if checkpoint is not None else weights * tp * pp), weights, 'given'
+    tensors, source = sized_tensors(checkpoint, config, hf_quant_config)
+    loaded_total = max(checkpoint.total_bytes, sum(b for b in tensors.values() if b))
+    if not serves_images(params, config):
+        # --language-model-only: vLLM never builds the vision tower and its projector.
+        vision = [name for name in tensors if is_vision(name)]
+        loaded_total -= sum(tensors.pop(name) or 0 for name in vision)
+    weights, estimated = weights_per_gpu(tensors, loaded_total, config, tp, pp)
+    weights += runtime_weight_bytes(config, tp, hf_quant_config, params.get('vllm_version'))
     if estimated:
         index = checkpoint.source == 'index'
         found.warnings.append(
@@ -315,7 +343,29 @@ def weights_on_a_gpu(
                 'shards not downloaded' if index else 'shards missing or broken',
             )
         )
-    return checkpoint.total_bytes, weights
+        source = 'index'
+    elif source == 'config':
+        found.warnings.append(
+            'per-GPU weights predicted from %s\'s dimensions for the tensors %s names (shards not downloaded), '
+            'with a margin of %d %%' % (CONFIG_NAME, INDEX_NAME, round(100 * PREDICTED_WEIGHTS_MARGIN))
+        )
+    return max(checkpoint.total_bytes, loaded_total), weights, source
+
+
+def sized_tensors(
+    checkpoint: Checkpoint, config: Config, hf_quant_config: Optional[Config]
+) -> tuple[dict[str, Optional[int]], str]:
+    """The checkpoint's tensors, sized: from the headers, else from config.json's dimensions where its family is
+    modelled (_tensor_layout), else as they are (the index's total is then shared out by weights_per_gpu)."""
+    unsized = [name for name, nbytes in checkpoint.tensors.items() if nbytes is None]
+    if not unsized:
+        return dict(checkpoint.tensors), 'headers'
+    sized = sized_from_config(checkpoint.tensors, config, hf_quant_config)
+    if not sized:
+        return dict(checkpoint.tensors), 'index'
+    tensors = dict(checkpoint.tensors)
+    tensors.update((name, sized[name]) for name in unsized if name in sized)
+    return tensors, 'config'
 
 
 def gpu_memory(

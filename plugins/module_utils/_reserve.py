@@ -12,7 +12,9 @@ determine_available_memory; worker/worker.py in V0). The preflight computes ceil
 utilization) − weights − reserve, so the reserve is the sum of
 
 - the activation peak of the profile run at max_num_batched_tokens tokens, or of the sampler's dummy run
-  over max_num_seqs × vocabulary float32 logits, whichever is larger (they run one after the other);
+  over max_num_seqs × vocabulary logits, whichever is larger (they run one after the other), by the
+  sampler each vLLM version runs (sort-based, or FlashInfer's sort-free one from 0.33);
+- from 0.33, the model runner's per-sequence token counts for the penalties (max_num_seqs × vocabulary);
 - non-torch memory grown since the worker's first snapshot (cuBLAS workspaces; NCCL and custom
   all-reduce buffers when tensor parallel);
 - the CUDA-graph memory estimate, subtracted since vLLM 0.21 (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS);
@@ -44,11 +46,22 @@ ACTIVATION_BYTES = 2
 # 0.92 GiB apart: 109,760 B a token, against 110,592 here).
 INTERMEDIATE_COPIES = 3
 HIDDEN_COPIES = 3
-# The sampler's dummy run over max_num_seqs rows of the vocabulary: float32 logits and their scaled, softmaxed,
-# log-softmaxed and sorted copies, the sort's int64 indices. 40 bytes a logit: two logs with the same 256 x 151,936
-# logits (Qwen2.5-Math-1.5B on vLLM 0.7.2 V0 and Qwen3-235B on 0.10.2 V1) both print a 1.40 GiB activation peak,
-# 38.6 bytes a logit, where their forward passes need 0.24 and 0.19 GiB; rounded up.
-SAMPLER_BYTES_PER_LOGIT = 40
+# The sampler's dummy run over max_num_seqs rows of the vocabulary (vLLM's _dummy_sampler_run; rows are
+# min(max_num_seqs, max_num_batched_tokens) in V1), bytes a logit at its peak, read from each version's sampler:
+# - PyTorch's sort-based top-k/top-p (V0, and V1 up to the releases where FlashInfer is an optional extra that a
+#   plain `pip install vllm` leaves out): the bf16 logits, their float32 copy, the sorted values and the sort's
+#   int64 indices (2 + 4 + 4 + 8) and the sort's own workspace, 38 in all (36 above the bf16 input, measured on an
+#   H200; two logs with the same 256 x 151,936 logits, Qwen2.5-Math-1.5B on 0.7.2 V0 and Qwen3-235B on 0.10.2 V1,
+#   both print a 1.40 GiB activation peak: 38.6 bytes a logit);
+# - FlashInfer's sort-free sampler, a hard dependency and on by default from vLLM 0.33 (VLLM_USE_FLASHINFER_SAMPLER):
+#   the bf16 logits, the float32 copy, the top-k-masked logits and the probabilities, 14; where FlashInfer cannot
+#   run, the Triton top-k/top-p that replaces it works in place (6, with a buffer of one row per SM).
+# From 0.33 the model runner (V2) also keeps an int32 count of every token of every sequence for the penalties
+# (PenaltiesState.output_bin_counts, max_num_seqs x vocabulary), allocated before the profile and counted in it.
+SAMPLER_BYTES_PER_LOGIT_SORT = 38
+SAMPLER_BYTES_PER_LOGIT_FLASHINFER = 14
+PENALTY_COUNT_BYTES_PER_LOGIT = 4
+FLASHINFER_SAMPLER_SINCE = (0, 33)
 
 # Non-torch memory grown during the profile (cuBLAS workspaces and the like). vLLM 0.6 printed 0.35 GiB at tensor
 # parallel 1 (RTX 3090, Llama-3.1-8B, vllm-project/vllm#10517); 0.7 and later, whose baseline is taken after the
@@ -194,11 +207,16 @@ def estimate(
         parts.update(estimated=False, total=FALLBACK_RESERVE_BYTES)
         return parts
     hidden = _field(config, 'hidden_size') or 0
-    forward = tokens * per_token * ACTIVATION_BYTES
-    sampler = seqs * vocab * SAMPLER_BYTES_PER_LOGIT + tokens * hidden * ACTIVATION_BYTES
     version = version_tuple(vllm_version)
+    forward = tokens * per_token * ACTIVATION_BYTES
+    flashinfer = version is None or version >= FLASHINFER_SAMPLER_SINCE
+    rows = seqs if v0_accounting(version) else min(seqs, tokens)
+    per_logit = SAMPLER_BYTES_PER_LOGIT_FLASHINFER if flashinfer else SAMPLER_BYTES_PER_LOGIT_SORT
+    # The whole batch's hidden states stay alive through the sampler's run.
+    sampler = rows * vocab * per_logit + tokens * hidden * ACTIVATION_BYTES
     terms = {
         'activation': max(forward, sampler),
+        'penalty_counts': seqs * vocab * PENALTY_COUNT_BYTES_PER_LOGIT if flashinfer else 0,
         'non_torch': non_torch_bytes(tp, gpu_name, version),
         'cuda_graphs': 0
         if version is not None and version < CUDAGRAPH_ESTIMATE_SINCE

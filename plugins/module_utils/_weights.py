@@ -11,9 +11,11 @@ import re
 from collections.abc import Mapping
 from typing import Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, is_mla
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, is_mla, text_config
 from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_int
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import ceil_div
+from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import version_tuple
+from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import Quantization
 
 # Tensors every tensor-parallel rank holds in full in vLLM's DeepSeek-V2/V3 code
 # (ReplicatedLinear / disable_tp=True): the fused q_a/kv_a down-projections, norms,
@@ -187,3 +189,51 @@ def _layer_number(name: str) -> Optional[int]:
         if digits.isdigit():
             return int(digits)
     return None
+
+
+def runtime_weight_bytes(
+    config: Config, tp: int, hf_quant_config: Optional[Config] = None, vllm_version: Optional[str] = None
+) -> int:
+    """Bytes per GPU that vLLM adds to the loaded weights of an MLA model before it reports "Model loading took"
+    (MLACommonImpl.process_weights_after_loading; every original is kept, prefill uses them).
+
+    - Since 0.8: a quantized kv_b_proj is dequantized into a bfloat16 copy of this rank's heads, which W_UK_T and
+      W_UV view; an unquantized one is only viewed.
+    - 0.7 (VLLM_MLA_PERFORM_MATRIX_ABSORPTION, on by default): also W_QR, the rope part of the query projection in
+      bfloat16, and the absorbed W_Q_UK (query input x heads x kv_lora_rank) and W_UV_O (heads x kv_lora_rank x
+      hidden), requantized to FP8 with per-block float32 scales where the checkpoint is FP8, else bfloat16.
+    """
+    if not is_mla(config):
+        return 0
+    text = text_config(config)
+    prefix = 'language_model.' if text is not config else ''
+    quant = Quantization(config, hf_quant_config)
+    layers, heads, hidden, q_lora, nope, rope, v_dim, kv_lora = (
+        config_int(text, key, minimum=0, missing=0)
+        for key in (
+            'num_hidden_layers',
+            'num_attention_heads',
+            'hidden_size',
+            'q_lora_rank',
+            'qk_nope_head_dim',
+            'qk_rope_head_dim',
+            'v_head_dim',
+            'kv_lora_rank',
+        )
+    )
+    heads = ceil_div(heads, tp)
+    attention = prefix + 'model.layers.0.self_attn.'
+    per_layer = 0
+    if quant.quantizes(attention + 'kv_b_proj'):
+        per_layer += kv_lora * heads * (nope + v_dim) * 2
+    version = version_tuple(vllm_version)
+    if version is not None and version < (0, 8):
+        query_input = q_lora or hidden
+        absorbed = (query_input, heads * kv_lora), (heads * kv_lora, hidden)
+        per_layer += query_input * heads * rope * 2
+        if quant.quantizes(attention + 'o_proj') and quant.block is not None:
+            block_rows, block_columns = quant.block
+            per_layer += sum(r * c + ceil_div(r, block_rows) * ceil_div(c, block_columns) * 4 for r, c in absorbed)
+        else:
+            per_layer += sum(r * c * 2 for r, c in absorbed)
+    return layers * per_layer

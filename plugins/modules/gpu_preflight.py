@@ -12,8 +12,14 @@ description:
   - "Answers, in well under a second and before anything loads, what vLLM would only say after loading the weights
     (many minutes for a 540 GB checkpoint): whether the KV cache for O(max_model_len) fits, how many tokens it holds, and the
     largest context that fits."
-  - Weight bytes come from the safetensors headers (never the tensor data), or from C(model.safetensors.index.json) when the
-    shards are not downloaded yet. Shards that the index names but are missing or truncated are reported as problems.
+  - Weight bytes come from the safetensors headers (never the tensor data). Before the shards are downloaded they come
+    from C(config.json)'s dimensions and quantization config for the tensors C(model.safetensors.index.json) names
+    (Llama, Mistral, Qwen2/3 and their mixtures of experts, Mixtral, DeepSeek-V2/V3, Kimi-K2/K2.5; FP8 blocks, ModelOpt
+    NVFP4, compressed-tensors integer groups; a weight with a scale beside it in the index is quantized), else from the
+    index's C(total_size). Shards that the index names but are missing or truncated are reported as problems.
+  - What vLLM adds after loading counts too (a bfloat16 copy of a quantized MLA C(kv_b_proj); vLLM 0.7's absorbed MLA
+    matrices), and the plan keeps a margin of 2 % of the predicted weights beside them (RV(weights_margin_bytes_per_gpu)):
+    in the collected start-up logs vLLM's C(Model loading took) was at most 1.4 % above the prediction.
   - Per-GPU weights follow vLLM's tensor and pipeline parallelism; tensors every tensor-parallel rank holds in full (the MLA
     q_a/kv_a down-projections, norms, router gates; GQA key/value projections when there are fewer KV heads than ranks) are
     counted in full on every GPU; layers past C(num_hidden_layers) (DeepSeek's MTP layer) are not counted since vLLM does not load them.
@@ -197,6 +203,15 @@ options:
     type: str
     choices: [text_only, encoder_data_parallel, encoder_tensor_parallel]
     default: encoder_data_parallel
+  vllm_version:
+    description:
+      - The vLLM release that will serve (V(0.33.0)), for what differs between releases. The sampler of vLLM's profile
+        run (PyTorch's sort-based top-k/top-p at 38 bytes a logit before 0.33, FlashInfer's sort-free one at 14 with
+        the model runner's int32 penalty counts from 0.33), V0's accounting of the NCCL communicators before 0.10, the
+        CUDA-graph estimate subtracted since 0.21, and the matrices vLLM 0.7 absorbs into MLA's weights.
+      - Not given, or not a version, it is taken to be a current one (0.33 or later). The role passes the version
+        pinned in C(vllm_kimi_package_spec).
+    type: str
   block_size:
     description:
       - vLLM's KV-cache block size in tokens; the cache is allocated in whole blocks. 16 is vLLM's usual size on GPUs and its
@@ -306,10 +321,26 @@ weights_bytes_total:
   type: int
   sample: 540000000000
 weights_bytes_per_gpu:
-  description: Weight bytes on the most loaded GPU.
+  description: Weight bytes on the most loaded GPU, as vLLM holds them after loading (predicted; as given with O(weights_bytes_per_gpu)).
   returned: always
   type: int
-  sample: 69405082368
+  sample: 74427253056
+weights_margin_bytes_per_gpu:
+  description:
+    - What the plan keeps beside predicted weights, 2 % of RV(weights_bytes_per_gpu); V(0) for O(weights_bytes_per_gpu).
+      The KV budget, RV(max_model_len_fit) and the remedies are computed with it.
+  returned: always
+  type: int
+  sample: 1488545062
+weights_source:
+  description:
+    - Where RV(weights_bytes_per_gpu) comes from. V(headers) (the shards' safetensors headers), V(config) (before the
+      download, C(config.json)'s dimensions for the tensors the index names), V(index) (the index's C(total_size) shared
+      out, for a family the layout does not model) or V(given) (O(weights_bytes_per_gpu)).
+  returned: always
+  type: str
+  choices: [headers, config, index, given]
+  sample: config
 reserve_bytes_per_gpu:
   description: The reserve for activations, non-torch memory and CUDA graphs that was used.
   returned: always
@@ -340,7 +371,9 @@ reserve:
       type: int
       returned: when source is V(estimated) or V(fallback)
     activation:
-      description: The larger of the profile run's activation peak and the sampler's logits.
+      description:
+        - The larger of the profile run's activation peak and the sampler's dummy run over max_num_seqs × vocabulary
+          logits (with the batch's hidden states it keeps alive), by the sampler of O(vllm_version).
       type: int
       returned: when source is V(estimated)
     non_torch:
@@ -361,16 +394,23 @@ reserve:
           O(multimodal)); V(0) without a vision tower or with O(multimodal=text_only).
       type: int
       returned: when source is V(estimated)
+    penalty_counts:
+      description:
+        - vLLM 0.33's per-sequence int32 token counts for the penalties (max_num_seqs × vocabulary × 4 bytes), which
+          its profile counts; V(0) before 0.33 (O(vllm_version)).
+      type: int
+      returned: when source is V(estimated)
   sample:
     source: estimated
-    total: 4218421657
+    total: 5150605312
     max_num_seqs: 1024
     max_num_batched_tokens: 8192
-    activation: 2130706432
-    non_torch: 645922816
+    activation: 2466250752
+    penalty_counts: 671088640
+    non_torch: 268435456
     cuda_graphs: 1023410176
-    driver: 422785843
-    encoder_outputs: 0
+    driver: 603979776
+    encoder_outputs: 117440512
 kv_cache_dtype:
   description: The KV-cache dtype the plan uses (after V(auto) resolution, and after stripping when RV(strip_fp8_kv_cache)).
   returned: always
@@ -425,15 +465,20 @@ predicted:
       description: RV(weights_bytes_per_gpu).
       type: int
       returned: always
+    weights_margin_bytes_per_gpu:
+      description: RV(weights_margin_bytes_per_gpu).
+      type: int
+      returned: always
     reserve_bytes_per_gpu:
       description: RV(reserve_bytes_per_gpu).
       type: int
       returned: always
   sample:
-    kv_cache_tokens: 201088
-    kv_cache_bytes: 14130913280
-    weights_bytes_per_gpu: 69361787904
-    reserve_bytes_per_gpu: 8841592832
+    kv_cache_tokens: 160960
+    kv_cache_bytes: 11311359591
+    weights_bytes_per_gpu: 74427253056
+    weights_margin_bytes_per_gpu: 1488545062
+    reserve_bytes_per_gpu: 5150605312
 measured:
   description: The measurement the plan used (as recorded), or V({}) for none.
   returned: always
@@ -518,6 +563,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MA
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     CheckpointError,
     load_config,
+    read_hf_quant_config,
     resolve_kv_cache_dtype,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
@@ -601,6 +647,7 @@ ARGUMENT_SPEC = dict(
         choices=['text_only', 'encoder_data_parallel', 'encoder_tensor_parallel'],
         default='encoder_data_parallel',
     ),
+    vllm_version=dict(type='str'),
     block_size=dict(type='int', default=DEFAULT_BLOCK_SIZE),
     port=dict(type='int'),
     host=dict(type='str', default='127.0.0.1'),
@@ -769,7 +816,10 @@ def main():
         dtype_info = kv_cache_dtype_info(p, config)
         gpus, apps = gpus_and_apps(module, p)
         measurements = p['measurements'] + recorded_measurements(p['measurements_dir'])
-        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p), measurements))
+        hf_quant_config = read_hf_quant_config(p['model_path'], config)
+        result.update(
+            plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p), measurements, hf_quant_config)
+        )
     except (CheckpointError, command.CommandError, KvCacheQuantError, PreflightError) as exc:
         module.fail_json(msg=str(exc), **result)
 

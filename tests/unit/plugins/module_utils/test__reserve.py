@@ -77,7 +77,14 @@ def test_the_hosts_reserved_reading_wins_over_the_table():
     assert without['driver'] == int(616 * MIB * 0.9)
 
 
-def test_the_sampler_bounds_the_activation_at_many_sequences():
-    """256 sequences over a 128,256 vocabulary at 40 bytes a logit outweigh a 2,048-token forward pass."""
-    parts = estimate(CONFIG, 1, 0.9, 80 * 1024 * MIB, max_num_seqs=256, max_num_batched_tokens=2048)
-    assert parts['activation'] == 256 * 128256 * 40 + 2048 * 4096 * 2
+@pytest.mark.parametrize(
+    'version, per_logit, penalty_counts',
+    [('0.10.2', 38, 0), ('0.32.0', 38, 0), ('0.33.0', 14, 4), (None, 14, 4)],
+    ids=['sort-0.10', 'sort-0.32', 'flashinfer-0.33', 'current'],
+)
+def test_the_sampler_bounds_the_activation_at_many_sequences(version, per_logit, penalty_counts):
+    """256 sequences over a 128,256 vocabulary outweigh a 2,048-token forward pass: at 38 bytes a logit with PyTorch's
+    sort before vLLM 0.33, 14 with FlashInfer's sort-free sampler from 0.33, which also keeps 4-byte penalty counts."""
+    parts = estimate(CONFIG, 1, 0.9, 80 * 1024 * MIB, max_num_seqs=256, max_num_batched_tokens=2048, vllm_version=version)
+    assert parts['activation'] == 256 * 128256 * per_logit + 2048 * 4096 * 2
+    assert parts['penalty_counts'] == 256 * 128256 * penalty_counts

@@ -15,10 +15,10 @@ import statistics
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import FALLBACK_RESERVE_BYTES
-from ansible_collections.llmserve.vllm.tests.support import logged_tokens, predict, startup_logs
+from ansible_collections.llmserve.vllm.tests.support import logged_tokens, predict, reserve_compared, startup_logs
 
 LOGS = startup_logs()
-COMPARED = [log for log in LOGS if log.get('compare_tokens', True)]
+COMPARED = [log for log in LOGS if reserve_compared(log)]
 MEDIAN_LIMIT = 0.03
 WORST_LIMIT = 0.08
 
