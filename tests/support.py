@@ -168,7 +168,11 @@ def kimi_index_names():
     under language_model. (61 MLA layers, the first dense, the rest 384 routed experts and a shared one), every linear
     layer but the routers and lm_head in NVFP4 (weight, weight_scale, weight_scale_2, input_scale: hf_quant_config.json
     excludes only lm_head), the MoonViT tower and its patch-merger projector in bf16."""
-    names = ['language_model.model.embed_tokens.weight', 'language_model.model.norm.weight', 'language_model.lm_head.weight']
+    names = [
+        'language_model.model.embed_tokens.weight',
+        'language_model.model.norm.weight',
+        'language_model.lm_head.weight',
+    ]
 
     def nvfp4(module):
         names.extend(module + suffix for suffix in ('.weight', '.weight_scale', '.weight_scale_2', '.input_scale'))
@@ -340,7 +344,7 @@ def predict_weights(log):
         tensors = dict((name, nbytes) for name, nbytes in tensors.items() if not is_vision(name))
     tp = log['tensor_parallel_size']
     per_gpu = weights_per_gpu(tensors, sum(tensors.values()), log['config'], tp, log['pipeline_parallel_size'])[0]
-    return per_gpu + runtime_weight_bytes(log["config"], tp, vllm_version=log["vllm_version"])
+    return per_gpu + runtime_weight_bytes(log['config'], tp, vllm_version=log['vllm_version'])
 
 
 def weights_error(log):

@@ -166,7 +166,9 @@ def plan(
         raise PreflightError('kv_cache_dtype %s: its size per element is not known to the preflight' % dtype)
     per_token, attention = kv_bytes_per_token(config, dtype_bytes, tp)
     check_pipeline_stages(config, pp)
-    weights_total, weights, weights_source = weights_on_a_gpu(params, config, checkpoint, tp, pp, found, hf_quant_config)
+    weights_total, weights, weights_source = weights_on_a_gpu(
+        params, config, checkpoint, tp, pp, found, hf_quant_config
+    )
     weights_margin = 0 if weights_source == 'given' else int(math.ceil(weights * PREDICTED_WEIGHTS_MARGIN))
     total = None if cpu else gpu_memory(params, gpus, gpus_used, apps, host, found)
     gpu_name = str(gpus_used[0].get('name') or '') if gpus_used and not cpu else ''
@@ -346,7 +348,7 @@ def weights_on_a_gpu(
         source = 'index'
     elif source == 'config':
         found.warnings.append(
-            'per-GPU weights predicted from %s\'s dimensions for the tensors %s names (shards not downloaded), '
+            "per-GPU weights predicted from %s's dimensions for the tensors %s names (shards not downloaded), "
             'with a margin of %d %%' % (CONFIG_NAME, INDEX_NAME, round(100 * PREDICTED_WEIGHTS_MARGIN))
         )
     return max(checkpoint.total_bytes, loaded_total), weights, source

@@ -235,7 +235,8 @@ class Quantization:
         else:
             self.method = method or 'unknown'
         self.excluded = [
-            str(m) for m in (quant.get('exclude_modules') or quant.get('modules_to_not_convert') or quant.get('ignore') or [])
+            str(m)
+            for m in (quant.get('exclude_modules') or quant.get('modules_to_not_convert') or quant.get('ignore') or [])
         ]
 
     def quantizes(self, module: str) -> bool:
@@ -354,5 +355,7 @@ def sized_from_config(names: Any, config: Config, hf_quant_config: Optional[Conf
     if generated is None or not names:
         return None
     by_bare_name = dict((_strip_known_prefix(n), b) for n, b in generated.items())
-    sized = dict((name, by_bare_name[bare]) for name in names for bare in (_strip_known_prefix(name),) if bare in by_bare_name)
+    sized = dict(
+        (name, by_bare_name[bare]) for name in names for bare in (_strip_known_prefix(name),) if bare in by_bare_name
+    )
     return sized if len(sized) >= MIN_MATCHED * len(names) else None

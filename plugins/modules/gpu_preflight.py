@@ -817,9 +817,7 @@ def main():
         gpus, apps = gpus_and_apps(module, p)
         measurements = p['measurements'] + recorded_measurements(p['measurements_dir'])
         hf_quant_config = read_hf_quant_config(p['model_path'], config)
-        result.update(
-            plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p), measurements, hf_quant_config)
-        )
+        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p), measurements, hf_quant_config))
     except (CheckpointError, command.CommandError, KvCacheQuantError, PreflightError) as exc:
         module.fail_json(msg=str(exc), **result)
 

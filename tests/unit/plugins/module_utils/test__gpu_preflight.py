@@ -9,7 +9,10 @@ import shutil
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import read_hf_quant_config, resolve_kv_cache_dtype
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+    read_hf_quant_config,
+    resolve_kv_cache_dtype,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import Findings, check_nvidia_devices, plan
 from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import device_node_exists
 from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import parse_apps, parse_gpus, parse_persistence
@@ -77,7 +80,9 @@ def kimi(tmp_path):
     for name in ('config.json', 'hf_quant_config.json'):
         shutil.copy(fixture_path('checkpoints', 'kimi-k2.5-nvfp4', name), str(tmp_path / name))
     names = kimi_index_names()
-    weight_map = dict((name, 'model-%05d-of-00119.safetensors' % (i * 119 // len(names) + 1)) for i, name in enumerate(names))
+    weight_map = dict(
+        (name, 'model-%05d-of-00119.safetensors' % (i * 119 // len(names) + 1)) for i, name in enumerate(names)
+    )
     (tmp_path / 'model.safetensors.index.json').write_text(
         json.dumps({'metadata': {'total_size': KIMI_TOTAL_SIZE}, 'weight_map': weight_map})
     )

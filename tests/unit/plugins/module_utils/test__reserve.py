@@ -85,6 +85,8 @@ def test_the_hosts_reserved_reading_wins_over_the_table():
 def test_the_sampler_bounds_the_activation_at_many_sequences(version, per_logit, penalty_counts):
     """256 sequences over a 128,256 vocabulary outweigh a 2,048-token forward pass: at 38 bytes a logit with PyTorch's
     sort before vLLM 0.33, 14 with FlashInfer's sort-free sampler from 0.33, which also keeps 4-byte penalty counts."""
-    parts = estimate(CONFIG, 1, 0.9, 80 * 1024 * MIB, max_num_seqs=256, max_num_batched_tokens=2048, vllm_version=version)
+    parts = estimate(
+        CONFIG, 1, 0.9, 80 * 1024 * MIB, max_num_seqs=256, max_num_batched_tokens=2048, vllm_version=version
+    )
     assert parts['activation'] == 256 * 128256 * per_logit + 2048 * 4096 * 2
     assert parts['penalty_counts'] == 256 * 128256 * penalty_counts

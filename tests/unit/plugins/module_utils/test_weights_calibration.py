@@ -26,7 +26,12 @@ error = weights_error
 
 def test_the_mixtures_of_experts_at_scale_are_there():
     """DeepSeek-V2 and V3 (MLA, on vLLM 0.7's absorbed matrices), Qwen3-MoE at TP 4 and 8, Kimi-K2.6 in INT4."""
-    assert sorted(set(log['config']['model_type'] for log in MOE)) == ['deepseek_v2', 'deepseek_v3', 'kimi_k25', 'qwen3_moe']
+    assert sorted(set(log['config']['model_type'] for log in MOE)) == [
+        'deepseek_v2',
+        'deepseek_v3',
+        'kimi_k25',
+        'qwen3_moe',
+    ]
 
 
 @pytest.mark.parametrize('log', MOE, ids=[log['name'] for log in MOE])
@@ -58,6 +63,8 @@ def test_the_kimi_k26_config_is_its_checkpoint():
     total = sum(checkpoint_tensors(kimi['config']).values()) / GIB
     assert abs(total - kimi['logged']['checkpoint_size_gib']) / kimi['logged']['checkpoint_size_gib'] < 0.005
     text = dict(kimi['config']['text_config'])
-    quant = dict(text['quantization_config'], ignore=[p for p in text['quantization_config']['ignore'] if 'shared' not in p])
+    quant = dict(
+        text['quantization_config'], ignore=[p for p in text['quantization_config']['ignore'] if 'shared' not in p]
+    )
     wider = dict(kimi['config'], text_config=dict(text, quantization_config=quant))
     assert abs(sum(checkpoint_tensors(wider).values()) / GIB - kimi['logged']['checkpoint_size_gib']) > 0.005 * 554.3
