@@ -84,20 +84,24 @@ def main():
 
 
 def weights_table():
-    """Weights per GPU before the download (config.json's layout) against each log's "Model loading took"."""
+    """Weights per GPU before the download against each log's "Model loading took": the index's total shared out over
+    the GPUs (the earlier model), and config.json's layout."""
     print()
-    print('| log (* held out) | model type | TP | vLLM | logged GiB | predicted GiB | error |')
-    print('|---|---|---|---|---|---|---|')
-    errors = {False: [], True: []}
-    moe = []
+    print('| log (* held out) | model type | TP | vLLM | logged GiB | index total: GiB | error | layout: GiB | error |')
+    print('|---|---|---|---|---|---|---|---|---|')
+    errors = {label: {False: [], True: [], 'moe': []} for label in ('before', 'after')}
     for log in startup_logs():
         logged = log['logged']['weights_gib'] * 1024**3
-        err = (predict_weights(log) - logged) / logged
-        errors[log['held_out']].append(err)
-        if is_moe_at_scale(log):
-            moe.append(err)
+        cells = []
+        for label, sized in (('before', False), ('after', True)):
+            predicted = predict_weights(log, sized)
+            err = (predicted - logged) / logged
+            errors[label][log['held_out']].append(err)
+            if is_moe_at_scale(log):
+                errors[label]['moe'].append(err)
+            cells += ['%.2f' % (predicted / 1024**3), percent(err)]
         print(
-            '| %s%s | %s | %d | %s | %.2f | %.2f | %s |'
+            '| %s%s | %s | %d | %s | %.2f | %s |'
             % (
                 log['name'],
                 ' *' if log['held_out'] else '',
@@ -105,24 +109,21 @@ def weights_table():
                 log['tensor_parallel_size'],
                 log['vllm_version'],
                 log['logged']['weights_gib'],
-                predict_weights(log) / 1024**3,
-                percent(err),
+                ' | '.join(cells),
             )
         )
     print()
-    print('| weights | logs | median abs error | worst abs error | most below |')
+    print('| weights before download | logs | median abs error | worst abs error | most below |')
     print('|---|---|---|---|---|')
-    for which, errs in (
-        ('fitted', errors[False]),
-        ('held out', errors[True]),
-        ('MoE at TP >= 4', moe),
-        ('all', errors[False] + errors[True]),
-    ):
-        absolute = [abs(e) for e in errs]
-        print(
-            '| before download | %s (%d) | %.1f %% | %.1f %% | %s |'
-            % (which, len(errs), 100 * statistics.median(absolute), 100 * max(absolute), percent(min(errs)))
-        )
+    for label in ('before', 'after'):
+        name = 'index total shared out' if label == 'before' else "config.json's layout"
+        for which, key in (('fitted', False), ('held out', True), ('MoE at TP >= 4', 'moe')):
+            errs = errors[label][key]
+            absolute = [abs(e) for e in errs]
+            print(
+                '| %s | %s (%d) | %.1f %% | %.1f %% | %s |'
+                % (name, which, len(errs), 100 * statistics.median(absolute), 100 * max(absolute), percent(min(errs)))
+            )
 
 
 if __name__ == '__main__':

@@ -332,10 +332,11 @@ def is_moe_at_scale(log):
     return bool(experts) and log['tensor_parallel_size'] >= 4 and log['logged'].get('weights_gib') is not None
 
 
-def predict_weights(log):
+def predict_weights(log, sized=True):
     """What the preflight predicts before the download for a log's weights per GPU, in bytes: the tensors
     config.json's layout gives (the vision tower left out where vLLM ran the language model only), as vLLM
-    spreads them over the log's tensor parallelism, and what vLLM adds after loading."""
+    spreads them over the log's tensor parallelism, and what vLLM adds after loading. sized False is the earlier
+    model, which had the index's names and total but no size of its own: the total shared out over the GPUs."""
     from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import checkpoint_tensors, is_vision
     from ansible_collections.llmserve.vllm.plugins.module_utils._weights import runtime_weight_bytes, weights_per_gpu
 
@@ -343,11 +344,14 @@ def predict_weights(log):
     if log.get('language_model_only'):
         tensors = dict((name, nbytes) for name, nbytes in tensors.items() if not is_vision(name))
     tp = log['tensor_parallel_size']
-    per_gpu = weights_per_gpu(tensors, sum(tensors.values()), log['config'], tp, log['pipeline_parallel_size'])[0]
+    total = sum(tensors.values())
+    if not sized:
+        return weights_per_gpu(dict.fromkeys(tensors), total, log['config'], tp, log['pipeline_parallel_size'])[0]
+    per_gpu = weights_per_gpu(tensors, total, log['config'], tp, log['pipeline_parallel_size'])[0]
     return per_gpu + runtime_weight_bytes(log['config'], tp, vllm_version=log['vllm_version'])
 
 
-def weights_error(log):
+def weights_error(log, sized=True):
     """(predicted − logged) / logged weights per GPU of a start-up log (predict_weights against "Model loading took")."""
     logged = log['logged']['weights_gib'] * 1024**3
-    return (predict_weights(log) - logged) / logged
+    return (predict_weights(log, sized) - logged) / logged
