@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """playbooks/preflight.yml for real: ansible-playbook on an inventory of two local hosts.
 
-One plans Kimi-K2.5 (config, hf_quant_config.json with FP8 KV, index only) for eight
+One plans Kimi-K2.5 (its config, hf_quant_config.json with FP8 KV, an index only) for eight
 RTX PRO 6000 given as vllm_kimi_preflight_gpus; the other sizes a tiny checkpoint for the CPU
 build. The plan of each host is printed, and hosts whose start would fail fail.
 """
@@ -17,25 +17,25 @@ import os
 import subprocess
 import sys
 
+import shutil
+
 import pytest
+
+from ansible_collections.llmserve.vllm.tests.support import fixture_path, kimi_index_names
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 PLAYBOOK = os.path.join(ROOT, 'playbooks', 'preflight.yml')
-KIMI_TEXT = {'model_type': 'deepseek_v3', 'num_hidden_layers': 61, 'hidden_size': 7168, 'kv_lora_rank': 512,
-             'qk_rope_head_dim': 64, 'q_lora_rank': 1536, 'n_routed_experts': 384, 'first_k_dense_replace': 1,
-             'num_attention_heads': 64, 'max_position_embeddings': 262144, 'torch_dtype': 'bfloat16'}
 RTX = {'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}
 
 
 def make_kimi(d):
+    """Kimi-K2.5-NVFP4 before the download: its config and hf_quant_config.json, an index naming its tensors."""
     d.mkdir()
-    (d / 'config.json').write_text(json.dumps({'model_type': 'kimi_k25', 'text_config': KIMI_TEXT}))
-    (d / 'hf_quant_config.json').write_text(json.dumps({
-        'producer': {'name': 'modelopt'},
-        'quantization': {'quant_algo': 'NVFP4', 'group_size': 16, 'kv_cache_quant_algo': 'FP8', 'exclude_modules': []}}))
+    for name in ('config.json', 'hf_quant_config.json'):
+        shutil.copy(fixture_path('checkpoints', 'kimi-k2.5-nvfp4', name), str(d / name))
     (d / 'model.safetensors.index.json').write_text(json.dumps({
         'metadata': {'total_size': 540 * 10 ** 9},
-        'weight_map': {'language_model.model.layers.0.mlp.experts.0.up_proj.weight': 'model-00001-of-00119.safetensors'}}))
+        'weight_map': dict.fromkeys(kimi_index_names(), 'model-00001-of-00119.safetensors')}))
 
 
 def make_tiny(d):
@@ -64,8 +64,10 @@ def run_playbook(tmp_path, hosts):
                        'mla attention, 70272 bytes per token per GPU', 'GPU 7, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 0, 12.0']),
     (0.9, 262144, 2, ['Verdict: DOES NOT FIT with max_model_len 262144',
                       "Problem: To serve at least one request with the model''s max seq len (262144), (17.16 GiB KV cache is needed",
-                      'Remedy: set max_model_len to 250496 (fits at gpu_memory_utilization 0.9)',
-                      'Remedy: set gpu_memory_utilization to 0.91 (fits max_model_len 262144)']),
+                      'Weights: 581.90 GB in the checkpoint, 69.32 GiB on the most loaded GPU (config), planned with 1.39 GiB margin',
+                      'Reserve: 4.80 GiB per GPU (estimated)',
+                      'Remedy: set max_model_len to 160960 (fits at gpu_memory_utilization 0.9)',
+                      'Remedy: set gpu_memory_utilization to 0.97 (fits max_model_len 262144)']),
 ])
 def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc, expected):
     make_kimi(tmp_path / 'kimi')
