@@ -142,14 +142,41 @@ def read_header(path: str) -> Shard:
             raw = f.read(n)
     except OSError as exc:
         raise CheckpointError('cannot read %s: %s' % (path, exc.strerror or exc)) from exc
+    tensors, data_end = _parse_header(raw, path)
+    expected = 8 + n + data_end
+    if file_bytes < expected:
+        raise CheckpointError(
+            '%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)'
+            % (path, file_bytes, expected)
+        )
+    return Shard(path, tensors, 8 + n, data_end, file_bytes)
+
+
+def parse_header(header_json: bytes, where: str, data_bytes_available: Optional[int]) -> dict[str, int]:
+    """{tensor: bytes} of a safetensors header's JSON, read from a file or fetched from elsewhere.
+
+    ``where`` names its source in messages; ``data_bytes_available``, when known, is how many
+    bytes follow the header, which must hold every tensor's data. Raises CheckpointError.
+    """
+    tensors, data_end = _parse_header(header_json, where)
+    if data_bytes_available is not None and data_end > data_bytes_available:
+        raise CheckpointError(
+            '%s is truncated: its header describes %d bytes of tensor data, %d follow it'
+            % (where, data_end, data_bytes_available)
+        )
+    return tensors
+
+
+def _parse_header(raw: bytes, where: str) -> tuple[dict[str, int], int]:
+    """({tensor: bytes}, end of the last tensor's data) of a header's JSON; CheckpointError naming ``where``."""
     try:
         header = json.loads(raw.decode('utf-8'))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError('%s has an invalid header (not JSON): %s' % (path, exc)) from exc
+        raise CheckpointError('%s has an invalid header (not JSON): %s' % (where, exc)) from exc
     except RecursionError:
-        raise CheckpointError('%s has an invalid header (nested too deeply)' % path) from None
+        raise CheckpointError('%s has an invalid header (nested too deeply)' % where) from None
     if not isinstance(header, dict):
-        raise CheckpointError('%s has an invalid header: a JSON object was expected' % path)
+        raise CheckpointError('%s has an invalid header: a JSON object was expected' % where)
     tensors = {}
     data_end = 0
     # The hot loop of a 280,000-tensor checkpoint: entry_problem's checks, lean (JSON true and
@@ -175,18 +202,12 @@ def read_header(path: str) -> Shard:
             valid = False
         if not valid:
             raise CheckpointError(
-                '%s has an invalid header entry for tensor %s: %s' % (path, name, entry_problem(info))
+                '%s has an invalid header entry for tensor %s: %s' % (where, name, entry_problem(info))
             )
         tensors[name] = end - begin
         if end > data_end:
             data_end = end
-    expected = 8 + n + data_end
-    if file_bytes < expected:
-        raise CheckpointError(
-            '%s is truncated: %d bytes on disk, its header describes %d (an unfinished download?)'
-            % (path, file_bytes, expected)
-        )
-    return Shard(path, tensors, 8 + n, data_end, file_bytes)
+    return tensors, data_end
 
 
 class Checkpoint:

@@ -1,0 +1,211 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The safetensors headers of a Hub repository's shards, read over HTTP byte ranges before any download.
+
+PRIVATE to the collection: this is not a public API; it may change without notice.
+
+As ``huggingface_hub.get_safetensors_metadata`` does: for each shard ``GET
+{endpoint}/{repo_id}/resolve/{revision}/{file}`` with ``Range: bytes=0-7`` gives the header
+length N, then ``Range: bytes=8-{8+N-1}`` the header itself, so every tensor is sized exactly
+while only a few kilobytes to a few megabytes per shard cross the network. The Hub redirects
+LFS files to its storage; the redirect is followed with the Range, the token stays behind.
+"""
+
+import struct
+from http.client import HTTPException
+from typing import Any, Callable, Optional
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote
+
+from ansible.module_utils import urls
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
+from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+    READ_CHUNK,
+    _mask,
+    _read_limited,
+    _status_problem,
+    endpoint_problem,
+    name_problem,
+    repo_id_problem,
+    revision_problem,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import MAX_HEADER_BYTES, parse_header
+
+
+class HeaderFetchError(Exception):
+    """A shard's header cannot be had or read; the message names its URL and why."""
+
+
+def resolve_url(endpoint: str, repo_id: str, revision: str, name: str) -> str:
+    """The URL of one file of a revision."""
+    return '%s/%s/resolve/%s/%s' % (endpoint.rstrip('/'), repo_id, quote(revision, safe=''), quote(name))
+
+
+def _file_bytes(response: Any) -> Optional[int]:
+    """The whole file's size as the answer tells it (Content-Range of a 206, Content-Length of a 200), or None."""
+    if response.getcode() == 206:
+        total = (response.headers.get('Content-Range') or '').rpartition('/')[2]
+    else:
+        total = response.headers.get('Content-Length') or ''
+    return int(total) if total.isdigit() else None
+
+
+class _Fetch:
+    """The ranged GETs of one file."""
+
+    def __init__(
+        self, opener: Callable[..., Any], url: str, repo_id: str, revision: str, token: Optional[str], timeout: float
+    ) -> None:
+        self.opener = opener
+        self.url = url
+        self.repo_id = repo_id
+        self.revision = revision
+        self.token = token
+        self.timeout = timeout
+
+    def get(self, first: int, last: int) -> Any:
+        """The open answer to ``Range: bytes=first-last``: a 206, or a 200 of the whole file."""
+        headers = {'Range': 'bytes=%d-%d' % (first, last)}
+        if self.token:
+            headers['Authorization'] = 'Bearer %s' % self.token
+        try:
+            response = self.opener(
+                self.url,
+                headers=headers,
+                method='GET',
+                timeout=self.timeout,
+                follow_redirects='safe',
+                unredirected_headers=['Authorization'],
+                decompress=False,
+            )
+        except HTTPError as exc:
+            try:
+                body = _read_limited(exc, 4096) or b''
+            finally:
+                exc.close()
+            raise HeaderFetchError(self.status_problem(exc.code, exc.headers, body)) from None
+        if response.getcode() not in (200, 206):
+            response.close()
+            raise HeaderFetchError(self.status_problem(response.getcode(), response.headers, b''))
+        return response
+
+    def status_problem(self, status: int, headers: Any, body: bytes) -> str:
+        if status in (401, 403):
+            return _status_problem(status, headers, body, self.url, self.repo_id, self.revision, self.token)
+        hub_says = _mask((headers.get('X-Error-Message') if headers is not None else None) or '', self.token)
+        detail = ' (the Hub says: %s)' % hub_says[:300] if hub_says else ''
+        if status == 404:
+            cause = 'no such file in %s at revision %s' % (self.repo_id, self.revision)
+        elif status == 416:
+            cause = 'the file is shorter than the 8-byte header length'
+        else:
+            cause = 'the Hub did not give the bytes asked for'
+        return '%s answered HTTP %d: %s%s' % (self.url, status, cause, detail)
+
+    def read(self, response: Any, count: int) -> bytes:
+        """At most ``count`` bytes of the body: fewer only when the file ends first.
+
+        An answer that ends short of its own Content-Length was cut (http.client's read does not say so).
+        """
+        body = bytearray()
+        while len(body) < count:
+            chunk = response.read(min(READ_CHUNK, count - len(body)))
+            if not chunk:
+                break
+            body += chunk
+        length = response.headers.get('Content-Length') or ''
+        if length.isdigit() and len(body) < min(count, int(length)):
+            raise HeaderFetchError(
+                'cannot fetch %s: the answer ended after %d of its %s bytes (the connection was cut)'
+                % (self.url, len(body), length)
+            )
+        return bytes(body)
+
+    def header(self, n: int) -> bytes:
+        """The n bytes of header JSON after the length, by the second ranged GET."""
+        if not n:
+            return b''
+        response = self.get(8, 8 + n - 1)
+        try:
+            if response.getcode() == 206:
+                return self.read(response, n)
+            return self.read(response, 8 + n)[8:]
+        finally:
+            response.close()
+
+    def tensors(self) -> dict[str, int]:
+        response = self.get(0, 7)
+        try:
+            whole = response.getcode() == 200
+            file_bytes = _file_bytes(response)
+            head = self.read(response, 8)
+            if len(head) < 8:
+                raise HeaderFetchError(
+                    '%s is truncated: %d bytes, shorter than the 8-byte header length' % (self.url, len(head))
+                )
+            (n,) = struct.unpack('<Q', head)
+            if n > MAX_HEADER_BYTES:
+                raise HeaderFetchError(
+                    '%s has a header length of %d bytes, above the 100 MB safetensors limit: '
+                    'not a safetensors file or corrupt' % (self.url, n)
+                )
+            if file_bytes is not None and 8 + n > file_bytes:
+                raise HeaderFetchError(
+                    '%s is truncated: its header length %d reaches beyond the end of the file (%d bytes)'
+                    % (self.url, n, file_bytes)
+                )
+            if whole:
+                # The range was not honoured: the header follows in the same answer, read no further.
+                raw = self.read(response, n)
+        finally:
+            response.close()
+        if not whole:
+            raw = self.header(n)
+        if len(raw) < n:
+            raise HeaderFetchError(
+                '%s is truncated: its header length is %d, the answer ended after %d header bytes'
+                % (self.url, n, len(raw))
+            )
+        available = None if file_bytes is None else file_bytes - 8 - n
+        try:
+            return parse_header(raw, self.url, available)
+        except CheckpointError as exc:
+            raise HeaderFetchError(str(exc)) from None
+
+
+def fetch_headers(
+    endpoint: str,
+    repo_id: str,
+    revision: str,
+    files: list[str],
+    token: Optional[str] = None,
+    timeout: float = 30,
+    open_url: Optional[Callable[..., Any]] = None,
+) -> dict[str, dict[str, int]]:
+    """{file: {tensor: bytes}} of each safetensors file of a revision, from its header alone.
+
+    Two ranged GETs per file, each file within ``timeout`` seconds. Raises HeaderFetchError.
+    """
+    for problem in (endpoint_problem(endpoint), repo_id_problem(repo_id), revision_problem(revision, True)):
+        if problem:
+            raise HeaderFetchError(problem)
+    opener = open_url or urls.open_url
+    found = {}
+    for name in files:
+        problem = name_problem(name)
+        if problem:
+            raise HeaderFetchError('file name %r %s' % (name, problem))
+        url = resolve_url(endpoint, repo_id, revision, name)
+        try:
+            with deadline(timeout):
+                found[name] = _Fetch(opener, url, repo_id, revision, token, timeout).tensors()
+        except DeadlinePassed:
+            raise HeaderFetchError('%s gave no complete header within %d s' % (url, timeout)) from None
+        except (URLError, HTTPException, OSError, ValueError) as exc:
+            reason = getattr(exc, 'reason', None) or exc
+            raise HeaderFetchError('cannot fetch %s: %s' % (url, _mask(str(reason), token))) from exc
+    return found
