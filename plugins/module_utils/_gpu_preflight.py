@@ -357,11 +357,12 @@ def weights_on_a_gpu(
 def sized_tensors(
     checkpoint: Checkpoint, config: Config, hf_quant_config: Optional[Config]
 ) -> tuple[dict[str, Optional[int]], str]:
-    """The checkpoint's tensors, sized: from the headers, else from config.json's dimensions where its family is
-    modelled (_tensor_layout), else as they are (the index's total is then shared out by weights_per_gpu)."""
+    """The checkpoint's tensors, sized: from the headers (on disk, or read from the Hub), else from config.json's
+    dimensions where its family is modelled (_tensor_layout), else as they are (the index's total is then shared
+    out by weights_per_gpu)."""
     unsized = [name for name, nbytes in checkpoint.tensors.items() if nbytes is None]
     if not unsized:
-        return dict(checkpoint.tensors), 'headers'
+        return dict(checkpoint.tensors), 'hub' if checkpoint.source == 'hub' else 'headers'
     sized = sized_from_config(checkpoint.tensors, config, hf_quant_config)
     if not sized:
         return dict(checkpoint.tensors), 'index'

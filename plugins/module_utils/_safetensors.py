@@ -215,7 +215,8 @@ class Checkpoint:
 
     ``tensors``: {name: bytes} when sizes are known (from headers), else {name: None}
     (from the index only). ``total_bytes``: sum of tensor bytes (headers) or the
-    index's metadata.total_size. ``source``: ``headers`` or ``index``. ``problems``:
+    index's metadata.total_size. ``source``: ``headers``, ``index``, or ``hub`` once the module has sized an index's
+    tensors from the shards' headers on the Hub. ``problems``:
     shards the index names that are missing or truncated.
     """
 

@@ -203,6 +203,36 @@ options:
     type: str
     choices: [text_only, encoder_data_parallel, encoder_tensor_parallel]
     default: encoder_data_parallel
+  hub:
+    description:
+      - The Hub revision the checkpoint comes from, for a plan before its shards are downloaded. Where
+        O(model_path) holds the weights index but none of its shards, the module reads each shard's safetensors
+        header over two byte ranges of C({endpoint}/{repo_id}/resolve/{revision}/{file}) (a few kilobytes a shard, as
+        huggingface_hub's C(get_safetensors_metadata) does), so every tensor is sized exactly
+        (RV(weights_source=hub)).
+      - Where the headers cannot be had (no network, a gated repository without O(hub.token)), a warning says why and
+        the weights come from C(config.json)'s layout. The role passes its staged revision.
+    type: dict
+    suboptions:
+      repo_id:
+        description: The repository, C(owner/name).
+        type: str
+        required: true
+      revision:
+        description: The revision, best its full commit.
+        type: str
+        required: true
+      endpoint:
+        description: The Hub or a mirror of it.
+        type: str
+        default: https://huggingface.co
+      token:
+        description: A token for gated or private repositories, sent to the endpoint only (not to the storage it redirects to).
+        type: str
+      timeout:
+        description: Seconds for each shard's two requests.
+        type: int
+        default: 30
   vllm_version:
     description:
       - The vLLM release that will serve (V(0.33.0)), for what differs between releases. The sampler of vLLM's profile
@@ -334,12 +364,13 @@ weights_margin_bytes_per_gpu:
   sample: 1488545062
 weights_source:
   description:
-    - Where RV(weights_bytes_per_gpu) comes from. V(headers) (the shards' safetensors headers), V(config) (before the
-      download, C(config.json)'s dimensions for the tensors the index names), V(index) (the index's C(total_size) shared
-      out, for a family the layout does not model) or V(given) (O(weights_bytes_per_gpu)).
+    - Where RV(weights_bytes_per_gpu) comes from. V(headers) (the shards' safetensors headers), V(hub) (before the
+      download, the shards' headers read from the Hub, O(hub)), V(config) (before the download, C(config.json)'s
+      dimensions for the tensors the index names), V(index) (the index's C(total_size) shared out, for a family the
+      layout does not model) or V(given) (O(weights_bytes_per_gpu)).
   returned: always
   type: str
-  choices: [headers, config, index, given]
+  choices: [headers, hub, config, index, given]
   sample: config
 reserve_bytes_per_gpu:
   description: The reserve for activations, non-torch memory and CUDA graphs that was used.
@@ -581,6 +612,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import 
     process_name,
     shm_size,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import HeaderFetchError, fetch_headers
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import DEFAULT_ENDPOINT
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import DEFAULT_BLOCK_SIZE
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
     RECORD_NAME,
@@ -648,6 +681,16 @@ ARGUMENT_SPEC = dict(
         default='encoder_data_parallel',
     ),
     vllm_version=dict(type='str'),
+    hub=dict(
+        type='dict',
+        options=dict(
+            repo_id=dict(type='str', required=True),
+            revision=dict(type='str', required=True),
+            endpoint=dict(type='str', default=DEFAULT_ENDPOINT),
+            token=dict(type='str', no_log=True),
+            timeout=dict(type='int', default=30),
+        ),
+    ),
     block_size=dict(type='int', default=DEFAULT_BLOCK_SIZE),
     port=dict(type='int'),
     host=dict(type='str', default='127.0.0.1'),
@@ -709,6 +752,23 @@ def model_path_error(path):
         return 'model_path %s does not exist' % path
     if not os.path.isdir(path):
         return 'model_path %s is not a directory' % path
+    return None
+
+
+def size_from_hub(checkpoint, hub):
+    """Size the tensors of a checkpoint planned from its index alone from its shards' headers on the Hub; returns a
+    warning where they cannot be had (the plan then predicts the sizes), else None."""
+    if checkpoint is None or checkpoint.source != 'index' or not hub:
+        return None
+    try:
+        headers = fetch_headers(
+            hub['endpoint'], hub['repo_id'], hub['revision'], checkpoint.missing, hub['token'], hub['timeout']
+        )
+    except HeaderFetchError as exc:
+        return "the shards' headers could not be read from the Hub, so the weights are predicted: %s" % exc
+    for tensors in headers.values():
+        checkpoint.tensors.update(tensors)
+    checkpoint.source = 'hub'
     return None
 
 
@@ -813,6 +873,7 @@ def main():
     try:
         config = load_config(p['model_path'])
         checkpoint = scan(p['model_path']) if p['weights_bytes_per_gpu'] is None else None
+        hub_warning = size_from_hub(checkpoint, p['hub'])
         dtype_info = kv_cache_dtype_info(p, config)
         gpus, apps = gpus_and_apps(module, p)
         measurements = p['measurements'] + recorded_measurements(p['measurements_dir'])
@@ -823,7 +884,7 @@ def main():
 
     # Ansible shows these and returns them as the registered result's warnings
     # (passing warnings= to exit_json is deprecated).
-    for text in result.pop('warnings'):
+    for text in ([hub_warning] if hub_warning else []) + result.pop('warnings'):
         module.warn(text)
     for g in result['gpus']:
         g['processes'] = [

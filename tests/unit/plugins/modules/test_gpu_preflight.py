@@ -370,3 +370,75 @@ def test_decision_is_taken_on_the_checkpoint_as_shipped(tmp_path, policy, stripp
         'the checkpoint as shipped asks for an FP8 KV cache (stripped earlier '
         'by llmserve.vllm.kv_cache_quant, see .llmserve-kv-cache-quant.json)'
     )
+
+
+# ---------------------------------------------------------------- before the download, the headers from the Hub
+
+HUB_TOKEN = 'preflight-hub-token'
+HUB_CONFIG = dict(LLAMA, vocab_size=512, intermediate_size=512, tie_word_embeddings=False)
+
+
+@pytest.fixture
+def staged(tmp_path):
+    """A two-shard checkpoint published on the fake Hub (token required), and a model_path with only its config and
+    weights index, as the role stages it before the weights are fetched."""
+    from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import checkpoint_tensors
+    from ansible_collections.llmserve.vllm.tools import fake_hub
+
+    source = tmp_path / 'source'
+    source.mkdir()
+    (source / 'config.json').write_text(json.dumps(HUB_CONFIG))
+    tensors = sorted(checkpoint_tensors(HUB_CONFIG).items())
+    shards = {'model-00001-of-00002.safetensors': tensors[::2], 'model-00002-of-00002.safetensors': tensors[1::2]}
+    weight_map = {}
+    for shard, members in shards.items():
+        header, offset = {}, 0
+        for name, nbytes in members:
+            header[name] = {'dtype': 'BF16', 'shape': [nbytes // 2], 'data_offsets': [offset, offset + nbytes]}
+            offset += nbytes
+            weight_map[name] = shard
+        raw = json.dumps(header).encode()
+        with open(str(source / shard), 'wb') as f:
+            f.write(len(raw).to_bytes(8, 'little') + raw)
+            f.truncate(8 + len(raw) + offset)
+    index = json.dumps({'metadata': {'total_size': sum(b for _, b in tensors)}, 'weight_map': weight_map})
+    (source / 'model.safetensors.index.json').write_text(index)
+    commit = fake_hub.publish(str(tmp_path / 'hub'), 'org/tiny', str(source))
+    staged = tmp_path / 'staged'
+    staged.mkdir()
+    for name in ('config.json', 'model.safetensors.index.json'):
+        (staged / name).write_bytes((source / name).read_bytes())
+    server = fake_hub.FakeHub(str(tmp_path / 'hub'), token=HUB_TOKEN).start()
+    yield str(source), str(staged), dict(repo_id='org/tiny', revision=commit, endpoint=server.url), server
+    server.stop()
+
+
+H200_PAIR = [{'name': 'NVIDIA H200', 'memory_total_mib': 143771, 'compute_capability': '9.0'}] * 2
+
+
+def test_before_the_download_the_hub_headers_size_every_tensor(staged, module_result):
+    """The plan from the shards' headers read over byte ranges is the plan once the shards are there, byte for byte;
+    the token reaches the Hub and no output."""
+    source, model, hub, server = staged
+    args = dict(FIT, gpus=H200_PAIR, reserve_bytes_per_gpu=5 * GIB)
+    rc, before = module_result('gpu_preflight', dict(args, model_path=model, hub=dict(hub, token=HUB_TOKEN)))
+    assert rc == 0, before
+    assert before['weights_source'] == 'hub'
+    ranges = [asked for method, path, asked in server.requests if '/resolve/' in path]
+    assert sorted(ranges)[:2] == ['bytes=0-7', 'bytes=0-7'] and len(ranges) == 4
+    rc, after = module_result('gpu_preflight', dict(args, model_path=source))
+    assert rc == 0, after
+    assert after['weights_source'] == 'headers'
+    for key in ('weights_bytes_per_gpu', 'weights_margin_bytes_per_gpu', 'kv_cache_bytes', 'kv_cache_tokens'):
+        assert before[key] == after[key], key
+    assert HUB_TOKEN not in json.dumps(before)
+
+
+def test_headers_the_hub_refuses_leave_the_prediction_and_say_why(staged, module_result):
+    _, model, hub, _ = staged
+    rc, r = module_result('gpu_preflight', dict(FIT, gpus=H200_PAIR, model_path=model, hub=dict(hub, token='wrong')))
+    assert rc == 0, r
+    assert r['weights_source'] == 'config'
+    (warning,) = [w for w in warning_texts(r) if 'Hub' in w]
+    assert warning.startswith("the shards' headers could not be read from the Hub, so the weights are predicted: ")
+    assert '401' in warning and 'wrong' not in warning
