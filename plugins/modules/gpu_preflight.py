@@ -12,13 +12,14 @@ description:
   - "Answers, in well under a second and before anything loads, what vLLM would only say after loading the weights
     (many minutes for a 540 GB checkpoint): whether the KV cache for O(max_model_len) fits, how many tokens it holds, and the
     largest context that fits."
-  - Weight bytes come from the safetensors headers (never the tensor data). Before the shards are downloaded they come
+  - Weight bytes come from the safetensors headers (never the tensor data), read from the Hub before the shards are
+    downloaded where O(hub) names the revision. Without them they come
     from C(config.json)'s dimensions and quantization config for the tensors C(model.safetensors.index.json) names
     (Llama, Mistral, Qwen2/3 and their mixtures of experts, Mixtral, DeepSeek-V2/V3, Kimi-K2/K2.5; FP8 blocks, ModelOpt
     NVFP4, compressed-tensors integer groups; a weight with a scale beside it in the index is quantized), else from the
     index's C(total_size). Shards that the index names but are missing or truncated are reported as problems.
   - What vLLM adds after loading counts too (a bfloat16 copy of a quantized MLA C(kv_b_proj); vLLM 0.7's absorbed MLA
-    matrices), and the plan keeps a margin of 2 % of the predicted weights beside them (RV(weights_margin_bytes_per_gpu)):
+    matrices), and the plan keeps a margin of 2 % of the predicted weights beside them (RV(weights_margin_bytes_per_gpu));
     in the collected start-up logs vLLM's C(Model loading took) was at most 1.4 % above the prediction.
   - Per-GPU weights follow vLLM's tensor and pipeline parallelism; tensors every tensor-parallel rank holds in full (the MLA
     q_a/kv_a down-projections, norms, router gates; GQA key/value projections when there are fewer KV heads than ranks) are
