@@ -74,7 +74,7 @@ def model(tmp_path_factory):
     (model / 'config.json').write_text('{"model_type": "llama"}\n')
     for name, tensors in SHARDS.items():
         (model / name).write_bytes(safetensors_bytes(tensors))
-    for name, (content, _) in BROKEN.items():
+    for name, (content, _message) in BROKEN.items():
         (model / name).write_bytes(content)
     return model
 
@@ -136,7 +136,7 @@ def test_fetch_makes_two_ranged_gets_per_file(hub, model):
         n = header_length(model, name)
         expected += [('GET', path, 'bytes=0-7'), ('GET', path, 'bytes=8-%d' % (8 + n - 1))]
     assert server.requests == expected
-    assert [status for _, _, status in server.answers] == [206] * 4
+    assert [answer[2] for answer in server.answers] == [206] * 4
 
 
 def test_fetch_transfers_only_the_header_bytes(hub, model):
@@ -161,7 +161,7 @@ def test_fetch_reads_a_whole_file_answer_only_as_far_as_the_header(hub, model):
 
 
 def test_fetch_of_a_branch(hub, model):
-    server, _ = hub
+    server = hub[0]
     name = 'model-00002-of-00002.safetensors'
     assert fetch_headers(server.url, REPO, 'main', [name], token=TOKEN, timeout=5) == {
         name: read_header(os.path.join(str(model), name)).tensors

@@ -401,7 +401,7 @@ def staged(tmp_path):
         with open(str(source / shard), 'wb') as f:
             f.write(len(raw).to_bytes(8, 'little') + raw)
             f.truncate(8 + len(raw) + offset)
-    index = json.dumps({'metadata': {'total_size': sum(b for _, b in tensors)}, 'weight_map': weight_map})
+    index = json.dumps({'metadata': {'total_size': sum(nbytes for name, nbytes in tensors)}, 'weight_map': weight_map})
     (source / 'model.safetensors.index.json').write_text(index)
     commit = fake_hub.publish(str(tmp_path / 'hub'), 'org/tiny', str(source))
     staged = tmp_path / 'staged'
@@ -435,7 +435,7 @@ def test_before_the_download_the_hub_headers_size_every_tensor(staged, module_re
 
 
 def test_headers_the_hub_refuses_leave_the_prediction_and_say_why(staged, module_result):
-    _, model, hub, _ = staged
+    model, hub = staged[1:3]
     rc, r = module_result('gpu_preflight', dict(FIT, gpus=H200_PAIR, model_path=model, hub=dict(hub, token='wrong')))
     assert rc == 0, r
     assert r['weights_source'] == 'config'
