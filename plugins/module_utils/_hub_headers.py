@@ -23,10 +23,8 @@ from ansible.module_utils import urls
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import READ_CHUNK, mask, read_limited
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
-    READ_CHUNK,
-    _mask,
-    _read_limited,
     _status_problem,
     endpoint_problem,
     name_problem,
@@ -84,7 +82,7 @@ class _Fetch:
             )
         except HTTPError as exc:
             try:
-                body = _read_limited(exc, 4096) or b''
+                body = read_limited(exc, 4096) or b''
             finally:
                 exc.close()
             raise HeaderFetchError(self.status_problem(exc.code, exc.headers, body)) from None
@@ -96,7 +94,7 @@ class _Fetch:
     def status_problem(self, status: int, headers: Any, body: bytes) -> str:
         if status in (401, 403):
             return _status_problem(status, headers, body, self.url, self.repo_id, self.revision, self.token)
-        hub_says = _mask((headers.get('X-Error-Message') if headers is not None else None) or '', self.token)
+        hub_says = mask((headers.get('X-Error-Message') if headers is not None else None) or '', self.token)
         detail = ' (the Hub says: %s)' % hub_says[:300] if hub_says else ''
         if status == 404:
             cause = 'no such file in %s at revision %s' % (self.repo_id, self.revision)
@@ -207,5 +205,5 @@ def fetch_headers(
             raise HeaderFetchError('%s gave no complete header within %d s' % (url, timeout)) from None
         except (URLError, HTTPException, OSError, ValueError) as exc:
             reason = getattr(exc, 'reason', None) or exc
-            raise HeaderFetchError('cannot fetch %s: %s' % (url, _mask(str(reason), token))) from exc
+            raise HeaderFetchError('cannot fetch %s: %s' % (url, mask(str(reason), token))) from exc
     return found

@@ -31,12 +31,12 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import GIT_SHA1, SHA256
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import mask, read_limited
 
 DEFAULT_ENDPOINT = 'https://huggingface.co'
 # Kimi-K2.5's model info is about 60 kB; anything near this is not a model info.
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_FILE_BYTES = 2**63 - 1
-READ_CHUNK = 1 << 16
 
 # Matched with fullmatch: '$' would also match before a final line break.
 _COMMIT = re.compile(r'[0-9a-f]{40}')
@@ -205,28 +205,12 @@ def read_manifest_file(path):
     return parse_manifest(data, 'manifest %s' % path)
 
 
-def _mask(text, token):
-    return text.replace(token, '********') if token else text
-
-
-def _read_limited(response, limit):
-    """The body, at most ``limit`` bytes; None when it has more."""
-    read = getattr(response, 'read1', None) or response.read
-    body = bytearray()
-    while len(body) <= limit:
-        chunk = read(READ_CHUNK)
-        if not chunk:
-            return bytes(body)
-        body += chunk
-    return None
-
-
 def _status_problem(status, headers, body, url, repo_id, revision, token):
     """The message for a model-info answer other than 200."""
     hub_says = (headers.get('X-Error-Message') if headers is not None else None) or ''
     if not hub_says:
         hub_says = body[:200].decode('utf-8', 'replace').strip()
-    detail = ' (the Hub says: %s)' % _mask(hub_says, token)[:300] if hub_says else ''
+    detail = ' (the Hub says: %s)' % mask(hub_says, token)[:300] if hub_says else ''
     if status == 401:
         cause = (
             'the token was refused'
@@ -273,7 +257,7 @@ def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate
                 response = exc
             try:
                 status, answer_headers = response.getcode(), response.headers
-                body = _read_limited(response, MAX_MANIFEST_BYTES)
+                body = read_limited(response, MAX_MANIFEST_BYTES)
             finally:
                 response.close()
     except DeadlinePassed:
@@ -281,7 +265,7 @@ def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate
     except (URLError, HTTPException, OSError, ValueError) as exc:
         reason = getattr(exc, 'reason', None) or exc
         raise ManifestError(
-            'cannot fetch %s: %s (after %.1f s)' % (url, _mask(str(reason), token), time.monotonic() - started)
+            'cannot fetch %s: %s (after %.1f s)' % (url, mask(str(reason), token), time.monotonic() - started)
         ) from exc
     if body is None:
         raise ManifestError('%s answered more than %d bytes: not a model info' % (url, MAX_MANIFEST_BYTES))

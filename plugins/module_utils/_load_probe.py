@@ -29,10 +29,10 @@ from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
+from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import error_message
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     describe_unreachable,
     endpoint_context,
-    error_message,
     mask,
     open_endpoint,
     read_body,

@@ -16,7 +16,8 @@ import json
 import re
 from typing import Any, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import progress_lines, quote, strip_log_prefix
+from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import progress_lines, strip_log_prefix
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
 
 # What a start shows before vLLM logs any progress line: the unit's last line, cut to this many characters.
 MAX_LAST_LINE_CHARS = 100

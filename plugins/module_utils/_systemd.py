@@ -15,10 +15,9 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     MAX_JOURNAL_BYTES,
     UNIT_PROPERTIES,
     CheckFailed,
-    format_seconds,
-    mask,
     parse_unit_show,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import format_seconds, mask
 
 
 def unit_probe(module: Any, unit: str, api_key: Optional[str]) -> Callable[[float], dict[str, str]]:

@@ -520,16 +520,18 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_STALL_TIMEOUT,
     DEFAULT_TIMEOUT,
-    DEFAULT_URL,
     MAX_INTERVAL,
     ChatCheck,
     CheckFailed,
-    api_key_problem,
     extra_body_problem,
-    hide_url_password,
-    make_transport,
     markup_problem,
     tool_call_problem,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+    DEFAULT_URL,
+    api_key_problem,
+    hide_url_password,
+    make_transport,
     url_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import journal_reader, unit_probe

@@ -249,7 +249,7 @@ import math
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
     api_key_problem,
     hide_url_password,

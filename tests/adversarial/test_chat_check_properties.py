@@ -14,21 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
-    MASK,
     MAX_ANSWER_CHARS,
     ChatCheck,
     CheckFailed,
-    api_key_problem,
     error_message,
     explaining_lines,
     journal_lines,
-    mask,
     parse_chat,
     parse_models,
     parse_unit_show,
     progress_lines,
-    url_problem,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import MASK, api_key_problem, mask, url_problem
 
 QUICK = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 

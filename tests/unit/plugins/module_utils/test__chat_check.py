@@ -8,9 +8,7 @@ TOO_DEEP = 100000
 
 
 import json
-import socket
 import time
-from http.client import BadStatusLine, IncompleteRead, RemoteDisconnected
 
 import pytest
 
@@ -18,24 +16,22 @@ from ansible_collections.llmserve.vllm.plugins.module_utils import _chat_check
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     ChatCheck,
     CheckFailed,
-    TooLarge,
-    Unreachable,
     answer_matches,
-    api_key_problem,
-    describe_unreachable,
     error_message,
     expect_problem,
     explaining_lines,
     journal_lines,
     judge_unit,
-    mask,
     parse_chat,
     parse_models,
     parse_unit_show,
     progress_lines,
-    quote,
     strip_log_prefix,
-    url_problem,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+    TooLarge,
+    Unreachable,
+    quote,
 )
 from ansible_collections.llmserve.vllm.tests.support import chat_completion, recorded
 
@@ -526,41 +522,6 @@ def test_error_message(text, expected):
 )
 def test_answer_matches(expect, answer, expected):
     assert answer_matches(expect, answer) is expected
-
-
-class _Reason(Exception):
-    def __init__(self, reason):
-        super().__init__('wrapped')
-        self.reason = reason
-
-
-@pytest.mark.parametrize(
-    'exc, expected',
-    [
-        (_Reason(ConnectionRefusedError(111, 'Connection refused')), 'connection refused'),
-        (ConnectionRefusedError(111, 'Connection refused'), 'connection refused'),
-        (socket.timeout('timed out'), 'no complete answer within 30 s'),
-        (_Reason('timed out'), 'no complete answer within 30 s'),
-        (ConnectionResetError(104, 'Connection reset by peer'), 'connection reset'),
-        (RemoteDisconnected('Remote end closed connection without response'), 'connection reset'),
-        (
-            IncompleteRead(b'{"cho', 995),
-            'connection closed in the middle of the answer (5 bytes read, 995 more expected)',
-        ),
-        (IncompleteRead(b'{"cho'), 'connection closed in the middle of the answer (5 bytes read)'),
-        (BadStatusLine('HELLO\r\n'), "an answer that is not HTTP: 'HELLO\\r\\n'"),
-        (
-            _Reason(socket.gaierror(-2, 'Name or service not known')),
-            'host name not resolved ([Errno -2] Name or service not known)',
-        ),
-        (
-            _Reason('[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed'),
-            '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed',
-        ),
-    ],
-)
-def test_describe_unreachable(exc, expected):
-    assert describe_unreachable(exc, 30) == expected
 
 
 # ---------------------------------------------------------------- the wait, on a fake clock
@@ -1791,74 +1752,6 @@ def test_arguments_of_the_gates_are_refused_before_any_request(kwargs, expected_
 
 # ---------------------------------------------------------------- arguments
 
-CONTROL = (
-    "api_key has a control character (U+%s) at position %d; a Bearer token cannot carry one. A YAML '|' "
-    "block scalar ends with a newline: use '|-' or a quoted string"
-)
-
-
-@pytest.mark.parametrize(
-    'api_key, expected',
-    [
-        ('sk-abc123', None),
-        ('', None),
-        ('sk-"odd\\\'', None),
-        ('sk-abc123\n', CONTROL % ('000A', 10)),
-        ('\tsk', CONTROL % ('0009', 1)),
-        ('sk\x00', CONTROL % ('0000', 3)),
-        ('sk\x7f', CONTROL % ('007F', 3)),
-        ('sk\x9b', CONTROL % ('009B', 3)),
-        ('sk-\u00e9', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
-        ('sk-\u2028', 'api_key has a character outside ASCII at position 4; a Bearer token cannot carry one'),
-    ],
-    ids=['plain', 'empty', 'quotes-and-backslash', 'newline', 'tab', 'nul', 'del', 'c1', 'latin-1', 'line-separator'],
-)
-def test_api_key_problem(api_key, expected):
-    assert api_key_problem(api_key) == expected
-
-
-@pytest.mark.parametrize(
-    'url, expected',
-    [
-        ('http://127.0.0.1:8000', None),
-        ('https://llm.example.com/', None),
-        ('http://[::1]:8000', None),
-        ('https://user:pw@llm.example.com/vllm', None),
-        ('http://vllm.local.', None),
-        ('HTTP://x', "url 'HTTP://x' must start with http:// or https://"),
-        ('unix:///run/vllm.sock', "url 'unix:///run/vllm.sock' must start with http:// or https://"),
-        ('http://a\tb', "url 'http://a\tb' has a space or a control character in it"),
-        ('http://[::1', "url 'http://[::1' is not a valid URL: Invalid IPv6 URL"),
-        ('http://x#top', "url 'http://x#top' has a query or a fragment; give the server's base URL"),
-        ('http://x/v1/', "url 'http://x/v1/' ends with /v1; give the server's base URL, without /v1"),
-        ('http://', "url 'http://' has no host name"),
-        ('http://x:-1', "url 'http://x:-1' has a port that is not a number from 1 to 65535"),
-        ('http://x:65536', "url 'http://x:65536' has a port that is not a number from 1 to 65535"),
-        ('http://.x', "url 'http://.x' has a host name with an empty or too long label: '.x'"),
-        ('http://%s' % ('a.' * 127 + 'aa'), None),
-    ],
-    ids=[
-        'ip-port',
-        'https-slash',
-        'ipv6',
-        'credentials-path',
-        'trailing-dot',
-        'upper-case-scheme',
-        'unix',
-        'tab',
-        'broken-ipv6',
-        'fragment',
-        'v1',
-        'no-host',
-        'negative-port',
-        'port-65536',
-        'leading-dot',
-        'long-host',
-    ],
-)
-def test_url_problem(url, expected):
-    assert url_problem(url) == expected
-
 
 @pytest.mark.parametrize(
     'expect, expected',
@@ -1880,19 +1773,3 @@ def test_url_problem(url, expected):
 )
 def test_expect_problem(expect, expected):
     assert expect_problem(expect) == expected
-
-
-@pytest.mark.parametrize(
-    'text, secret, expected',
-    [
-        ('Bearer sk-1 refused', 'sk-1', 'Bearer ******** refused'),
-        ('no secret here', 'sk-1', 'no secret here'),
-        ('anything', None, 'anything'),
-        ('anything', '', 'anything'),
-        # As JSON and Python's repr escape it.
-        ('{"key": "sk-\\"a\\\\b"}', 'sk-"a\\b', '{"key": "********"}'),
-        ("b'Bearer sk-a\\\\b'", 'sk-a\\b', "b'Bearer ********'"),
-    ],
-)
-def test_mask(text, secret, expected):
-    assert mask(text, secret) == expected
