@@ -75,7 +75,9 @@ collection-link:
 
 # Python lint and format (ruff.toml) of the collection's code and of the tests and tools kept with it;
 # types (.mypy.ini) of the collection's code, imported as Ansible imports it.
-RUFF_PATHS := plugins tests/unit tests/adversarial tests/conftest.py tests/support.py tools/fake_hub.py tools/stages.py
+# Every Python file of the repository: the role's programs have no extension, so they are named.
+ROLE_PROGRAMS := $(addprefix roles/vllm_kimi/files/,llmserve-check-release llmserve-fetch-model llmserve-shm-clean llmserve-vllm-cli)
+RUFF_PATHS := plugins tests tools bench molecule $(ROLE_PROGRAMS)
 lint: tools
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --profile production

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -15,8 +14,6 @@
 
     .venv/bin/python bench/checkpoint_verify_speed.py [--mib 512] [--files 4] [--runs 3]
 """
-
-from __future__ import absolute_import, division, print_function
 
 import argparse
 import hashlib
@@ -35,6 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, '.build', 'collections'))
 sys.path.insert(0, HERE)
 
 import preflight_speed  # noqa: E402  the builder of the sparse Kimi-sized shards
+
 from ansible_collections.llmserve.vllm.plugins.module_utils import _checkpoint_verify  # noqa: E402
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache, hash_file  # noqa: E402
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import parse_manifest  # noqa: E402
@@ -70,6 +68,7 @@ def time_sha256sum(names):
 def time_threads(names, threads):
     """(wall s, CPU s, digests) of hashing the files as checkpoint_verify does, with a pool of threads."""
     from concurrent.futures import ThreadPoolExecutor
+
     c0, t0 = time.process_time(), time.perf_counter()
     with ThreadPoolExecutor(max_workers=threads) as pool:
         digests = list(pool.map(lambda n: hash_file(n, ['sha256'])[0]['sha256'], names))
@@ -94,12 +93,18 @@ def throughput(args, dest):
     assert coreutils[2] == one[2] == two[2], 'the digests differ'
     gb = total / 1e9
     print('throughput over %d files, %.2f GB (in the page cache), best of %d:' % (args.files, gb, args.runs))
-    print('  sha256sum (coreutils):       wall %.2f s, CPU %.2f s: %.2f GB per CPU second' % (
-        coreutils[0], coreutils[1], gb / coreutils[1]))
-    print('  checkpoint_verify, 1 thread: wall %.2f s, CPU %.2f s: %.2f GB per CPU second' % (one[0], one[1], gb / one[1]))
+    print(
+        '  sha256sum (coreutils):       wall %.2f s, CPU %.2f s: %.2f GB per CPU second'
+        % (coreutils[0], coreutils[1], gb / coreutils[1])
+    )
+    print(
+        '  checkpoint_verify, 1 thread: wall %.2f s, CPU %.2f s: %.2f GB per CPU second' % (one[0], one[1], gb / one[1])
+    )
     print('  ratio per core (checkpoint_verify / sha256sum): %.2f' % (coreutils[1] / one[1]))
-    print('  checkpoint_verify, 2 threads: wall %.2f s, CPU %.2f s: speed-up %.2fx over 1 thread (wall)' % (
-        two[0], two[1], one[0] / two[0]))
+    print(
+        '  checkpoint_verify, 2 threads: wall %.2f s, CPU %.2f s: speed-up %.2fx over 1 thread (wall)'
+        % (two[0], two[1], one[0] / two[0])
+    )
 
 
 def kimi_manifest(dest):
@@ -109,8 +114,14 @@ def kimi_manifest(dest):
         full = os.path.join(dest, name)
         if name.endswith('.safetensors'):
             size = os.path.getsize(full)
-            siblings.append({'rfilename': name, 'size': size, 'blobId': '0' * 40,
-                             'lfs': {'sha256': hashlib.sha256(name.encode()).hexdigest(), 'size': size, 'pointerSize': 134}})
+            siblings.append(
+                {
+                    'rfilename': name,
+                    'size': size,
+                    'blobId': '0' * 40,
+                    'lfs': {'sha256': hashlib.sha256(name.encode()).hexdigest(), 'size': size, 'pointerSize': 134},
+                }
+            )
         else:
             siblings.append(fake_hub.sibling(fake_hub.describe_file(full, name), True))
     return {'id': 'nvidia/Kimi-K2.5-NVFP4', 'sha': 'a' * 40, 'siblings': siblings}
@@ -119,7 +130,10 @@ def kimi_manifest(dest):
 def cached_rerun(args, dest, cache_dir):
     t0 = time.perf_counter()
     n_shards, n_tensors, total = preflight_speed.build(dest)
-    print('built %d sparse shards, %d tensors, %.1f GB, in %.1f s' % (n_shards, n_tensors, total / 1e9, time.perf_counter() - t0))
+    print(
+        'built %d sparse shards, %d tensors, %.1f GB, in %.1f s'
+        % (n_shards, n_tensors, total / 1e9, time.perf_counter() - t0)
+    )
     doc = kimi_manifest(dest)
     manifest_file = os.path.join(os.path.dirname(dest), 'manifest.json')
     with open(manifest_file, 'w') as f:
@@ -140,7 +154,10 @@ def cached_rerun(args, dest, cache_dir):
         cache = DigestCache(cache_dir)
         first = _checkpoint_verify.verify(dest, manifest, threads=2, cache=cache)
         cache.save(dest)
-        print('first run (shard digests planted, headers and index read): %.2f s, ok %s' % (time.perf_counter() - t0, first.ok))
+        print(
+            'first run (shard digests planted, headers and index read): %.2f s, ok %s'
+            % (time.perf_counter() - t0, first.ok)
+        )
     finally:
         _checkpoint_verify.hash_file = real_hash_file
     walls = []
@@ -152,8 +169,10 @@ def cached_rerun(args, dest, cache_dir):
         cache.save(dest)
         walls.append(time.perf_counter() - t0)
         assert report.ok and report.hashed_bytes == 0 and report.cache_hits == report.files, report.problems
-    print('cached rerun over %d files, %.1f GB (target under 1 s): best %.3f s, median %.3f s; %d bytes read for digests'
-          % (report.files, report.bytes / 1e9, min(walls), sorted(walls)[len(walls) // 2], report.hashed_bytes))
+    print(
+        'cached rerun over %d files, %.1f GB (target under 1 s): best %.3f s, median %.3f s; %d bytes read for digests'
+        % (report.files, report.bytes / 1e9, min(walls), sorted(walls)[len(walls) // 2], report.hashed_bytes)
+    )
     module_args = os.path.join(os.path.dirname(dest), 'args.json')
     with open(module_args, 'w') as f:
         json.dump({'ANSIBLE_MODULE_ARGS': {'path': dest, 'manifest': manifest_file, 'cache_dir': cache_dir}}, f)
@@ -161,13 +180,19 @@ def cached_rerun(args, dest, cache_dir):
     walls = []
     for dummy in range(args.runs):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, '-m', 'ansible_collections.llmserve.vllm.plugins.modules.checkpoint_verify',
-                              module_args], env=env, stdout=subprocess.PIPE, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, '-m', 'ansible_collections.llmserve.vllm.plugins.modules.checkpoint_verify', module_args],
+            env=env,
+            stdout=subprocess.PIPE,
+            check=True,
+        ).stdout
         walls.append(time.perf_counter() - t0)
         result = json.loads(out.decode('utf-8'))
         assert result['ok'] and result['hashed_bytes'] == 0, result
-    print('  as a module run (python and Ansible start-up included): best %.3f s, median %.3f s; the module says elapsed %.3f s'
-          % (min(walls), sorted(walls)[len(walls) // 2], result['elapsed']))
+    print(
+        '  as a module run (python and Ansible start-up included): best %.3f s, median %.3f s; the module says elapsed %.3f s'
+        % (min(walls), sorted(walls)[len(walls) // 2], result['elapsed'])
+    )
 
 
 def main():
@@ -178,8 +203,10 @@ def main():
     args = parser.parse_args()
     dest = tempfile.mkdtemp(prefix='verify-bench-')
     try:
-        print('load average %.2f %.2f %.2f on %d CPUs; Python %s, %s' % (
-            os.getloadavg() + (os.cpu_count(), sys.version.split()[0], __import__('ssl').OPENSSL_VERSION)))
+        print(
+            'load average %.2f %.2f %.2f on %d CPUs; Python %s, %s'
+            % (os.getloadavg() + (os.cpu_count(), sys.version.split()[0], __import__('ssl').OPENSSL_VERSION))
+        )
         throughput(args, dest)
         shutil.rmtree(dest)
         os.mkdir(dest)

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -39,8 +38,6 @@ with exit status 2 and says why. vLLM is not needed. Prints a table and writes J
         [--large-mib 256] [--nccl-debug-dir DIR] [--timeout 240]
 """
 
-from __future__ import absolute_import, division, print_function
-
 import argparse
 import datetime
 import gc
@@ -54,8 +51,8 @@ import sys
 import time
 import traceback
 
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+GIB = 1024**3
+MIB = 1024**2
 
 # Kept on in every process this script starts (the lending workplace's rule, and vLLM's
 # own choice for all_reduce inputs).
@@ -76,9 +73,17 @@ VARIANTS = {
 }
 
 ENV_RECORDED = (
-    'CUDA_MODULE_LOADING', 'CUBLAS_WORKSPACE_CONFIG', 'CUBLASLT_WORKSPACE_SIZE',
-    'PYTORCH_CUDA_ALLOC_CONF', 'NCCL_CUMEM_ENABLE', 'NCCL_PROTO', 'NCCL_P2P_LEVEL',
-    'NCCL_BUFFSIZE', 'NCCL_NCHANNELS_PER_PEER', 'NCCL_MIN_NCHANNELS', 'NCCL_MAX_NCHANNELS',
+    'CUDA_MODULE_LOADING',
+    'CUBLAS_WORKSPACE_CONFIG',
+    'CUBLASLT_WORKSPACE_SIZE',
+    'PYTORCH_CUDA_ALLOC_CONF',
+    'NCCL_CUMEM_ENABLE',
+    'NCCL_PROTO',
+    'NCCL_P2P_LEVEL',
+    'NCCL_BUFFSIZE',
+    'NCCL_NCHANNELS_PER_PEER',
+    'NCCL_MIN_NCHANNELS',
+    'NCCL_MAX_NCHANNELS',
 ) + tuple(sorted(FORCED_ENV))
 
 
@@ -88,9 +93,11 @@ class Unavailable(Exception):
 
 # --- readings that need no CUDA context ------------------------------------------------
 
+
 def _nvml():
     try:
         import pynvml
+
         pynvml.nvmlInit()
         return pynvml
     except Exception:  # noqa: BLE001 - NVML is optional; nvidia-smi is read as well
@@ -104,12 +111,15 @@ def nvml_memory(nvml, index):
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     try:
         info = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
-        return {'nvml_total': int(info.total), 'nvml_used': int(info.used),
-                'nvml_free': int(info.free), 'nvml_reserved': int(info.reserved)}
+        return {
+            'nvml_total': int(info.total),
+            'nvml_used': int(info.used),
+            'nvml_free': int(info.free),
+            'nvml_reserved': int(info.reserved),
+        }
     except Exception:  # noqa: BLE001 - older bindings: v1 has no 'reserved'
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
-        return {'nvml_total': int(info.total), 'nvml_used': int(info.used),
-                'nvml_free': int(info.free)}
+        return {'nvml_total': int(info.total), 'nvml_used': int(info.used), 'nvml_free': int(info.free)}
 
 
 def smi_memory(index):
@@ -117,13 +127,21 @@ def smi_memory(index):
     if not shutil.which('nvidia-smi'):
         return {}
     out = subprocess.run(
-        ['nvidia-smi', '-i', str(index), '--query-gpu=memory.used,memory.reserved,memory.total',
-         '--format=csv,noheader,nounits'], capture_output=True, text=True, timeout=30)
+        [
+            'nvidia-smi',
+            '-i',
+            str(index),
+            '--query-gpu=memory.used,memory.reserved,memory.total',
+            '--format=csv,noheader,nounits',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if out.returncode != 0:
         return {'smi_error': out.stderr.strip()[:200]}
     used, reserved, total = [v.strip() for v in out.stdout.strip().split(',')]
-    return {'smi_used_mib': _int_or(used), 'smi_reserved_mib': _int_or(reserved),
-            'smi_total_mib': _int_or(total)}
+    return {'smi_used_mib': _int_or(used), 'smi_reserved_mib': _int_or(reserved), 'smi_total_mib': _int_or(total)}
 
 
 def _int_or(text):
@@ -136,12 +154,12 @@ def _int_or(text):
 def smi_text(*args):
     if not shutil.which('nvidia-smi'):
         return None
-    out = subprocess.run(['nvidia-smi'] + list(args), capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(['nvidia-smi'] + list(args), capture_output=True, text=True, timeout=60)
     return (out.stdout if out.returncode == 0 else out.stderr).strip()
 
 
 # --- one snapshot, as vLLM's MemorySnapshot takes it ----------------------------------
+
 
 def snapshot(name, index, nvml, torch=None, extra=None):
     """Memory readings of GPU `index` after step `name`.
@@ -157,14 +175,17 @@ def snapshot(name, index, nvml, torch=None, extra=None):
         free, total = torch.cuda.mem_get_info(index)
         stats = torch.cuda.memory_stats(index)
         reserved = int(torch.cuda.memory_reserved(index))
-        snap.update({
-            'cuda_free': int(free), 'cuda_total': int(total),
-            'cuda_used': int(total - free),
-            'torch_reserved': reserved,
-            'torch_allocated': int(stats.get('allocated_bytes.all.current', 0)),
-            'torch_peak': int(stats.get('allocated_bytes.all.peak', 0)),
-            'non_torch': int(total - free) - reserved,
-        })
+        snap.update(
+            {
+                'cuda_free': int(free),
+                'cuda_total': int(total),
+                'cuda_used': int(total - free),
+                'torch_reserved': reserved,
+                'torch_allocated': int(stats.get('allocated_bytes.all.current', 0)),
+                'torch_peak': int(stats.get('allocated_bytes.all.peak', 0)),
+                'non_torch': int(total - free) - reserved,
+            }
+        )
     snap.update(nvml_memory(nvml, index))
     snap.update(smi_memory(index))
     if extra:
@@ -195,6 +216,7 @@ def step(stages, name):
 
 # --- TP 1: one process on GPU 0 --------------------------------------------------------
 
+
 def _apply_env(env):
     for key, value in FORCED_ENV.items():
         os.environ[key] = value
@@ -210,6 +232,7 @@ def tp1_worker(index, queue):
         stages = [snapshot('process start (no CUDA context)', index, nvml)]
         import torch
         import torch.nn.functional as F
+
         dev = torch.device('cuda', index)
 
         torch.cuda.set_device(dev)
@@ -261,8 +284,7 @@ def tp1_worker(index, queue):
             sdpa['ran'] = True
         except Exception as exc:  # noqa: BLE001
             sdpa['error'] = '%s: %s' % (type(exc).__name__, str(exc)[:300])
-        stages.append(snapshot('first scaled_dot_product_attention', index, nvml, torch,
-                               {'sdpa': sdpa}))
+        stages.append(snapshot('first scaled_dot_product_attention', index, nvml, torch, {'sdpa': sdpa}))
 
         graphs = []
         static = torch.zeros(4096, device=dev, dtype=torch.float32)
@@ -286,8 +308,7 @@ def tp1_worker(index, queue):
                     static.add_(1.0)
             g.replay()
             graphs.append(g)
-        stages.append(snapshot('CUDA graphs: +50 graphs x 20 kernel nodes', index, nvml,
-                               torch))
+        stages.append(snapshot('CUDA graphs: +50 graphs x 20 kernel nodes', index, nvml, torch))
 
         queue.put({'stages': stages, 'stack': torch_stack(torch, index)})
     except Exception:  # noqa: BLE001 - the parent reports it
@@ -319,8 +340,15 @@ def torch_stack(torch, index):
         pass
     try:
         from importlib import metadata
-        for dist in ('nvidia-cublas', 'nvidia-nccl-cu13', 'nvidia-nccl-cu12',
-                     'nvidia-cuda-runtime', 'nvidia-cublas-cu12', 'triton'):
+
+        for dist in (
+            'nvidia-cublas',
+            'nvidia-nccl-cu13',
+            'nvidia-nccl-cu12',
+            'nvidia-cuda-runtime',
+            'nvidia-cublas-cu12',
+            'triton',
+        ):
             try:
                 stack['pkg_' + dist] = metadata.version(dist)
             except metadata.PackageNotFoundError:
@@ -331,6 +359,7 @@ def torch_stack(torch, index):
 
 
 # --- TP 2: one process per GPU, NCCL ---------------------------------------------------
+
 
 def tp2_worker(rank, world, port, env, large_mib, barrier, queue):
     """Child process: rank `rank` of a TP `world` group on GPU `rank`."""
@@ -349,14 +378,16 @@ def tp2_worker(rank, world, port, env, large_mib, barrier, queue):
         mark('process start (no CUDA context)')
         import torch
         import torch.distributed as dist
+
         dev = torch.device('cuda', rank)
         torch.cuda.set_device(dev)
         torch.cuda.init()
         keep = [torch.zeros(1, device=dev)]
         mark('CUDA context + first tiny tensor', torch)
 
-        dist.init_process_group(backend='nccl', init_method='tcp://127.0.0.1:%d' % port,
-                                rank=rank, world_size=world, device_id=dev)
+        dist.init_process_group(
+            backend='nccl', init_method='tcp://127.0.0.1:%d' % port, rank=rank, world_size=world, device_id=dev
+        )
         mark('init_process_group(nccl, device_id)', torch)
 
         small = torch.full((1024,), float(rank + 1), device=dev, dtype=torch.bfloat16)
@@ -385,8 +416,7 @@ def tp2_worker(rank, world, port, env, large_mib, barrier, queue):
         dist.destroy_process_group()
         mark('destroy_process_group', torch)
 
-        queue.put({'rank': rank, 'stages': stages,
-                   'env': {k: os.environ.get(k) for k in ENV_RECORDED}})
+        queue.put({'rank': rank, 'stages': stages, 'env': {k: os.environ.get(k) for k in ENV_RECORDED}})
     except Exception:  # noqa: BLE001 - the parent reports it
         try:
             barrier.abort()
@@ -420,41 +450,61 @@ def run_children(ctx, targets, timeout):
             proc.kill()
             proc.join(timeout=10)
     if len(results) < len(procs):
-        results.append({'error': 'timed out or died: %d of %d children answered; exit codes %s'
-                        % (len(results), len(procs), [p.exitcode for p in procs])})
+        results.append(
+            {
+                'error': 'timed out or died: %d of %d children answered; exit codes %s'
+                % (len(results), len(procs), [p.exitcode for p in procs])
+            }
+        )
     return results
 
 
 # --- summary ---------------------------------------------------------------------------
+
 
 def summarize_tp1(stages):
     rows = []
     start = step(stages, 'process start (no CUDA context)')
     ctx = step(stages, 'CUDA context (set_device, init)')
     if start and ctx:
-        row = {'item': 'CUDA context alone', 'non_torch': ctx.get('non_torch'),
-               'nvml_used_before': start.get('nvml_used'),
-               'nvml_used_after': ctx.get('nvml_used'),
-               'smi_used_mib_before': start.get('smi_used_mib'),
-               'smi_used_mib_after': ctx.get('smi_used_mib')}
+        row = {
+            'item': 'CUDA context alone',
+            'non_torch': ctx.get('non_torch'),
+            'nvml_used_before': start.get('nvml_used'),
+            'nvml_used_after': ctx.get('nvml_used'),
+            'smi_used_mib_before': start.get('smi_used_mib'),
+            'smi_used_mib_after': ctx.get('smi_used_mib'),
+        }
         if isinstance(start.get('nvml_used'), int) and isinstance(ctx.get('nvml_used'), int):
             row['nvml_used_delta'] = ctx['nvml_used'] - start['nvml_used']
         rows.append(row)
     for prev, cur in zip(stages[1:], stages[2:]):
         d = delta(prev, cur)
-        rows.append({'item': cur['step'], 'non_torch': d['non_torch'],
-                     'cuda_used_delta': d['cuda_used'],
-                     'torch_allocated_delta': d['torch_allocated'],
-                     'torch_reserved_delta': d['torch_reserved'],
-                     'nvml_used_delta': d['nvml_used'], 'smi_used_mib_delta': d['smi_used_mib']})
+        rows.append(
+            {
+                'item': cur['step'],
+                'non_torch': d['non_torch'],
+                'cuda_used_delta': d['cuda_used'],
+                'torch_allocated_delta': d['torch_allocated'],
+                'torch_reserved_delta': d['torch_reserved'],
+                'nvml_used_delta': d['nvml_used'],
+                'smi_used_mib_delta': d['smi_used_mib'],
+            }
+        )
     last = stages[-1] if stages else None
     if ctx and last:
         d = delta(ctx, last)
-        rows.append({'item': 'TP1 total after context (all steps above)',
-                     'non_torch': d['non_torch'], 'cuda_used_delta': d['cuda_used'],
-                     'torch_allocated_delta': d['torch_allocated'],
-                     'torch_reserved_delta': d['torch_reserved'],
-                     'nvml_used_delta': d['nvml_used'], 'smi_used_mib_delta': d['smi_used_mib']})
+        rows.append(
+            {
+                'item': 'TP1 total after context (all steps above)',
+                'non_torch': d['non_torch'],
+                'cuda_used_delta': d['cuda_used'],
+                'torch_allocated_delta': d['torch_allocated'],
+                'torch_reserved_delta': d['torch_reserved'],
+                'nvml_used_delta': d['nvml_used'],
+                'smi_used_mib_delta': d['smi_used_mib'],
+            }
+        )
     return rows
 
 
@@ -470,16 +520,19 @@ def summarize_tp2(ranks):
         steps = []
         for prev, cur in zip(stages[1:], stages[2:]):
             d = delta(prev, cur)
-            steps.append({'item': cur['step'], 'non_torch': d['non_torch'],
-                          'cuda_used_delta': d['cuda_used'],
-                          'torch_reserved_delta': d['torch_reserved'],
-                          'nvml_used_delta': d['nvml_used'],
-                          'sum_ok': cur.get('sum_ok')})
-        large = [s for s in stages
-                 if s['step'].startswith('first all_reduce, ') and 'MiB' in s['step']]
+            steps.append(
+                {
+                    'item': cur['step'],
+                    'non_torch': d['non_torch'],
+                    'cuda_used_delta': d['cuda_used'],
+                    'torch_reserved_delta': d['torch_reserved'],
+                    'nvml_used_delta': d['nvml_used'],
+                    'sum_ok': cur.get('sum_ok'),
+                }
+            )
+        large = [s for s in stages if s['step'].startswith('first all_reduce, ') and 'MiB' in s['step']]
         comm1 = large[-1] if large else None
-        entry = {'rank': res['rank'], 'context_non_torch': base.get('non_torch'),
-                 'steps': steps}
+        entry = {'rank': res['rank'], 'context_non_torch': base.get('non_torch'), 'steps': steps}
         if comm1:
             entry['first_communicator_non_torch'] = delta(base, comm1)['non_torch']
         out.append(entry)
@@ -497,19 +550,40 @@ def mib(value):
 def render(report):
     lines = []
     stack = report.get('stack', {})
-    lines.append('Stack: %s' % ', '.join('%s=%s' % (k, stack[k]) for k in (
-        'gpu_name', 'driver', 'cuda_driver', 'torch', 'torch_cuda', 'nccl',
-        'gpu_total_memory_torch', 'smi_total_mib') if k in stack))
+    lines.append(
+        'Stack: %s'
+        % ', '.join(
+            '%s=%s' % (k, stack[k])
+            for k in (
+                'gpu_name',
+                'driver',
+                'cuda_driver',
+                'torch',
+                'torch_cuda',
+                'nccl',
+                'gpu_total_memory_torch',
+                'smi_total_mib',
+            )
+            if k in stack
+        )
+    )
     lines.append('')
-    lines.append('TP 1 (GPU %s): non-torch = cuda used - torch reserved, vLLM\'s way' %
-                 report.get('tp1', {}).get('gpu'))
+    lines.append("TP 1 (GPU %s): non-torch = cuda used - torch reserved, vLLM's way" % report.get('tp1', {}).get('gpu'))
     fmt = '  %-52s %14s %9s %9s %10s %10s'
     lines.append(fmt % ('step', 'non-torch B', 'GiB', 'MiB', 'used MiB', 'torchalloc'))
     for row in report.get('tp1', {}).get('summary', []):
         used = row.get('cuda_used_delta', row.get('nvml_used_delta'))
-        lines.append(fmt % (row['item'][:52], row.get('non_torch'), gib(row.get('non_torch')),
-                            mib(row.get('non_torch')), mib(used),
-                            mib(row.get('torch_allocated_delta'))))
+        lines.append(
+            fmt
+            % (
+                row['item'][:52],
+                row.get('non_torch'),
+                gib(row.get('non_torch')),
+                mib(row.get('non_torch')),
+                mib(used),
+                mib(row.get('torch_allocated_delta')),
+            )
+        )
     if report.get('tp1', {}).get('error'):
         lines.append('  ERROR: ' + report['tp1']['error'].strip().splitlines()[-1])
     for name, var in (report.get('tp2') or {}).items():
@@ -517,21 +591,31 @@ def render(report):
         lines.append('TP 2, variant %s %s' % (name, json.dumps(var.get('env_delta', {}))))
         for entry in var.get('summary', []):
             if 'error' in entry:
-                lines.append('  rank %s ERROR: %s' % (
-                    entry.get('rank'), str(entry['error']).strip().splitlines()[-1]))
+                lines.append('  rank %s ERROR: %s' % (entry.get('rank'), str(entry['error']).strip().splitlines()[-1]))
                 continue
-            lines.append('  rank %s: context non-torch %s B (%s GiB); first communicator '
-                         '(init + first all_reduces) %s B (%s GiB)' % (
-                             entry['rank'], entry['context_non_torch'],
-                             gib(entry['context_non_torch']),
-                             entry.get('first_communicator_non_torch'),
-                             gib(entry.get('first_communicator_non_torch'))))
+            lines.append(
+                '  rank %s: context non-torch %s B (%s GiB); first communicator '
+                '(init + first all_reduces) %s B (%s GiB)'
+                % (
+                    entry['rank'],
+                    entry['context_non_torch'],
+                    gib(entry['context_non_torch']),
+                    entry.get('first_communicator_non_torch'),
+                    gib(entry.get('first_communicator_non_torch')),
+                )
+            )
             for row in entry['steps']:
-                lines.append(fmt % ('  ' + row['item'][:50], row['non_torch'],
-                                    gib(row['non_torch']), mib(row['non_torch']),
-                                    mib(row['cuda_used_delta']),
-                                    '' if row.get('sum_ok') is None else
-                                    ('sum ok' if row['sum_ok'] else 'SUM BAD')))
+                lines.append(
+                    fmt
+                    % (
+                        '  ' + row['item'][:50],
+                        row['non_torch'],
+                        gib(row['non_torch']),
+                        mib(row['non_torch']),
+                        mib(row['cuda_used_delta']),
+                        '' if row.get('sum_ok') is None else ('sum ok' if row['sum_ok'] else 'SUM BAD'),
+                    )
+                )
         for err in var.get('errors', []):
             lines.append('  ERROR: ' + str(err).strip().splitlines()[-1])
     return '\n'.join(lines)
@@ -539,11 +623,10 @@ def render(report):
 
 # --- parent ----------------------------------------------------------------------------
 
+
 def host_stack():
-    stack = {'python': platform.python_version(), 'kernel': platform.release(),
-             'machine': platform.machine()}
-    q = smi_text('--query-gpu=index,name,driver_version,memory.total,pci.bus_id',
-                 '--format=csv,noheader')
+    stack = {'python': platform.python_version(), 'kernel': platform.release(), 'machine': platform.machine()}
+    q = smi_text('--query-gpu=index,name,driver_version,memory.total,pci.bus_id', '--format=csv,noheader')
     if q:
         stack['smi_gpus'] = q.splitlines()
         parts = [p.strip() for p in stack['smi_gpus'][0].split(',')]
@@ -564,11 +647,12 @@ def preflight():
     try:
         import torch
     except ImportError as exc:
-        raise Unavailable('PyTorch is not importable here (%s); run this on a GPU machine'
-                          % exc) from None
+        raise Unavailable('PyTorch is not importable here (%s); run this on a GPU machine' % exc) from None
     if not torch.cuda.is_available():  # NVML-based check: creates no context
-        raise Unavailable('torch.cuda.is_available() is False (torch %s, built for CUDA %s): '
-                          'no usable NVIDIA GPU here' % (torch.__version__, torch.version.cuda))
+        raise Unavailable(
+            'torch.cuda.is_available() is False (torch %s, built for CUDA %s): '
+            'no usable NVIDIA GPU here' % (torch.__version__, torch.version.cuda)
+        )
     return torch.cuda.device_count()
 
 
@@ -576,14 +660,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--json', required=True, help='where to write the JSON report')
     parser.add_argument('--skip-tp2', action='store_true')
-    parser.add_argument('--variants', default=','.join(VARIANTS),
-                        help='comma-separated TP 2 NCCL variants: %s' % ', '.join(VARIANTS))
-    parser.add_argument('--large-mib', type=int, default=256,
-                        help='size of the large all_reduce, MiB (default 256)')
-    parser.add_argument('--nccl-debug-dir', default=None,
-                        help='write NCCL_DEBUG=INFO logs of the first TP 2 variant here')
-    parser.add_argument('--timeout', type=int, default=240,
-                        help='seconds allowed to each group of child processes')
+    parser.add_argument(
+        '--variants', default=','.join(VARIANTS), help='comma-separated TP 2 NCCL variants: %s' % ', '.join(VARIANTS)
+    )
+    parser.add_argument('--large-mib', type=int, default=256, help='size of the large all_reduce, MiB (default 256)')
+    parser.add_argument(
+        '--nccl-debug-dir', default=None, help='write NCCL_DEBUG=INFO logs of the first TP 2 variant here'
+    )
+    parser.add_argument('--timeout', type=int, default=240, help='seconds allowed to each group of child processes')
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(',') if v]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -598,14 +682,14 @@ def main(argv=None):
         return 2
 
     import multiprocessing
+
     ctx = multiprocessing.get_context('spawn')
     report = {
-        'what': 'GPU memory outside PyTorch\'s allocator (vLLM\'s non_torch_memory = '
-                '(total - free from torch.cuda.mem_get_info) - torch.cuda.memory_reserved(), '
-                'after gc.collect + empty_cache), per step of fresh processes',
+        'what': "GPU memory outside PyTorch's allocator (vLLM's non_torch_memory = "
+        '(total - free from torch.cuda.mem_get_info) - torch.cuda.memory_reserved(), '
+        'after gc.collect + empty_cache), per step of fresh processes',
         'script': 'bench/h200_nontorch_memory.py',
-        'recorded_utc': datetime.datetime.now(datetime.timezone.utc).strftime(
-            '%Y-%m-%dT%H:%M:%SZ'),
+        'recorded_utc': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ'),
         'argv': sys.argv[1:],
         'stack': host_stack(),
         'device_count': count,
@@ -640,15 +724,15 @@ def main(argv=None):
                 for rank in range(2):
                     renv = dict(env)
                     if 'NCCL_DEBUG' in renv:
-                        renv['NCCL_DEBUG_FILE'] = os.path.join(
-                            args.nccl_debug_dir, 'nccl-%s-rank%d.log' % (name, rank))
-                    targets.append((tp2_worker, (rank, 2, port, renv, args.large_mib,
-                                                 barrier)))
+                        renv['NCCL_DEBUG_FILE'] = os.path.join(args.nccl_debug_dir, 'nccl-%s-rank%d.log' % (name, rank))
+                    targets.append((tp2_worker, (rank, 2, port, renv, args.large_mib, barrier)))
                 results = run_children(ctx, targets, args.timeout)
                 ranks = [r for r in results if 'stages' in r]
                 report['tp2'][name] = {
-                    'env_delta': env, 'seconds': round(time.time() - t0, 1),
-                    'ranks': ranks, 'summary': summarize_tp2(ranks),
+                    'env_delta': env,
+                    'seconds': round(time.time() - t0, 1),
+                    'ranks': ranks,
+                    'summary': summarize_tp2(ranks),
                     'errors': [r['error'] for r in results if 'error' in r],
                 }
 
@@ -658,8 +742,7 @@ def main(argv=None):
         json.dump(report, handle, indent=1, sort_keys=True, default=str)
         handle.write('\n')
     print('\nwrote %s' % args.json)
-    failed = bool(tp1.get('error')) or any(
-        v.get('errors') for v in (report.get('tp2') or {}).values())
+    failed = bool(tp1.get('error')) or any(v.get('errors') for v in (report.get('tp2') or {}).values())
     return 1 if failed else 0
 
 

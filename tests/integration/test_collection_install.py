@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The built tarball installs with ansible-galaxy and its role works from a wider playbook by FQCN."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import glob
 import json
@@ -20,7 +16,7 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 BIN = os.path.join(REPO, '.venv', 'bin')
 
-WIDER_PLAYBOOK = '''---
+WIDER_PLAYBOOK = """---
 - name: Wider infrastructure play that plans an inference host
   hosts: localhost
   gather_facts: false
@@ -43,15 +39,25 @@ WIDER_PLAYBOOK = '''---
         mode: "0644"
       check_mode: false
       tags: [always]
-'''
+"""
 
 
 def write_tiny_llama(path):
     """A 1-layer GQA Llama config and a safetensors shard with a valid header."""
     path.mkdir()
-    config = {'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'hidden_size': 128,
-              'num_hidden_layers': 1, 'num_attention_heads': 2, 'num_key_value_heads': 1, 'head_dim': 64,
-              'intermediate_size': 256, 'vocab_size': 64, 'max_position_embeddings': 4096, 'torch_dtype': 'float32'}
+    config = {
+        'architectures': ['LlamaForCausalLM'],
+        'model_type': 'llama',
+        'hidden_size': 128,
+        'num_hidden_layers': 1,
+        'num_attention_heads': 2,
+        'num_key_value_heads': 1,
+        'head_dim': 64,
+        'intermediate_size': 256,
+        'vocab_size': 64,
+        'max_position_embeddings': 4096,
+        'torch_dtype': 'float32',
+    }
     (path / 'config.json').write_text(json.dumps(config))
     header = json.dumps({'model.embed_tokens.weight': {'dtype': 'F32', 'shape': [64, 128], 'data_offsets': [0, 32768]}})
     header = header.encode() + b' ' * (-len(header) % 8)
@@ -67,25 +73,64 @@ def free_port():
 @pytest.fixture(scope='module')
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp('galaxy')
-    subprocess.run([os.path.join(BIN, 'ansible-galaxy'), 'collection', 'build', '--output-path', str(work), REPO],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [os.path.join(BIN, 'ansible-galaxy'), 'collection', 'build', '--output-path', str(work), REPO],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     tarball = glob.glob(str(work / 'llmserve-vllm-*.tar.gz'))
     assert len(tarball) == 1
-    subprocess.run([os.path.join(BIN, 'ansible-galaxy'), 'collection', 'install', '--force', tarball[0], '-p', str(work / 'collections')],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            os.path.join(BIN, 'ansible-galaxy'),
+            'collection',
+            'install',
+            '--force',
+            tarball[0],
+            '-p',
+            str(work / 'collections'),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return work, tarball[0]
 
 
 def test_tarball_ships_the_collection_and_not_the_test_harness(installed):
     with tarfile.open(installed[1]) as archive:
         names = set(archive.getnames())
-    for shipped in ('plugins/modules/gpu_preflight.py', 'plugins/modules/kv_cache_quant.py', 'plugins/modules/chat_check.py',
-                    'roles/vllm_kimi/tasks/main.yml', 'roles/vllm_kimi/README.md', 'roles/vllm_monitoring/README.md',
-                    'playbooks/deploy.yml', 'meta/runtime.yml', 'README.md', 'LICENSE', 'changelogs/changelog.yaml',
-                    'inventories/gpu/hosts.yml'):
+    for shipped in (
+        'plugins/modules/gpu_preflight.py',
+        'plugins/modules/kv_cache_quant.py',
+        'plugins/modules/chat_check.py',
+        'roles/vllm_kimi/tasks/main.yml',
+        'roles/vllm_kimi/README.md',
+        'roles/vllm_monitoring/README.md',
+        'playbooks/deploy.yml',
+        'meta/runtime.yml',
+        'README.md',
+        'LICENSE',
+        'changelogs/changelog.yaml',
+        'inventories/gpu/hosts.yml',
+    ):
         assert shipped in names
-    harness = ('tests', 'molecule', 'bench', 'tools', 'mk', 'Makefile', 'pytest.ini', 'ansible.cfg', 'ruff.toml', 'CONTRIBUTING.md')
-    assert not [name for name in names if name.split('/')[0] in harness or name.startswith(('.', 'inventories/sandbox'))]
+    harness = (
+        'tests',
+        'molecule',
+        'bench',
+        'tools',
+        'mk',
+        'Makefile',
+        'pytest.ini',
+        'ansible.cfg',
+        'ruff.toml',
+        'CONTRIBUTING.md',
+    )
+    assert not [
+        name for name in names if name.split('/')[0] in harness or name.startswith(('.', 'inventories/sandbox'))
+    ]
 
 
 def run_wider_playbook(installed, tmp_path, *args):
@@ -96,12 +141,23 @@ def run_wider_playbook(installed, tmp_path, *args):
     report = tmp_path / 'plan.json'
     playbook.write_text(WIDER_PLAYBOOK.format(model=model, port=free_port(), report=report))
     (tmp_path / 'ansible.cfg').write_text('[defaults]\n')
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(work / 'collections'), ANSIBLE_NOCOLOR='1',
-               ANSIBLE_CONFIG=str(tmp_path / 'ansible.cfg'), ANSIBLE_PYTHON_INTERPRETER=os.path.join(BIN, 'python'))
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(work / 'collections'),
+        ANSIBLE_NOCOLOR='1',
+        ANSIBLE_CONFIG=str(tmp_path / 'ansible.cfg'),
+        ANSIBLE_PYTHON_INTERPRETER=os.path.join(BIN, 'python'),
+    )
     # Outside the checkout, so that only the installed tarball can provide llmserve.vllm.
-    result = subprocess.run([os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local', '--check',
-                             str(playbook)] + list(args), cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(
+        [os.path.join(BIN, 'ansible-playbook'), '-i', 'localhost,', '-c', 'local', '--check', str(playbook)]
+        + list(args),
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return result, report
 
 

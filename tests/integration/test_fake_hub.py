@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -10,9 +9,6 @@ named exactly: a flipped byte in the middle of a shard, a truncated shard, a mis
 extra file, a revision given as a branch name, and a Hub that drops the connection mid-file
 (the download resumes with a Range request, and the result verifies).
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import filecmp
 import functools
@@ -37,12 +33,14 @@ LARGE_BYTES = 24 << 20
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
+    pytest.mark.skipif(
+        not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+    ),
 ]
 
 run_module = functools.partial(support.module_result, 'checkpoint_verify')
 
-DOWNLOAD = '''
+DOWNLOAD = """
 import json, sys
 import huggingface_hub
 repo_id, revision, local_dir = sys.argv[1:4]
@@ -50,32 +48,57 @@ path = huggingface_hub.snapshot_download(repo_id, revision=revision, local_dir=l
 info = huggingface_hub.model_info(repo_id, revision=revision, files_metadata=True)
 print(json.dumps({"path": path, "sha": info.sha, "siblings": sorted(
     [s.rfilename, s.size, s.blob_id, s.lfs.sha256 if s.lfs else None] for s in info.siblings)}))
-'''
+"""
 
 
 def download(hub, repo_id, revision, dest, token=None):
-    env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY='1', HF_HUB_ETAG_TIMEOUT='5',
-               HF_HUB_DOWNLOAD_TIMEOUT='10', HF_HUB_DISABLE_PROGRESS_BARS='1', HF_HOME=os.path.join(dest + '.hf-home'),
-               no_proxy='127.0.0.1,localhost', NO_PROXY='127.0.0.1,localhost')
+    env = dict(
+        os.environ,
+        HF_ENDPOINT=hub.url,
+        HF_HUB_DISABLE_TELEMETRY='1',
+        HF_HUB_ETAG_TIMEOUT='5',
+        HF_HUB_DOWNLOAD_TIMEOUT='10',
+        HF_HUB_DISABLE_PROGRESS_BARS='1',
+        HF_HOME=os.path.join(dest + '.hf-home'),
+        no_proxy='127.0.0.1,localhost',
+        NO_PROXY='127.0.0.1,localhost',
+    )
     env.pop('HF_TOKEN', None)
     if token:
         env['HF_TOKEN'] = token
-    proc = subprocess.run([VLLM_PYTHON, '-c', DOWNLOAD, repo_id, revision, dest], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=300, check=False)
+    proc = subprocess.run(
+        [VLLM_PYTHON, '-c', DOWNLOAD, repo_id, revision, dest],
+        env=env,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr.decode('utf-8', 'replace')[-3000:]
     return json.loads(proc.stdout.decode('utf-8').strip().splitlines()[-1]), proc.stderr.decode('utf-8', 'replace')
 
 
 @pytest.fixture(scope='module')
 def tiny_chat():
-    made = subprocess.run([VLLM_PYTHON, os.path.join(REPO, 'tools', 'make_tiny_models.py'), '--out',
-                           os.path.join(REPO, '.cache', 'models')], cwd=REPO, stdout=subprocess.PIPE, check=True, timeout=900)
+    made = subprocess.run(
+        [
+            VLLM_PYTHON,
+            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
+            '--out',
+            os.path.join(REPO, '.cache', 'models'),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        check=True,
+        timeout=900,
+    )
     return os.path.join(made.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-chat')
 
 
 def large_shard(path):
     """A valid safetensors file of LARGE_BYTES of pseudo-random data (a misplaced resume shows in its digest)."""
-    header = json.dumps({'blob': {'dtype': 'U8', 'shape': [LARGE_BYTES], 'data_offsets': [0, LARGE_BYTES]}}).encode('utf-8')
+    header = json.dumps({'blob': {'dtype': 'U8', 'shape': [LARGE_BYTES], 'data_offsets': [0, LARGE_BYTES]}}).encode(
+        'utf-8'
+    )
     with open(path, 'wb') as f:
         f.write(struct.pack('<Q', len(header)) + header + random.Random(7).randbytes(LARGE_BYTES))
 
@@ -87,8 +110,10 @@ def hub_root(tmp_path_factory, tiny_chat):
     large = str(tmp_path_factory.mktemp('large') / 'model')
     shutil.copytree(tiny_chat, large)
     large_shard(os.path.join(large, 'extra.safetensors'))
-    return root, {'llmserve/tiny-chat': fake_hub.publish(root, 'llmserve/tiny-chat', tiny_chat),
-                  'llmserve/tiny-chat-large': fake_hub.publish(root, 'llmserve/tiny-chat-large', large)}
+    return root, {
+        'llmserve/tiny-chat': fake_hub.publish(root, 'llmserve/tiny-chat', tiny_chat),
+        'llmserve/tiny-chat-large': fake_hub.publish(root, 'llmserve/tiny-chat-large', large),
+    }
 
 
 @pytest.fixture(scope='module')
@@ -103,8 +128,14 @@ def snapshot(tmp_path_factory, hub_root, tiny_chat):
 
 
 def verify_args(hub, commit, path, **more):
-    args = {'path': path, 'repo_id': 'llmserve/tiny-chat', 'revision': commit, 'endpoint': hub.url, 'token': TOKEN,
-            'timeout': 10}
+    args = {
+        'path': path,
+        'repo_id': 'llmserve/tiny-chat',
+        'revision': commit,
+        'endpoint': hub.url,
+        'token': TOKEN,
+        'timeout': 10,
+    }
     args.update(more)
     return args
 
@@ -123,7 +154,11 @@ def test_the_download_is_the_model_and_verifies(tmp_path, snapshot, tiny_chat):
     assert TOKEN not in json.dumps(result)
     rc, again = run_module(tmp_path, verify_args(hub, commit, path, cache_dir=cache))
     assert (again['ok'], again['cache_hits'], again['hashed_bytes'], again['fingerprint']) == (
-        True, len(names), 0, result['fingerprint'])
+        True,
+        len(names),
+        0,
+        result['fingerprint'],
+    )
 
 
 def flip_a_byte_in_the_middle(path):
@@ -139,12 +174,20 @@ def truncate_by_half(path):
         f.truncate(os.path.getsize(path) // 2)
 
 
-@pytest.mark.parametrize('spoil, file, kind', [
-    (lambda d: flip_a_byte_in_the_middle(os.path.join(d, 'model.safetensors')), 'model.safetensors', 'digest_mismatch'),
-    (lambda d: truncate_by_half(os.path.join(d, 'model.safetensors')), 'model.safetensors', 'truncated'),
-    (lambda d: os.unlink(os.path.join(d, 'tokenizer.json')), 'tokenizer.json', 'missing'),
-    (lambda d: open(os.path.join(d, 'notes.txt'), 'w').close(), 'notes.txt', 'extra_file'),
-], ids=['flipped-byte-mid-shard', 'truncated-shard', 'missing-file', 'extra-file'])
+@pytest.mark.parametrize(
+    'spoil, file, kind',
+    [
+        (
+            lambda d: flip_a_byte_in_the_middle(os.path.join(d, 'model.safetensors')),
+            'model.safetensors',
+            'digest_mismatch',
+        ),
+        (lambda d: truncate_by_half(os.path.join(d, 'model.safetensors')), 'model.safetensors', 'truncated'),
+        (lambda d: os.unlink(os.path.join(d, 'tokenizer.json')), 'tokenizer.json', 'missing'),
+        (lambda d: open(os.path.join(d, 'notes.txt'), 'w').close(), 'notes.txt', 'extra_file'),
+    ],
+    ids=['flipped-byte-mid-shard', 'truncated-shard', 'missing-file', 'extra-file'],
+)
 def test_each_fault_is_named(tmp_path, snapshot, spoil, file, kind):
     hub, commit, path, seen = snapshot
     copy = str(tmp_path / 'copy')
@@ -153,8 +196,10 @@ def test_each_fault_is_named(tmp_path, snapshot, spoil, file, kind):
     rc, result = run_module(tmp_path, verify_args(hub, commit, copy))
     assert rc == 1
     assert [(p['file'], p['kind']) for p in result['problems']] == [(file, kind)]
-    assert result['msg'].startswith('checkpoint %s does not match revision %s of llmserve/tiny-chat: 1 problem: %s: %s ('
-                                    % (copy, commit, file, kind))
+    assert result['msg'].startswith(
+        'checkpoint %s does not match revision %s of llmserve/tiny-chat: 1 problem: %s: %s ('
+        % (copy, commit, file, kind)
+    )
 
 
 def test_a_branch_name_is_refused_before_any_request(tmp_path, snapshot):
@@ -176,8 +221,9 @@ def test_a_dropped_connection_resumes_and_the_result_verifies(tmp_path, hub_root
         seen, log = download(hub, 'llmserve/tiny-chat-large', commit, dest)
         resumed = [r for m, p, r in hub.requests if m == 'GET' and p.endswith('/extra.safetensors') and r]
         answered = [s for m, p, s in hub.answers if m == 'GET' and p.endswith('/extra.safetensors')]
-        rc, result = run_module(tmp_path, {'path': dest, 'repo_id': 'llmserve/tiny-chat-large', 'revision': commit,
-                                           'endpoint': hub.url})
+        rc, result = run_module(
+            tmp_path, {'path': dest, 'repo_id': 'llmserve/tiny-chat-large', 'revision': commit, 'endpoint': hub.url}
+        )
     finally:
         hub.stop()
     assert 'Trying to resume download' in log

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,9 +8,6 @@ an MLA DeepseekV3 (whose config also carries head_dim and num_key_value_heads, w
 MLA must ignore), starts vLLM on each with --kv-cache-memory-bytes, and compares the
 module's kv_cache_tokens with vLLM's logged "CPU KV cache size: N tokens" (within 1%).
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -31,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(VLLM_PY), reason='needs the vLLM CPU venv (make vllm-venv)'),
 ]
 
-BUILD = r'''
+BUILD = r"""
 import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 kind, out = sys.argv[1], sys.argv[2]
@@ -52,9 +48,9 @@ else:
     # vLLM creates the router's e_score_correction_bias (which transformers saves) only for noaux_tc routing.
     m.config.topk_method = 'noaux_tc'
 m.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-'''
+"""
 
-SERVE = r'''
+SERVE = r"""
 import sys
 
 
@@ -68,7 +64,7 @@ def main():
 
 if __name__ == '__main__':
     main()
-'''
+"""
 
 KV_SIZE = re.compile(r'CPU KV cache size: ([\d,]+) tokens')
 
@@ -77,22 +73,52 @@ def vllm_kv_tokens(model, kv_bytes, max_model_len, kv_dtype, tmp_path):
     script = tmp_path / 'serve.py'
     script.write_text(SERVE)
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND='nobind', HF_HUB_OFFLINE='1')
-    proc = subprocess.run([VLLM_PY, str(script), str(model), str(kv_bytes), str(max_model_len), kv_dtype],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=600,
-                          universal_newlines=True, check=False)
+    proc = subprocess.run(
+        [VLLM_PY, str(script), str(model), str(kv_bytes), str(max_model_len), kv_dtype],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        timeout=600,
+        text=True,
+        check=False,
+    )
     m = KV_SIZE.search(proc.stdout)
     assert m, 'vLLM printed no "CPU KV cache size" (rc %d):\n%s' % (proc.returncode, proc.stdout[-4000:])
     return int(m.group(1).replace(',', ''))
 
 
 def preflight(model, kv_bytes, max_model_len, kv_dtype):
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS, ANSIBLE_LOCALHOST_WARNING='0',
-               ANSIBLE_INVENTORY_UNPARSED_WARNING='0')
-    args = ('model_path=%s accelerator=cpu kv_cache_memory_bytes=%d max_model_len=%d kv_cache_dtype=%s'
-            % (model, kv_bytes, max_model_len, kv_dtype))
-    proc = subprocess.run([ANSIBLE, 'localhost', '-c', 'local', '-e', 'ansible_python_interpreter=' + sys.executable,
-                           '-o', '-m', 'llmserve.vllm.gpu_preflight', '-a', args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, universal_newlines=True, check=False)
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=COLLECTIONS,
+        ANSIBLE_LOCALHOST_WARNING='0',
+        ANSIBLE_INVENTORY_UNPARSED_WARNING='0',
+    )
+    args = 'model_path=%s accelerator=cpu kv_cache_memory_bytes=%d max_model_len=%d kv_cache_dtype=%s' % (
+        model,
+        kv_bytes,
+        max_model_len,
+        kv_dtype,
+    )
+    proc = subprocess.run(
+        [
+            ANSIBLE,
+            'localhost',
+            '-c',
+            'local',
+            '-e',
+            'ansible_python_interpreter=' + sys.executable,
+            '-o',
+            '-m',
+            'llmserve.vllm.gpu_preflight',
+            '-a',
+            args,
+        ],
+        capture_output=True,
+        env=env,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # One line: "localhost | SUCCESS => {...}"
     return json.loads(proc.stdout.split('=>', 1)[1])
@@ -105,8 +131,9 @@ def checkpoints(tmp_path_factory):
     script.write_text(BUILD)
     out = {}
     for kind in ('llama', 'mla'):
-        subprocess.run([VLLM_PY, str(script), kind, str(base / kind)], check=True,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        subprocess.run(
+            [VLLM_PY, str(script), kind, str(base / kind)], check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         out[kind] = base / kind
     return out
 
@@ -123,13 +150,16 @@ CASES = [
 
 
 @pytest.mark.parametrize('kind, kv_bytes, max_model_len, kv_dtype, resolved, per_token, attention', CASES)
-def test_kv_cache_tokens_match_vllm(checkpoints, tmp_path, kind, kv_bytes, max_model_len, kv_dtype, resolved, per_token,
-                                    attention):
+def test_kv_cache_tokens_match_vllm(
+    checkpoints, tmp_path, kind, kv_bytes, max_model_len, kv_dtype, resolved, per_token, attention
+):
     predicted = preflight(checkpoints[kind], kv_bytes, max_model_len, kv_dtype)
     actual = vllm_kv_tokens(checkpoints[kind], kv_bytes, max_model_len, kv_dtype, tmp_path)
     error = abs(predicted['kv_cache_tokens'] - actual) / float(actual)
-    print('%s %s: predicted %d tokens, vLLM %d tokens, error %.4f%%'
-          % (kind, kv_dtype, predicted['kv_cache_tokens'], actual, error * 100))
+    print(
+        '%s %s: predicted %d tokens, vLLM %d tokens, error %.4f%%'
+        % (kind, kv_dtype, predicted['kv_cache_tokens'], actual, error * 100)
+    )
     assert predicted['attention'] == attention
     assert predicted['kv_cache_bytes_per_token'] == per_token
     assert predicted['kv_cache_dtype'] == resolved

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -14,9 +13,6 @@ dtype still 'auto' into 'fp8' in layers that are not MLA (ModelConfig.use_mla: i
 causal). The recorded answers must be vLLM's, and the resolver's must be too.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
 import os
 
@@ -31,7 +27,9 @@ FORMS = json.loads(recorded('kv_cache_dtype', 'forms.json'))
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
+    pytest.mark.skipif(
+        not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+    ),
 ]
 
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -7,9 +6,6 @@
 Each checkpoint goes four ways (check, check + diff, real, repeat), then state=present
 must give back the original bytes (and the cache's links); bad input must change nothing.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -31,7 +27,7 @@ RECORD = '.llmserve-kv-cache-quant.json'
 KIMI_CONFIG = recorded('checkpoints', 'kimi-k2.5-nvfp4', 'config.json')
 HF_NESTED = recorded('checkpoints', 'kimi-k2.5-nvfp4', 'hf_quant_config.json')
 # ModelOpt >= 0.31 writes quantization_config into config.json; 4-space indent, no trailing newline.
-FLAT_CONFIG = '''{
+FLAT_CONFIG = """{
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",
     "quantization_config": {
@@ -45,7 +41,7 @@ FLAT_CONFIG = '''{
         "ignore": ["lm_head"]
     },
     "rms_norm_eps": 1e-06
-}'''
+}"""
 
 SHA_CONFIG = '6c1b0e4f4f1e4e2d8c0c8a3e0ad5cf1e8d2b9a10'
 SHA_HF_QUANT = '9e2f3c1d7b6a5e4f3d2c1b0a99887766554433aa'
@@ -94,45 +90,69 @@ def playbook(tmp_path, path, check=False, diff=False, env=None, wrap=None, **ext
     result_file = tmp_path / 'result.json'
     if result_file.exists():
         result_file.unlink()
-    extra_vars = {'kvq_path': str(path), 'kvq_result_file': str(result_file), 'ansible_python_interpreter': LOCAL_PYTHON}
+    extra_vars = {
+        'kvq_path': str(path),
+        'kvq_result_file': str(result_file),
+        'ansible_python_interpreter': LOCAL_PYTHON,
+    }
     extra_vars.update(extra)
     command = [ANSIBLE_PLAYBOOK, '-i', 'localhost,', '-c', 'local', PLAYBOOK, '-e', json.dumps(extra_vars)]
     if check:
         command.append('--check')
     if diff:
         command.append('--diff')
-    environ = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_FORCE_COLOR='0',
-                   ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, '.build', 'collections'))
+    environ = dict(
+        os.environ,
+        ANSIBLE_NOCOLOR='1',
+        ANSIBLE_FORCE_COLOR='0',
+        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, '.build', 'collections'),
+    )
     environ.update(env or {})
-    proc = subprocess.run((wrap or []) + command, cwd=REPO, env=environ, capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run((wrap or []) + command, cwd=REPO, env=environ, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(result_file.read_text()), proc.stdout + proc.stderr
 
 
 def diff_lines(output):
-    return [line for line in output.splitlines()
-            if line[:1] in ('+', '-') and not line.startswith(('+++', '---'))]
+    return [line for line in output.splitlines() if line[:1] in ('+', '-') and not line.startswith(('+++', '---'))]
 
 
 # The layout, how the checkpoint is built, the stripped texts (file -> text) and the diff lines.
 LAYOUTS = {
-    'plain': (plain_checkpoint,
-              {'hf_quant_config.json': HF_NESTED.replace('"kv_cache_quant_algo": "FP8"', '"kv_cache_quant_algo": null')},
-              ['-    "kv_cache_quant_algo": "FP8",', '+    "kv_cache_quant_algo": null,']),
-    'hf-cache': (hf_cache_checkpoint,
-                 {'config.json': FLAT_CONFIG.replace(
-                     '{\n            "dynamic": false,\n            "num_bits": 8,\n            "type": "float"\n        }',
-                     'null'),
-                  'hf_quant_config.json': HF_NESTED.replace('"kv_cache_quant_algo": "FP8"',
-                                                            '"kv_cache_quant_algo": null')},
-                 ['-        "kv_cache_scheme": {', '-            "dynamic": false,', '-            "num_bits": 8,',
-                  '-            "type": "float"', '-        },', '+        "kv_cache_scheme": null,',
-                  '-    "kv_cache_quant_algo": "FP8",', '+    "kv_cache_quant_algo": null,']),
+    'plain': (
+        plain_checkpoint,
+        {'hf_quant_config.json': HF_NESTED.replace('"kv_cache_quant_algo": "FP8"', '"kv_cache_quant_algo": null')},
+        ['-    "kv_cache_quant_algo": "FP8",', '+    "kv_cache_quant_algo": null,'],
+    ),
+    'hf-cache': (
+        hf_cache_checkpoint,
+        {
+            'config.json': FLAT_CONFIG.replace(
+                '{\n            "dynamic": false,\n            "num_bits": 8,\n            "type": "float"\n        }',
+                'null',
+            ),
+            'hf_quant_config.json': HF_NESTED.replace('"kv_cache_quant_algo": "FP8"', '"kv_cache_quant_algo": null'),
+        },
+        [
+            '-        "kv_cache_scheme": {',
+            '-            "dynamic": false,',
+            '-            "num_bits": 8,',
+            '-            "type": "float"',
+            '-        },',
+            '+        "kv_cache_scheme": null,',
+            '-    "kv_cache_quant_algo": "FP8",',
+            '+    "kv_cache_quant_algo": null,',
+        ],
+    ),
 }
 CHANGES = {
-    'config.json': [{'key': 'quantization_config.kv_cache_scheme',
-                     'before': {'dynamic': False, 'num_bits': 8, 'type': 'float'}, 'after': None}],
+    'config.json': [
+        {
+            'key': 'quantization_config.kv_cache_scheme',
+            'before': {'dynamic': False, 'num_bits': 8, 'type': 'float'},
+            'after': None,
+        }
+    ],
     'hf_quant_config.json': [{'key': 'quantization.kv_cache_quant_algo', 'before': 'FP8', 'after': None}],
 }
 
@@ -143,8 +163,11 @@ def test_four_ways_then_restore(tmp_path, layout):
     path = build(tmp_path)
     root = tmp_path / ('hub' if layout == 'hf-cache' else 'Kimi-K2.5-NVFP4')
     original = tree(root)
-    expected_files = [{'path': str(path / name), 'changes': CHANGES[name]}
-                      for name in ('config.json', 'hf_quant_config.json') if name in stripped]
+    expected_files = [
+        {'path': str(path / name), 'changes': CHANGES[name]}
+        for name in ('config.json', 'hf_quant_config.json')
+        if name in stripped
+    ]
 
     # 1. check mode: the plan, nothing written.
     result, output = playbook(tmp_path, path, check=True)
@@ -168,7 +191,8 @@ def test_four_ways_then_restore(tmp_path, layout):
         assert (path / name).read_text() == text
     record = json.loads((path / RECORD).read_text())
     assert [(e['file'], e['key'], e['before'], e['after']) for e in record['entries']] == [
-        (name, change['key'], change['before'], None) for name in sorted(stripped) for change in CHANGES[name]]
+        (name, change['key'], change['before'], None) for name in sorted(stripped) for change in CHANGES[name]
+    ]
     after = tree(root)
     # Only the stripped files and the record changed; blobs and the other revision are untouched.
     changed = sorted(k for k in set(original) | set(after) if original.get(k) != after.get(k))
@@ -184,8 +208,7 @@ def test_four_ways_then_restore(tmp_path, layout):
     # state=present: check mode first, then for real: byte-identical originals, links back.
     result, output = playbook(tmp_path, path, check=True, diff=True, kvq_state='present')
     assert result['changed'] is True
-    assert sorted(diff_lines(output)) == sorted(
-        ('+' if line[0] == '-' else '-') + line[1:] for line in expected_diff)
+    assert sorted(diff_lines(output)) == sorted(('+' if line[0] == '-' else '-') + line[1:] for line in expected_diff)
     assert tree(root) == after
     result, output = playbook(tmp_path, path, kvq_state='present')
     assert result['changed'] is True
@@ -194,7 +217,9 @@ def test_four_ways_then_restore(tmp_path, layout):
 
     result, output = playbook(tmp_path, path, kvq_state='present')
     assert (result['changed'], result['files']) == (False, [])
-    assert result['warnings'] == ['%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, path)]
+    assert result['warnings'] == [
+        '%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, path)
+    ]
     assert tree(root) == original
 
 
@@ -227,8 +252,11 @@ def test_missing_directory_fails(tmp_path):
 def _can_remount_read_only():
     if os.geteuid() != 0 or shutil.which('unshare') is None:
         return False
-    probe = subprocess.run(['unshare', '-m', 'sh', '-c', 'mount --bind / /mnt && mount -o remount,ro,bind /mnt'],
-                           capture_output=True, check=False)
+    probe = subprocess.run(
+        ['unshare', '-m', 'sh', '-c', 'mount --bind / /mnt && mount -o remount,ro,bind /mnt'],
+        capture_output=True,
+        check=False,
+    )
     return probe.returncode == 0
 
 
@@ -237,9 +265,17 @@ def test_read_only_filesystem_fails_and_changes_nothing(tmp_path):
     path = plain_checkpoint(tmp_path)
     original = tree(path)
     # The checkpoint is read-only only inside the playbook's own mount namespace.
-    wrap = ['unshare', '-m', 'sh', '-c', 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"', str(path)]
+    wrap = [
+        'unshare',
+        '-m',
+        'sh',
+        '-c',
+        'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"',
+        str(path),
+    ]
     result, output = playbook(tmp_path, path, wrap=wrap)
     assert result['failed'] is True
-    assert result['msg'] == ('cannot write hf_quant_config.json in %s: Read-only file system (a temporary file in %s)'
-                             % (path, path))
+    assert result['msg'] == (
+        'cannot write hf_quant_config.json in %s: Read-only file system (a temporary file in %s)' % (path, path)
+    )
     assert tree(path) == original

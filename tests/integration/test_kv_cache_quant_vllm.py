@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -15,9 +14,6 @@ fail; a ModelOpt config only under text_config is the exception vLLM 0.32.0 make
 stripped copy must load and come out 'auto', and the module's kv_cache_dtype_before/after
 must agree with vLLM. A nested hf_quant_config.json with the key deleted must be refused.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -36,42 +32,82 @@ LOCAL_PYTHON = os.path.join(REPO, '.venv', 'bin', 'python')
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
+    pytest.mark.skipif(
+        not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+    ),
 ]
 
 KIMI_CONFIG = {
     'architectures': ['KimiK25ForConditionalGeneration'],
     'model_type': 'kimi_k25',
     'text_config': {
-        'architectures': ['DeepseekV3ForCausalLM'], 'model_type': 'kimi_k2',
-        'hidden_size': 256, 'intermediate_size': 512, 'moe_intermediate_size': 128, 'num_hidden_layers': 2,
-        'num_attention_heads': 4, 'num_key_value_heads': 4, 'kv_lora_rank': 64, 'q_lora_rank': 96,
-        'qk_nope_head_dim': 32, 'qk_rope_head_dim': 32, 'v_head_dim': 32, 'vocab_size': 1024,
-        'n_routed_experts': 8, 'num_experts_per_tok': 2,
+        'architectures': ['DeepseekV3ForCausalLM'],
+        'model_type': 'kimi_k2',
+        'hidden_size': 256,
+        'intermediate_size': 512,
+        'moe_intermediate_size': 128,
+        'num_hidden_layers': 2,
+        'num_attention_heads': 4,
+        'num_key_value_heads': 4,
+        'kv_lora_rank': 64,
+        'q_lora_rank': 96,
+        'qk_nope_head_dim': 32,
+        'qk_rope_head_dim': 32,
+        'v_head_dim': 32,
+        'vocab_size': 1024,
+        'n_routed_experts': 8,
+        'num_experts_per_tok': 2,
     },
 }
 HF_NESTED = {
     'producer': {'name': 'modelopt', 'version': '0.29.0'},
-    'quantization': {'quant_algo': 'NVFP4', 'kv_cache_quant_algo': 'FP8', 'group_size': 16,
-                     'exclude_modules': ['lm_head', 'vision_tower*', 'mm_projector*']},
+    'quantization': {
+        'quant_algo': 'NVFP4',
+        'kv_cache_quant_algo': 'FP8',
+        'group_size': 16,
+        'exclude_modules': ['lm_head', 'vision_tower*', 'mm_projector*'],
+    },
 }
-FLAT_MODELOPT = dict(KIMI_CONFIG['text_config'], architectures=['DeepseekV3ForCausalLM'], model_type='deepseek_v3',
-                     quantization_config={'quant_method': 'modelopt', 'quant_algo': 'NVFP4', 'group_size': 16,
-                                          'kv_cache_scheme': {'dynamic': False, 'num_bits': 8, 'type': 'float'},
-                                          'ignore': ['lm_head']})
+FLAT_MODELOPT = dict(
+    KIMI_CONFIG['text_config'],
+    architectures=['DeepseekV3ForCausalLM'],
+    model_type='deepseek_v3',
+    quantization_config={
+        'quant_method': 'modelopt',
+        'quant_algo': 'NVFP4',
+        'group_size': 16,
+        'kv_cache_scheme': {'dynamic': False, 'num_bits': 8, 'type': 'float'},
+        'ignore': ['lm_head'],
+    },
+)
 FP8_SCHEME = {'num_bits': 8, 'type': 'float', 'strategy': 'tensor', 'dynamic': False, 'symmetric': True}
 COMPRESSED_TENSORS = {
-    'architectures': ['LlamaForCausalLM'], 'model_type': 'llama',
-    'hidden_size': 128, 'intermediate_size': 256, 'num_hidden_layers': 2, 'num_attention_heads': 2,
-    'num_key_value_heads': 1, 'head_dim': 64, 'vocab_size': 1024,
+    'architectures': ['LlamaForCausalLM'],
+    'model_type': 'llama',
+    'hidden_size': 128,
+    'intermediate_size': 256,
+    'num_hidden_layers': 2,
+    'num_attention_heads': 2,
+    'num_key_value_heads': 1,
+    'head_dim': 64,
+    'vocab_size': 1024,
     'quantization_config': {
-        'quant_method': 'compressed-tensors', 'format': 'float-quantized', 'quantization_status': 'compressed',
-        'config_groups': {'group_0': {
-            'targets': ['Linear'],
-            'weights': {'num_bits': 8, 'type': 'float', 'strategy': 'channel', 'dynamic': False, 'symmetric': True},
-            'input_activations': {'num_bits': 8, 'type': 'float', 'strategy': 'token', 'dynamic': True,
-                                  'symmetric': True},
-        }},
+        'quant_method': 'compressed-tensors',
+        'format': 'float-quantized',
+        'quantization_status': 'compressed',
+        'config_groups': {
+            'group_0': {
+                'targets': ['Linear'],
+                'weights': {'num_bits': 8, 'type': 'float', 'strategy': 'channel', 'dynamic': False, 'symmetric': True},
+                'input_activations': {
+                    'num_bits': 8,
+                    'type': 'float',
+                    'strategy': 'token',
+                    'dynamic': True,
+                    'symmetric': True,
+                },
+            }
+        },
         'ignore': ['lm_head'],
         'kv_cache_scheme': FP8_SCHEME,
     },
@@ -82,8 +118,11 @@ KIMI_TEXT_MODELOPT['text_config']['quantization_config'] = FLAT_MODELOPT['quanti
 
 # name: (files, loader class vLLM must pick, vLLM's KV-cache dtype for the original under 'auto')
 CHECKPOINTS = {
-    'kimi-k2.5-hf-quant-config': ({'config.json': KIMI_CONFIG, 'hf_quant_config.json': HF_NESTED},
-                                  'ModelOptNvFp4Config', 'fp8'),
+    'kimi-k2.5-hf-quant-config': (
+        {'config.json': KIMI_CONFIG, 'hf_quant_config.json': HF_NESTED},
+        'ModelOptNvFp4Config',
+        'fp8',
+    ),
     'modelopt-flat-config': ({'config.json': FLAT_MODELOPT}, 'ModelOptNvFp4Config', 'fp8'),
     'compressed-tensors': ({'config.json': COMPRESSED_TENSORS}, 'CompressedTensorsConfig', 'fp8'),
     # vLLM 0.32.0 resolves 'auto' from the top-level quantization config only: the module must agree.
@@ -106,8 +145,14 @@ def strip(tmp_path, path):
     result_file = tmp_path / ('result-%s.json' % path.name)
     extra = {'kvq_path': str(path), 'kvq_result_file': str(result_file), 'ansible_python_interpreter': LOCAL_PYTHON}
     env = dict(os.environ, ANSIBLE_NOCOLOR='1', ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, '.build', 'collections'))
-    proc = subprocess.run([ANSIBLE_PLAYBOOK, '-i', 'localhost,', '-c', 'local', PLAYBOOK, '-e', json.dumps(extra)],
-                          cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [ANSIBLE_PLAYBOOK, '-i', 'localhost,', '-c', 'local', PLAYBOOK, '-e', json.dumps(extra)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(result_file.read_text())
 
@@ -132,8 +177,17 @@ def judged(tmp_path_factory):
     write_checkpoint(deleted, {'config.json': KIMI_CONFIG, 'hf_quant_config.json': nested})
     paths.append(deleted)
     reports = vllm_oracle.judge(paths)
-    return dict((name, (results[name], reports[str(tmp_path / (name + '-original'))],
-                        reports[str(tmp_path / (name + '-stripped'))])) for name in CHECKPOINTS), reports[str(deleted)]
+    return dict(
+        (
+            name,
+            (
+                results[name],
+                reports[str(tmp_path / (name + '-original'))],
+                reports[str(tmp_path / (name + '-stripped'))],
+            ),
+        )
+        for name in CHECKPOINTS
+    ), reports[str(deleted)]
 
 
 @pytest.mark.parametrize('name', sorted(CHECKPOINTS))
@@ -165,11 +219,16 @@ def test_vllm_loads_the_stripped_checkpoint_without_fp8(judged, name):
 
 def test_kimi_original_is_the_nvfp4_modelopt_path(judged):
     dummy, original, stripped = judged[0]['kimi-k2.5-hf-quant-config']
-    assert (original['config_class'], original['quant_method'], original['mla']) == ('Kimi_K25Config', 'modelopt_fp4', True)
+    assert (original['config_class'], original['quant_method'], original['mla']) == (
+        'Kimi_K25Config',
+        'modelopt_fp4',
+        True,
+    )
     assert (original['resolved'], original['loader_kv_cache_quant_algo']) == ('fp8_e4m3', 'FP8')
     assert (stripped['quant_method'], stripped['loader']) == ('modelopt_fp4', 'ModelOptNvFp4Config')
 
 
 def test_deleting_the_key_would_break_vllm(judged):
-    assert judged[1]['error'] == ("ValueError: NVFP4 quantization requires the following fields in "
-                                  "hf_quant_config.json: ['kv_cache_quant_algo']")
+    assert judged[1]['error'] == (
+        "ValueError: NVFP4 quantization requires the following fields in hf_quant_config.json: ['kv_cache_quant_algo']"
+    )

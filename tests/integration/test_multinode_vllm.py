@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -13,9 +12,6 @@ Each node runs its unit's ExecStart with its environment file, as systemd would
 head must answer the coherence question, and once the worker is killed it must
 stop answering: a node lost takes the whole model down.
 """
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -40,10 +36,20 @@ ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
 
 # Names, addresses and ports only this test uses.
 NODES = [
-    {'host': 'node-a', 'netns': 'llmserve-mn-a', 'ifname': 'llmserve-mn-va', 'address': '10.231.7.1',
-     'ansible_host': '192.0.2.1'},
-    {'host': 'node-b', 'netns': 'llmserve-mn-b', 'ifname': 'llmserve-mn-vb', 'address': '10.231.7.2',
-     'ansible_host': '192.0.2.2'},
+    {
+        'host': 'node-a',
+        'netns': 'llmserve-mn-a',
+        'ifname': 'llmserve-mn-va',
+        'address': '10.231.7.1',
+        'ansible_host': '192.0.2.1',
+    },
+    {
+        'host': 'node-b',
+        'netns': 'llmserve-mn-b',
+        'ifname': 'llmserve-mn-vb',
+        'address': '10.231.7.2',
+        'ansible_host': '192.0.2.2',
+    },
 ]
 API_PORT = 8672
 MASTER_PORT = 29672
@@ -56,10 +62,13 @@ SERVICE_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(not os.path.exists(VLLM_PYTHON),
-                       reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'),
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which('ip') is None,
-                       reason='needs root and iproute2 (ip) to give each node a network namespace of its own'),
+    pytest.mark.skipif(
+        not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+    ),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which('ip') is None,
+        reason='needs root and iproute2 (ip) to give each node a network namespace of its own',
+    ),
 ]
 
 
@@ -67,7 +76,7 @@ def unquote_exec_start(unit):
     """ExecStart's argv as systemd hands it to the program: words, then %% and $$ undone."""
     lines = [line for line in unit.splitlines() if line.startswith('ExecStart=')]
     assert len(lines) == 1, lines
-    return [re.sub(r'%%|\$\$', lambda m: m.group()[0], word) for word in shlex.split(lines[0][len('ExecStart='):])]
+    return [re.sub(r'%%|\$\$', lambda m: m.group()[0], word) for word in shlex.split(lines[0][len('ExecStart=') :])]
 
 
 def parse_environment_file(text):
@@ -98,9 +107,12 @@ def render_cluster(tmp_path, model_dir):
         out = tmp_path / node['host']
         (out / 'state').mkdir(parents=True)
         hosts[node['host']] = {
-            'ansible_connection': 'local', 'ansible_host': node['ansible_host'],
-            'ansible_python_interpreter': LOCAL_PYTHON, 'out_dir': str(out),
-            'vllm_kimi_cluster_address': node['address'], 'vllm_kimi_cluster_interface': node['ifname'],
+            'ansible_connection': 'local',
+            'ansible_host': node['ansible_host'],
+            'ansible_python_interpreter': LOCAL_PYTHON,
+            'out_dir': str(out),
+            'vllm_kimi_cluster_address': node['address'],
+            'vllm_kimi_cluster_interface': node['ifname'],
             'vllm_kimi_state_dir': str(out / 'state'),
         }
     # The role's defaults at the precedence a role gives them (below inventory
@@ -120,19 +132,30 @@ def render_cluster(tmp_path, model_dir):
         '__vllm_kimi_preflight': {'max_model_len': 1024},
         'vllm_kimi_cluster_group': 'kimi',
         # The tiny model as it is, not staged from the fake Hub.
-        'vllm_kimi_model_repo': '', 'vllm_kimi_model_path': model_dir,
+        'vllm_kimi_model_repo': '',
+        'vllm_kimi_model_path': model_dir,
         'vllm_kimi_entrypoint': [VLLM_PYTHON, VLLM_CLI, 'serve'],
-        'vllm_kimi_port': API_PORT, 'vllm_kimi_master_port': MASTER_PORT,
-        'vllm_kimi_tensor_parallel_size': 2, 'vllm_kimi_pipeline_parallel_size': 1,
+        'vllm_kimi_port': API_PORT,
+        'vllm_kimi_master_port': MASTER_PORT,
+        'vllm_kimi_tensor_parallel_size': 2,
+        'vllm_kimi_pipeline_parallel_size': 1,
     }
-    proc = subprocess.run([ANSIBLE_PLAYBOOK, '-i', str(inventory), str(playbook), '-e', json.dumps(extra)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [ANSIBLE_PLAYBOOK, '-i', str(inventory), str(playbook), '-e', json.dumps(extra)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rendered = {}
     for node in NODES:
         out = tmp_path / node['host']
-        rendered[node['host']] = (unquote_exec_start((out / 'unit.service').read_text()),
-                                  (out / 'environment').read_text())
+        rendered[node['host']] = (
+            unquote_exec_start((out / 'unit.service').read_text()),
+            (out / 'environment').read_text(),
+        )
     return rendered
 
 
@@ -163,8 +186,7 @@ def listeners(netns=None):
     if netns:
         cmd = ['ip', 'netns', 'exec', netns] + cmd
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
-    return [line for line in out.splitlines()
-            if re.search(r':(%d|%d)\s' % (API_PORT, MASTER_PORT), line + ' ')]
+    return [line for line in out.splitlines() if re.search(r':(%d|%d)\s' % (API_PORT, MASTER_PORT), line + ' ')]
 
 
 def tear_down_netns():
@@ -194,8 +216,14 @@ def cluster(tmp_path):
 
         def start(node, argv, env, cwd, log_path):
             with open(str(log_path), 'wb') as log:
-                proc = subprocess.Popen(['ip', 'netns', 'exec', node['netns']] + argv, env=env, cwd=cwd,
-                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(
+                    ['ip', 'netns', 'exec', node['netns']] + argv,
+                    env=env,
+                    cwd=cwd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             procs.append(proc)
             return proc
 
@@ -210,8 +238,11 @@ def cluster(tmp_path):
         for node in NODES:
             kill_netns_processes(node['netns'])
         namespaces = ip('netns', 'list').stdout.split()
-        left = {node['netns']: (netns_pids(node['netns']), listeners(node['netns']))
-                for node in NODES if node['netns'] in namespaces}
+        left = {
+            node['netns']: (netns_pids(node['netns']), listeners(node['netns']))
+            for node in NODES
+            if node['netns'] in namespaces
+        }
         tear_down_netns()
         namespaces = ip('netns', 'list').stdout.split()
         assert [value for value in left.values() if value != ([], [])] == [], left
@@ -220,7 +251,7 @@ def cluster(tmp_path):
         assert listeners() == []
 
 
-ASK = r'''
+ASK = r"""
 import json, sys, urllib.request
 request = urllib.request.Request(
     sys.argv[1], data=json.dumps({"model": "tiny-kimi", "temperature": 0, "max_tokens": 64,
@@ -232,14 +263,29 @@ try:
         print(json.dumps({"status": response.status, "body": json.loads(response.read())}))
 except Exception as e:
     print(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}))
-'''
+"""
 
 
 def ask(netns, api_key, timeout=60):
     """The head's answer to the coherence question, asked from inside its namespace: (answer or None, detail)."""
-    proc = subprocess.run(['ip', 'netns', 'exec', netns, LOCAL_PYTHON, '-c', ASK,
-                           'http://127.0.0.1:%d/v1/chat/completions' % API_PORT, api_key, str(timeout)],
-                          capture_output=True, text=True, timeout=timeout + 60, check=False)
+    proc = subprocess.run(
+        [
+            'ip',
+            'netns',
+            'exec',
+            netns,
+            LOCAL_PYTHON,
+            '-c',
+            ASK,
+            'http://127.0.0.1:%d/v1/chat/completions' % API_PORT,
+            api_key,
+            str(timeout),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+        check=False,
+    )
     try:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -256,9 +302,18 @@ def tail(path, lines=40):
 
 def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_path):
     started = time.monotonic()
-    models = subprocess.run([VLLM_PYTHON, os.path.join(REPO, 'tools', 'make_tiny_models.py'),
-                             '--out', os.path.join(REPO, '.cache', 'models')],
-                            cwd=REPO, stdout=subprocess.PIPE, check=True, timeout=600)
+    models = subprocess.run(
+        [
+            VLLM_PYTHON,
+            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
+            '--out',
+            os.path.join(REPO, '.cache', 'models'),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        check=True,
+        timeout=600,
+    )
     model_dir = os.path.join(models.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-kimi')
     rendered = render_cluster(tmp_path, model_dir)
     head_node, worker_node = NODES
@@ -270,8 +325,16 @@ def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_pa
         argv = argvs[node['host']]
         assert argv[:3] == [VLLM_PYTHON, VLLM_CLI, 'serve'], argv
         start = argv.index('--nnodes')
-        assert argv[start:start + 8] == ['--nnodes', '2', '--node-rank', str(rank), '--master-addr', '10.231.7.1',
-                                         '--master-port', str(MASTER_PORT)], argv
+        assert argv[start : start + 8] == [
+            '--nnodes',
+            '2',
+            '--node-rank',
+            str(rank),
+            '--master-addr',
+            '10.231.7.1',
+            '--master-port',
+            str(MASTER_PORT),
+        ], argv
         assert ('--headless' in argv) == (rank > 0), argv
     for node in NODES:
         env = envs[node['host']]
@@ -298,7 +361,10 @@ def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_pa
     while time.monotonic() < deadline:
         for host, proc in procs.items():
             assert proc.poll() is None, '%s exited with %s before the head answered\n%s' % (
-                host, proc.returncode, logs_tail())
+                host,
+                proc.returncode,
+                logs_tail(),
+            )
         answer, detail = ask(head_node['netns'], api_key, timeout=60)
         if answer is not None:
             break
@@ -320,6 +386,11 @@ def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_pa
         time.sleep(2)
     assert [answer for answer, detail in after if answer == PARIS] == [], after
     assert procs['node-a'].poll() is not None, 'the head still runs %d s after its worker died: %r\n%s' % (
-        LOSS_TIMEOUT, after, logs_tail())
-    print('\nfirst coherent answer after %.0f s; after the worker was killed: %r; head exited with %s' % (
-        ready_s, [answer for answer, detail in after], procs['node-a'].returncode))
+        LOSS_TIMEOUT,
+        after,
+        logs_tail(),
+    )
+    print(
+        '\nfirst coherent answer after %.0f s; after the worker was killed: %r; head exited with %s'
+        % (ready_s, [answer for answer, detail in after], procs['node-a'].returncode)
+    )

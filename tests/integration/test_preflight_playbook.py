@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,15 +8,11 @@ RTX PRO 6000 given as vllm_kimi_preflight_gpus; the other sizes a tiny checkpoin
 build. The plan of each host is printed, and hosts whose start would fail fail.
 """
 
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
-
 import json
 import os
+import shutil
 import subprocess
 import sys
-
-import shutil
 
 import pytest
 
@@ -33,16 +28,33 @@ def make_kimi(d):
     d.mkdir()
     for name in ('config.json', 'hf_quant_config.json'):
         shutil.copy(fixture_path('checkpoints', 'kimi-k2.5-nvfp4', name), str(d / name))
-    (d / 'model.safetensors.index.json').write_text(json.dumps({
-        'metadata': {'total_size': 540 * 10 ** 9},
-        'weight_map': dict.fromkeys(kimi_index_names(), 'model-00001-of-00119.safetensors')}))
+    (d / 'model.safetensors.index.json').write_text(
+        json.dumps(
+            {
+                'metadata': {'total_size': 540 * 10**9},
+                'weight_map': dict.fromkeys(kimi_index_names(), 'model-00001-of-00119.safetensors'),
+            }
+        )
+    )
 
 
 def make_tiny(d):
     d.mkdir()
-    (d / 'config.json').write_text(json.dumps({'model_type': 'llama', 'num_hidden_layers': 2, 'num_attention_heads': 4,
-                                               'num_key_value_heads': 2, 'head_dim': 64, 'max_position_embeddings': 4096}))
-    header = json.dumps({'lm_head.weight': {'dtype': 'BF16', 'shape': [512, 256], 'data_offsets': [0, 262144]}}).encode()
+    (d / 'config.json').write_text(
+        json.dumps(
+            {
+                'model_type': 'llama',
+                'num_hidden_layers': 2,
+                'num_attention_heads': 4,
+                'num_key_value_heads': 2,
+                'head_dim': 64,
+                'max_position_embeddings': 4096,
+            }
+        )
+    )
+    header = json.dumps(
+        {'lm_head.weight': {'dtype': 'BF16', 'shape': [512, 256], 'data_offsets': [0, 262144]}}
+    ).encode()
     with open(str(d / 'model.safetensors'), 'wb') as f:
         f.write(len(header).to_bytes(8, 'little') + header)
         f.truncate(8 + len(header) + 262144)
@@ -50,35 +62,87 @@ def make_tiny(d):
 
 def run_playbook(tmp_path, hosts):
     inventory = tmp_path / 'hosts.json'
-    inventory.write_text(json.dumps({'vllm': {'hosts': hosts, 'vars': {
-        'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable}}}))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, '.build', 'collections'), ANSIBLE_NOCOLOR='1',
-               ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'))
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', str(inventory), PLAYBOOK],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, universal_newlines=True, timeout=300, check=False)
+    inventory.write_text(
+        json.dumps(
+            {
+                'vllm': {
+                    'hosts': hosts,
+                    'vars': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable},
+                }
+            }
+        )
+    )
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, '.build', 'collections'),
+        ANSIBLE_NOCOLOR='1',
+        ANSIBLE_CONFIG=os.path.join(ROOT, 'ansible.cfg'),
+    )
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', str(inventory), PLAYBOOK],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     return proc.returncode, ' '.join(proc.stdout.split())
 
 
-@pytest.mark.parametrize('utilization, max_model_len, rc, expected', [
-    (0.95, 131072, 0, ['Verdict: FITS with max_model_len 131072', 'Strip the checkpoint FP8 KV cache: yes',
-                       'mla attention, 70272 bytes per token per GPU', 'GPU 7, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 0, 12.0']),
-    (0.9, 262144, 2, ['Verdict: DOES NOT FIT with max_model_len 262144',
-                      "Problem: To serve at least one request with the model''s max seq len (262144), (17.16 GiB KV cache is needed",
-                      'Weights: 581.90 GB in the checkpoint, 69.32 GiB on the most loaded GPU (config), planned with 1.39 GiB margin',
-                      'Reserve: 4.80 GiB per GPU (estimated)',
-                      'Remedy: set max_model_len to 160960 (fits at gpu_memory_utilization 0.9)',
-                      'Remedy: set gpu_memory_utilization to 0.97 (fits max_model_len 262144)']),
-])
+@pytest.mark.parametrize(
+    'utilization, max_model_len, rc, expected',
+    [
+        (
+            0.95,
+            131072,
+            0,
+            [
+                'Verdict: FITS with max_model_len 131072',
+                'Strip the checkpoint FP8 KV cache: yes',
+                'mla attention, 70272 bytes per token per GPU',
+                'GPU 7, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 0, 12.0',
+            ],
+        ),
+        (
+            0.9,
+            262144,
+            2,
+            [
+                'Verdict: DOES NOT FIT with max_model_len 262144',
+                "Problem: To serve at least one request with the model''s max seq len (262144), (17.16 GiB KV cache is needed",
+                'Weights: 581.90 GB in the checkpoint, 69.32 GiB on the most loaded GPU (config), planned with 1.39 GiB margin',
+                'Reserve: 4.80 GiB per GPU (estimated)',
+                'Remedy: set max_model_len to 160960 (fits at gpu_memory_utilization 0.9)',
+                'Remedy: set gpu_memory_utilization to 0.97 (fits max_model_len 262144)',
+            ],
+        ),
+    ],
+)
 def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc, expected):
     make_kimi(tmp_path / 'kimi')
     make_tiny(tmp_path / 'tiny')
-    code, out = run_playbook(tmp_path, {
-        'kimi': {'vllm_kimi_model_path': str(tmp_path / 'kimi'), 'vllm_kimi_max_model_len': max_model_len,
-                 'vllm_kimi_gpu_memory_utilization': utilization, 'vllm_kimi_preflight_gpus': [RTX] * 8, 'vllm_kimi_port': 18431},
-        'tiny': {'vllm_kimi_model_path': str(tmp_path / 'tiny'), 'vllm_kimi_accelerator': 'cpu',
-                 'vllm_kimi_tensor_parallel_size': 1, 'vllm_kimi_kv_cache_memory_bytes': 1048576,
-                 'vllm_kimi_max_model_len': 1024, 'vllm_kimi_port': 18432},
-    })
+    code, out = run_playbook(
+        tmp_path,
+        {
+            'kimi': {
+                'vllm_kimi_model_path': str(tmp_path / 'kimi'),
+                'vllm_kimi_max_model_len': max_model_len,
+                'vllm_kimi_gpu_memory_utilization': utilization,
+                'vllm_kimi_preflight_gpus': [RTX] * 8,
+                'vllm_kimi_port': 18431,
+            },
+            'tiny': {
+                'vllm_kimi_model_path': str(tmp_path / 'tiny'),
+                'vllm_kimi_accelerator': 'cpu',
+                'vllm_kimi_tensor_parallel_size': 1,
+                'vllm_kimi_kv_cache_memory_bytes': 1048576,
+                'vllm_kimi_max_model_len': 1024,
+                'vllm_kimi_port': 18432,
+            },
+        },
+    )
     assert code == rc, out
     for text in expected + ['Verdict: FITS with max_model_len 1024', 'GPUs: none (accelerator cpu)']:
         assert text in out

@@ -1,11 +1,7 @@
-# -*- coding: utf-8 -*-
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The gpu inventory renders the unit the real Kimi-K2.5 deployment needs."""
-
-from __future__ import absolute_import, division, print_function
-__metaclass__ = type
 
 import json
 import os
@@ -23,11 +19,20 @@ LOCAL_PYTHON = os.path.join(REPO, '.venv', 'bin', 'python')
 
 
 def render(tmp_path, group_vars_file, **extra_vars):
-    extra = {'out_dir': str(tmp_path), 'group_vars_file': group_vars_file, 'ansible_python_interpreter': LOCAL_PYTHON,
-             '__vllm_kimi_preflight': {'max_model_len': 131072}}
+    extra = {
+        'out_dir': str(tmp_path),
+        'group_vars_file': group_vars_file,
+        'ansible_python_interpreter': LOCAL_PYTHON,
+        '__vllm_kimi_preflight': {'max_model_len': 131072},
+    }
     extra.update(extra_vars)
-    subprocess.run([ANSIBLE_PLAYBOOK, '-i', 'localhost,', '-c', 'local', PLAYBOOK, '-e', json.dumps(extra)],
-                   cwd=REPO, check=True, capture_output=True, text=True)
+    subprocess.run(
+        [ANSIBLE_PLAYBOOK, '-i', 'localhost,', '-c', 'local', PLAYBOOK, '-e', json.dumps(extra)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     unit = (tmp_path / 'unit.service').read_text()
     environment = (tmp_path / 'environment').read_text()
     return unit, environment
@@ -36,7 +41,7 @@ def render(tmp_path, group_vars_file, **extra_vars):
 def exec_start(unit):
     line = [line for line in unit.splitlines() if line.startswith('ExecStart=')]
     assert len(line) == 1
-    return shlex.split(line[0][len('ExecStart='):])
+    return shlex.split(line[0][len('ExecStart=') :])
 
 
 NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
@@ -69,10 +74,14 @@ def starts_allowed(starts, interval, burst):
     return allowed
 
 
-@pytest.mark.parametrize('group_vars, start_timeout, interval', [
-    (GPU_VARS, 3600, 3 * (300 + 3600 + 120 + 10)),
-    (SANDBOX_VARS, 600, 3 * (300 + 600 + 120 + 10)),
-], ids=['gpu-an-hour', 'sandbox-600s'])
+@pytest.mark.parametrize(
+    'group_vars, start_timeout, interval',
+    [
+        (GPU_VARS, 3600, 3 * (300 + 3600 + 120 + 10)),
+        (SANDBOX_VARS, 600, 3 * (300 + 600 + 120 + 10)),
+    ],
+    ids=['gpu-an-hour', 'sandbox-600s'],
+)
 def test_the_start_limit_stops_a_crash_loop_after_full_loads(tmp_path, group_vars, start_timeout, interval):
     unit, environment = render(tmp_path, group_vars)
     head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
@@ -112,8 +121,9 @@ def test_cpu_unit_waits_for_no_nvidia_device(tmp_path):
 
 @pytest.fixture
 def gpu_unit(tmp_path):
-    return render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                  vllm_kimi_api_key='sk-$ecret%key')
+    return render(
+        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_api_key='sk-$ecret%key'
+    )
 
 
 def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
@@ -121,30 +131,56 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
     argv = exec_start(unit)
     assert re.match(r'^/opt/vllm-kimi/[0-9a-f]{12}/bin/vllm$', argv[0]), argv[0]
     assert argv[1:] == [
-        'serve', '/shared/kimi-k2.5-nvfp4',
-        '--served-model-name', 'kimi-k2.5', '--host', '127.0.0.1', '--port', '8000',
-        '--tensor-parallel-size', '8', '--pipeline-parallel-size', '1',
-        '--max-model-len', '131072', '--gpu-memory-utilization', '0.95',
-        '--enable-auto-tool-choice', '--tool-call-parser', 'kimi_k2', '--reasoning-parser', 'kimi_k2',
-        '--trust-remote-code', '--mm-encoder-tp-mode', 'data',
+        'serve',
+        '/shared/kimi-k2.5-nvfp4',
+        '--served-model-name',
+        'kimi-k2.5',
+        '--host',
+        '127.0.0.1',
+        '--port',
+        '8000',
+        '--tensor-parallel-size',
+        '8',
+        '--pipeline-parallel-size',
+        '1',
+        '--max-model-len',
+        '131072',
+        '--gpu-memory-utilization',
+        '0.95',
+        '--enable-auto-tool-choice',
+        '--tool-call-parser',
+        'kimi_k2',
+        '--reasoning-parser',
+        'kimi_k2',
+        '--trust-remote-code',
+        '--mm-encoder-tp-mode',
+        'data',
     ]
     assert '--disable-log-requests' not in unit
 
 
-@pytest.mark.parametrize(('mode', 'flags'), [
-    ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights']),
-    ('text_only', ['--language-model-only']),
-    ('', []),
-], ids=['tensor-parallel', 'text-only', 'no-encoder'])
+@pytest.mark.parametrize(
+    ('mode', 'flags'),
+    [
+        ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights']),
+        ('text_only', ['--language-model-only']),
+        ('', []),
+    ],
+    ids=['tensor-parallel', 'text-only', 'no-encoder'],
+)
 def test_multimodal_mode_picks_the_encoders_flags(tmp_path, mode, flags):
-    argv = exec_start(render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                             vllm_kimi_multimodal=mode)[0])
-    assert argv[argv.index('--trust-remote-code') + 1:] == flags
+    argv = exec_start(
+        render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_multimodal=mode)[
+            0
+        ]
+    )
+    assert argv[argv.index('--trust-remote-code') + 1 :] == flags
 
 
 def test_no_tool_parser_no_auto_tool_choice(tmp_path):
-    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                  vllm_kimi_tool_call_parser='')[0]
+    unit = render(
+        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_tool_call_parser=''
+    )[0]
     argv = exec_start(unit)
     assert '--enable-auto-tool-choice' not in argv and '--tool-call-parser' not in argv
     assert argv[argv.index('--reasoning-parser') + 1] == 'kimi_k2'
@@ -162,8 +198,11 @@ def test_each_venv_spec_has_a_release_of_its_own(tmp_path):
 
 
 def test_an_absolute_entrypoint_is_kept_as_given(tmp_path):
-    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                  vllm_kimi_entrypoint=['/usr/local/bin/vllm', 'serve'])[0]
+    unit = render(
+        tmp_path,
+        os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+        vllm_kimi_entrypoint=['/usr/local/bin/vllm', 'serve'],
+    )[0]
     assert exec_start(unit)[:2] == ['/usr/local/bin/vllm', 'serve']
 
 
@@ -171,20 +210,36 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
     unit = gpu_unit[0]
     lines = unit.splitlines()
     assert lines[0].startswith('#')
-    for expected in ('User=vllm', 'Group=vllm', 'KillMode=control-group', 'Restart=always', 'TimeoutStartSec=300',
-                     'LimitNOFILE=1048576', 'DevicePolicy=closed', 'DeviceAllow=char-nvidia rw',
-                     'DeviceAllow=char-nvidia-uvm rw', 'TemporaryFileSystem=/dev/shm:size=64G,mode=1777',
-                     'NoNewPrivileges=yes', 'ProtectSystem=strict', 'PrivateUsers=no', 'CapabilityBoundingSet='):
+    for expected in (
+        'User=vllm',
+        'Group=vllm',
+        'KillMode=control-group',
+        'Restart=always',
+        'TimeoutStartSec=300',
+        'LimitNOFILE=1048576',
+        'DevicePolicy=closed',
+        'DeviceAllow=char-nvidia rw',
+        'DeviceAllow=char-nvidia-uvm rw',
+        'TemporaryFileSystem=/dev/shm:size=64G,mode=1777',
+        'NoNewPrivileges=yes',
+        'ProtectSystem=strict',
+        'PrivateUsers=no',
+        'CapabilityBoundingSet=',
+    ):
         assert expected in lines
     # With a private /dev/shm there is nothing stale to clean; nvidia-modprobe is the only command before vLLM.
     assert [line for line in lines if line.startswith('ExecStartPre=')] == [NVIDIA_MODPROBE]
 
 
 def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
-    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_private_shm=False)[0]
+    unit = render(
+        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_private_shm=False
+    )[0]
     lines = unit.splitlines()
     assert [line for line in lines if line.startswith('ExecStartPre=')] == [
-        'ExecStartPre=+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60', NVIDIA_MODPROBE]
+        'ExecStartPre=+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60',
+        NVIDIA_MODPROBE,
+    ]
     assert not [line for line in lines if line.startswith('TemporaryFileSystem=')]
 
 
@@ -199,8 +254,9 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
 
 def test_extra_arguments_reach_vllm_unchanged(tmp_path):
     tricky = ['--override-generation-config', '{"temperature": 0.6}', '--chat-template', '/etc/tpl/$HOME%d.jinja']
-    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                  vllm_kimi_extra_args=tricky)[0]
+    unit = render(
+        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_extra_args=tricky
+    )[0]
     line = [line for line in unit.splitlines() if line.startswith('ExecStart=')][0]
     assert '"/etc/tpl/$$HOME%%d.jinja"' in line
     assert '"{\\"temperature\\": 0.6}"' in line
@@ -211,28 +267,56 @@ def render_cluster(tmp_path, hosts, **extra_vars):
     inventory = tmp_path / 'hosts.yml'
     inventory.write_text(json.dumps({'all': {'children': {'kimi': {'hosts': hosts}}}}))
     playbook = tmp_path / 'play.yml'
-    playbook.write_text(open(PLAYBOOK).read().replace('hosts: localhost', 'hosts: kimi').replace('../../../', REPO + '/'))
+    with open(PLAYBOOK) as source:
+        playbook.write_text(source.read().replace('hosts: localhost', 'hosts: kimi').replace('../../../', REPO + '/'))
     rendered = {}
     for host in hosts:
         out = tmp_path / host
         out.mkdir()
-        extra = {'out_dir': str(out), 'vllm_kimi_cluster_group': 'kimi', 'vllm_kimi_pipeline_parallel_size': 2,
-                 'group_vars_file': os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                 '__vllm_kimi_preflight': {'max_model_len': 131072}, 'ansible_python_interpreter': LOCAL_PYTHON}
+        extra = {
+            'out_dir': str(out),
+            'vllm_kimi_cluster_group': 'kimi',
+            'vllm_kimi_pipeline_parallel_size': 2,
+            'group_vars_file': os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+            '__vllm_kimi_preflight': {'max_model_len': 131072},
+            'ansible_python_interpreter': LOCAL_PYTHON,
+        }
         extra.update(extra_vars)
-        subprocess.run([ANSIBLE_PLAYBOOK, '-i', str(inventory), '--limit', host, str(playbook), '-e', json.dumps(extra)],
-                       cwd=REPO, check=True, capture_output=True, text=True)
-        rendered[host] = (exec_start((out / 'unit.service').read_text()), (out / 'environment').read_text().splitlines())
+        subprocess.run(
+            [ANSIBLE_PLAYBOOK, '-i', str(inventory), '--limit', host, str(playbook), '-e', json.dumps(extra)],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        rendered[host] = (
+            exec_start((out / 'unit.service').read_text()),
+            (out / 'environment').read_text().splitlines(),
+        )
     return rendered
 
 
 def test_multi_node_cluster_drives_vllms_own_launcher(tmp_path):
-    rendered = render_cluster(tmp_path, {'node-a': {'ansible_host': '10.0.0.1', 'ansible_connection': 'local'},
-                                         'node-b': {'ansible_host': '10.0.0.2', 'ansible_connection': 'local'}})
+    rendered = render_cluster(
+        tmp_path,
+        {
+            'node-a': {'ansible_host': '10.0.0.1', 'ansible_connection': 'local'},
+            'node-b': {'ansible_host': '10.0.0.2', 'ansible_connection': 'local'},
+        },
+    )
     head, worker = rendered['node-a'][0], rendered['node-b'][0]
     assert head[-8:] == ['--nnodes', '2', '--node-rank', '0', '--master-addr', '10.0.0.1', '--master-port', '29501']
-    assert worker[-9:] == ['--nnodes', '2', '--node-rank', '1', '--master-addr', '10.0.0.1', '--master-port', '29501',
-                           '--headless']
+    assert worker[-9:] == [
+        '--nnodes',
+        '2',
+        '--node-rank',
+        '1',
+        '--master-addr',
+        '10.0.0.1',
+        '--master-port',
+        '29501',
+        '--headless',
+    ]
     # Without VLLM_HOST_IP vLLM's queues between nodes listen on the default route's address.
     assert 'VLLM_HOST_IP="10.0.0.1"' in rendered['node-a'][1]
     assert 'VLLM_HOST_IP="10.0.0.2"' in rendered['node-b'][1]
@@ -240,10 +324,22 @@ def test_multi_node_cluster_drives_vllms_own_launcher(tmp_path):
 
 
 def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
-    rendered = render_cluster(tmp_path, {
-        'node-a': {'ansible_host': 'a.example', 'vllm_kimi_cluster_address': '192.168.50.1', 'ansible_connection': 'local'},
-        'node-b': {'ansible_host': 'b.example', 'vllm_kimi_cluster_address': '192.168.50.2', 'ansible_connection': 'local'},
-    }, vllm_kimi_cluster_interface='ens5f1')
+    rendered = render_cluster(
+        tmp_path,
+        {
+            'node-a': {
+                'ansible_host': 'a.example',
+                'vllm_kimi_cluster_address': '192.168.50.1',
+                'ansible_connection': 'local',
+            },
+            'node-b': {
+                'ansible_host': 'b.example',
+                'vllm_kimi_cluster_address': '192.168.50.2',
+                'ansible_connection': 'local',
+            },
+        },
+        vllm_kimi_cluster_interface='ens5f1',
+    )
     assert rendered['node-b'][0][-5:] == ['--master-addr', '192.168.50.1', '--master-port', '29501', '--headless']
     for host, address in (('node-a', '192.168.50.1'), ('node-b', '192.168.50.2')):
         environment = rendered[host][1]
@@ -258,7 +354,10 @@ def test_a_single_node_sets_no_cluster_environment(gpu_unit):
 
 
 def test_service_settings_land_in_the_service_section(tmp_path):
-    unit = render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-                  vllm_kimi_service_settings={'CPUAffinity': '0-47', 'MemoryMax': '900G'})[0]
+    unit = render(
+        tmp_path,
+        os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+        vllm_kimi_service_settings={'CPUAffinity': '0-47', 'MemoryMax': '900G'},
+    )[0]
     service = unit.split('[Service]', 1)[1].split('[Install]', 1)[0]
     assert 'CPUAffinity=0-47\nMemoryMax=900G\n' in service

@@ -8,8 +8,6 @@ Needs root, debootstrap and systemd-nspawn; the Debian tree is built once
 No vLLM here: the molecule scenario deploys one.
 """
 
-from __future__ import absolute_import, division, print_function
-
 import json
 import os
 import shutil
@@ -18,113 +16,142 @@ import subprocess
 
 import pytest
 
-__metaclass__ = type
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TOOL = os.path.join(REPO, "tools", "sandbox")
-NAME = "sandbox-lifecycle"
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+TOOL = os.path.join(REPO, 'tools', 'sandbox')
+NAME = 'sandbox-lifecycle'
 SSH_PORT = 2271
 EXTRA_PORT = 8051
-SANDBOX_DIR = os.path.join(REPO, ".cache", "sandbox", NAME)
+SANDBOX_DIR = os.path.join(REPO, '.cache', 'sandbox', NAME)
 
 pytestmark = [
     pytest.mark.sandbox,
-    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("systemd-nspawn"),
-                       reason="needs root, debootstrap and systemd-nspawn (apt-get install debootstrap systemd-container)"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which('debootstrap') or not shutil.which('systemd-nspawn'),
+        reason='needs root, debootstrap and systemd-nspawn (apt-get install debootstrap systemd-container)',
+    ),
 ]
 
 
 def tool(*args):
-    proc = subprocess.run([TOOL] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+    proc = subprocess.run([TOOL] + list(args), capture_output=True, check=False)
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout.decode())
 
 
 def ssh(*command):
     return subprocess.run(
-        ["ssh", "-p", str(SSH_PORT), "-i", os.path.join(SANDBOX_DIR, "id_ed25519"),
-         "-o", "UserKnownHostsFile=" + os.path.join(SANDBOX_DIR, "known_hosts"),
-         "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-         "root@127.0.0.1"] + list(command),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+        [
+            'ssh',
+            '-p',
+            str(SSH_PORT),
+            '-i',
+            os.path.join(SANDBOX_DIR, 'id_ed25519'),
+            '-o',
+            'UserKnownHostsFile=' + os.path.join(SANDBOX_DIR, 'known_hosts'),
+            '-o',
+            'StrictHostKeyChecking=yes',
+            '-o',
+            'IdentitiesOnly=yes',
+            '-o',
+            'BatchMode=yes',
+            'root@127.0.0.1',
+        ]
+        + list(command),
+        capture_output=True,
+        check=False,
+    )
 
 
 def listening(port):
     with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex(('127.0.0.1', port)) == 0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def booted(tmp_path_factory):
-    models = tmp_path_factory.mktemp("models")
-    (models / "tiny-chat").mkdir()
-    (models / "tiny-chat" / "config.json").write_text('{"model_type": "llama"}\n')
-    tool("destroy", NAME)
-    first = tool("create", NAME, "--ssh-port", str(SSH_PORT), "--port", str(EXTRA_PORT), "--models", str(models))
-    state = tool("status", NAME)["state"]
-    second = tool("create", NAME, "--ssh-port", str(SSH_PORT), "--port", str(EXTRA_PORT), "--models", str(models))
-    yield {"first": first, "second": second, "state": state}
-    tool("destroy", NAME)
+    models = tmp_path_factory.mktemp('models')
+    (models / 'tiny-chat').mkdir()
+    (models / 'tiny-chat' / 'config.json').write_text('{"model_type": "llama"}\n')
+    tool('destroy', NAME)
+    first = tool('create', NAME, '--ssh-port', str(SSH_PORT), '--port', str(EXTRA_PORT), '--models', str(models))
+    state = tool('status', NAME)['state']
+    second = tool('create', NAME, '--ssh-port', str(SSH_PORT), '--port', str(EXTRA_PORT), '--models', str(models))
+    yield {'first': first, 'second': second, 'state': state}
+    tool('destroy', NAME)
 
 
 def test_create_boots_once_and_then_changes_nothing(booted):
-    assert booted["first"] == {"changed": True, "name": NAME, "ssh_port": SSH_PORT}
-    assert booted["second"] == {"changed": False, "name": NAME, "ssh_port": SSH_PORT}
+    assert booted['first'] == {'changed': True, 'name': NAME, 'ssh_port': SSH_PORT}
+    assert booted['second'] == {'changed': False, 'name': NAME, 'ssh_port': SSH_PORT}
 
 
 def test_systemd_is_pid_1_and_the_system_is_up(booted):
-    result = ssh("cat /proc/1/comm; systemctl is-system-running")
+    result = ssh('cat /proc/1/comm; systemctl is-system-running')
     assert result.returncode in (0, 1), result.stderr.decode()
     comm, state = result.stdout.decode().split()
-    assert comm == "systemd"
-    assert state in ("running", "degraded")
+    assert comm == 'systemd'
+    assert state in ('running', 'degraded')
 
 
 def test_sshd_listens_on_loopback_only(booted):
-    out = ssh("ss -ltnH sport = :%d" % SSH_PORT).stdout.decode()
-    assert sorted(line.split()[3] for line in out.splitlines()) == ["127.0.0.1:%d" % SSH_PORT]
+    out = ssh('ss -ltnH sport = :%d' % SSH_PORT).stdout.decode()
+    assert sorted(line.split()[3] for line in out.splitlines()) == ['127.0.0.1:%d' % SSH_PORT]
 
 
 def test_unknown_host_key_is_refused(booted, tmp_path):
     # The host key was pinned at create time; an empty known_hosts must not be trusted blindly.
-    (tmp_path / "known_hosts").write_text("")
+    (tmp_path / 'known_hosts').write_text('')
     result = subprocess.run(
-        ["ssh", "-p", str(SSH_PORT), "-i", os.path.join(SANDBOX_DIR, "id_ed25519"),
-         "-o", "UserKnownHostsFile=%s" % (tmp_path / "known_hosts"), "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", "root@127.0.0.1", "true"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+        [
+            'ssh',
+            '-p',
+            str(SSH_PORT),
+            '-i',
+            os.path.join(SANDBOX_DIR, 'id_ed25519'),
+            '-o',
+            'UserKnownHostsFile=%s' % (tmp_path / 'known_hosts'),
+            '-o',
+            'StrictHostKeyChecking=yes',
+            '-o',
+            'BatchMode=yes',
+            'root@127.0.0.1',
+            'true',
+        ],
+        capture_output=True,
+        check=False,
+    )
     assert result.returncode == 255
-    assert b"Host key verification failed" in result.stderr
+    assert b'Host key verification failed' in result.stderr
 
 
 def test_host_ca_bundle_and_pip_settings_are_carried_in(booted):
-    with open("/etc/ssl/certs/ca-certificates.crt", "rb") as f:
+    with open('/etc/ssl/certs/ca-certificates.crt', 'rb') as f:
         host_bundle = f.read()
-    result = ssh("cat /etc/ssl/certs/ca-certificates.crt")
+    result = ssh('cat /etc/ssl/certs/ca-certificates.crt')
     assert result.stdout == host_bundle
-    pip_conf = ssh("cat /etc/pip.conf").stdout.decode().splitlines()
-    assert "cert = /etc/ssl/certs/ca-certificates.crt" in pip_conf
-    assert "cache-dir = /var/cache/pip" in pip_conf
+    pip_conf = ssh('cat /etc/pip.conf').stdout.decode().splitlines()
+    assert 'cert = /etc/ssl/certs/ca-certificates.crt' in pip_conf
+    assert 'cache-dir = /var/cache/pip' in pip_conf
 
 
 def test_models_are_copied_in(booted):
-    assert ssh("cat /srv/models/tiny-chat/config.json").stdout == b'{"model_type": "llama"}\n'
+    assert ssh('cat /srv/models/tiny-chat/config.json').stdout == b'{"model_type": "llama"}\n'
 
 
 def test_destroy_leaves_no_process_mount_port_or_directory(booted):
-    state = booted["state"]
-    tool("destroy", NAME)
+    state = booted['state']
+    tool('destroy', NAME)
     namespaces = set()
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir('/proc'):
         if entry.isdigit():
             try:
-                namespaces.add(os.readlink("/proc/%s/ns/pid" % entry))
+                namespaces.add(os.readlink('/proc/%s/ns/pid' % entry))
             except OSError:
                 continue
-    assert state["pid_ns"] not in namespaces
-    assert not os.path.exists("/proc/%d" % state["nspawn_pid"])
-    with open("/proc/self/mountinfo") as f:
+    assert state['pid_ns'] not in namespaces
+    assert not os.path.exists('/proc/%d' % state['nspawn_pid'])
+    with open('/proc/self/mountinfo') as f:
         assert SANDBOX_DIR not in f.read()
     assert not listening(SSH_PORT)
     assert not os.path.exists(SANDBOX_DIR)
-    assert tool("destroy", NAME) == {"changed": False, "name": NAME}
+    assert tool('destroy', NAME) == {'changed': False, 'name': NAME}

@@ -17,8 +17,6 @@ official `openai` client, and still does after a restart. The revisions are the 
 inventories/sandbox/group_vars/vllm.yml.
 """
 
-from __future__ import absolute_import, division, print_function
-
 import json
 import os
 import subprocess
@@ -29,105 +27,150 @@ import openai
 import pytest
 import yaml
 
-__metaclass__ = type
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sandbox"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'sandbox'))
 from sandbox_helpers import (  # noqa: E402
-    BIN, CALLBACKS, REPO, ROLE_DEFAULTS, SANDBOX_VARS, WEATHER_TOOL, ansible_env, first_failure, revision,
-    task_results)
+    BIN,
+    CALLBACKS,
+    REPO,
+    ROLE_DEFAULTS,
+    SANDBOX_VARS,
+    WEATHER_TOOL,
+    ansible_env,
+    first_failure,
+    revision,
+    task_results,
+)
 
-INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE")
-pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEET")),
-                                reason="needs the three sandbox hosts of `molecule test -s fleet` (make molecule-fleet)")
+INVENTORY = os.environ.get('MOLECULE_INVENTORY_FILE')
+pytestmark = pytest.mark.skipif(
+    not (INVENTORY and os.environ.get('LLMSERVE_FLEET')),
+    reason='needs the three sandbox hosts of `molecule test -s fleet` (make molecule-fleet)',
+)
 
-DEPLOY = os.path.join(REPO, "playbooks", "deploy.yml")
-GATE_TASK = "Wait until vLLM answers the coherence prompt correctly"
-FINAL_TASK = "Stop with the cause and where the host stands now"
+DEPLOY = os.path.join(REPO, 'playbooks', 'deploy.yml')
+GATE_TASK = 'Wait until vLLM answers the coherence prompt correctly'
+FINAL_TASK = 'Stop with the cause and where the host stands now'
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def fleet():
-    listing = json.loads(subprocess.check_output([os.path.join(BIN, "ansible-inventory"), "-i", INVENTORY, "--list"],
-                                                 env=ansible_env()))
-    hosts = sorted(listing["vllm"]["hosts"])
+    listing = json.loads(
+        subprocess.check_output([os.path.join(BIN, 'ansible-inventory'), '-i', INVENTORY, '--list'], env=ansible_env())
+    )
+    hosts = sorted(listing['vllm']['hosts'])
     # The role's defaults, then the sandbox inventory's settings over them.
     with open(ROLE_DEFAULTS) as f:
         settings = yaml.safe_load(f)
     with open(SANDBOX_VARS) as f:
         settings.update(yaml.safe_load(f))
-    return hosts, {host: listing["_meta"]["hostvars"][host]["vllm_kimi_port"] for host in hosts}, settings
+    return hosts, {host: listing['_meta']['hostvars'][host]['vllm_kimi_port'] for host in hosts}, settings
 
 
 def deploy(host_vars):
-    fd, record = tempfile.mkstemp(prefix="llmserve-record-", suffix=".json")
+    fd, record = tempfile.mkstemp(prefix='llmserve-record-', suffix='.json')
     os.close(fd)
-    fd, extra_inventory = tempfile.mkstemp(prefix="llmserve-hostvars-", suffix=".yml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump({"vllm": {"hosts": host_vars}}, f)
+    fd, extra_inventory = tempfile.mkstemp(prefix='llmserve-hostvars-', suffix='.yml')
+    with os.fdopen(fd, 'w') as f:
+        yaml.safe_dump({'vllm': {'hosts': host_vars}}, f)
     try:
-        env = ansible_env(ANSIBLE_CALLBACK_PLUGINS=CALLBACKS, ANSIBLE_CALLBACKS_ENABLED="llmserve_record",
-                          ANSIBLE_LOAD_CALLBACK_PLUGINS="1", LLMSERVE_RECORD=record)
-        proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, "-i", extra_inventory, DEPLOY],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False)
+        env = ansible_env(
+            ANSIBLE_CALLBACK_PLUGINS=CALLBACKS,
+            ANSIBLE_CALLBACKS_ENABLED='llmserve_record',
+            ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
+            LLMSERVE_RECORD=record,
+        )
+        proc = subprocess.run(
+            [os.path.join(BIN, 'ansible-playbook'), '-i', INVENTORY, '-i', extra_inventory, DEPLOY],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            check=False,
+        )
         with open(record) as f:
             report = json.load(f)
     finally:
         os.unlink(record)
         os.unlink(extra_inventory)
-    return proc.returncode, proc.stdout.decode(errors="replace"), report
+    return proc.returncode, proc.stdout.decode(errors='replace'), report
 
 
 def sh(host, command):
-    return subprocess.run([os.path.join(BIN, "ansible"), host, "-i", INVENTORY, "-m", "ansible.builtin.shell",
-                           "-a", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ansible_env(),
-                          check=True).stdout.decode()
+    return subprocess.run(
+        [os.path.join(BIN, 'ansible'), host, '-i', INVENTORY, '-m', 'ansible.builtin.shell', '-a', command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=ansible_env(),
+        check=True,
+    ).stdout.decode()
 
 
 def last_good(host):
     """The deployment the host's last-good record names."""
-    return json.loads(sh(host, "cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json").split("\n", 1)[1])[
-        "deployment"]
+    return json.loads(
+        sh(host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json').split('\n', 1)[1]
+    )['deployment']
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def broken_changes(fleet):
     hosts, ports, settings = fleet
     before = {host: last_good(host) for host in hosts}
-    rc, output, report = deploy({
-        hosts[0]: {"vllm_kimi_model_revision": revision("thinks-forever")},
-        hosts[1]: {"vllm_kimi_model_revision": revision("ignores-tools")},
-        hosts[2]: {"vllm_kimi_reasoning_parser": ""},
-    })
+    rc, output, report = deploy(
+        {
+            hosts[0]: {'vllm_kimi_model_revision': revision('thinks-forever')},
+            hosts[1]: {'vllm_kimi_model_revision': revision('ignores-tools')},
+            hosts[2]: {'vllm_kimi_reasoning_parser': ''},
+        }
+    )
     return before, rc, output, report
 
 
 def client(fleet, host):
     hosts, ports, settings = fleet
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % ports[host], api_key=settings["vllm_kimi_api_key"],
-                         timeout=120, max_retries=0)
+    return openai.OpenAI(
+        base_url='http://127.0.0.1:%d/v1' % ports[host],
+        api_key=settings['vllm_kimi_api_key'],
+        timeout=120,
+        max_retries=0,
+    )
 
 
 def assert_answers_and_calls_tools(fleet):
     hosts, ports, settings = fleet
     for host in hosts:
         ask = client(fleet, host).chat.completions.create
-        model = settings["vllm_kimi_served_model_name"]
-        answer = ask(model=model, temperature=0, max_tokens=256,
-                     messages=[{"role": "user", "content": settings["vllm_kimi_coherence_prompt"]}]).choices[0]
-        assert answer.finish_reason == "stop" and "Paris" in answer.message.content, (host, answer)
-        assert (answer.message.model_extra or {}).get("reasoning"), (host, answer)
-        call = ask(model=model, temperature=0, max_tokens=256, tools=[WEATHER_TOOL],
-                   messages=[{"role": "user", "content": "What is the weather in Paris?"}]).choices[0]
-        assert call.finish_reason == "tool_calls", (host, call)
+        model = settings['vllm_kimi_served_model_name']
+        answer = ask(
+            model=model,
+            temperature=0,
+            max_tokens=256,
+            messages=[{'role': 'user', 'content': settings['vllm_kimi_coherence_prompt']}],
+        ).choices[0]
+        assert answer.finish_reason == 'stop' and 'Paris' in answer.message.content, (host, answer)
+        assert (answer.message.model_extra or {}).get('reasoning'), (host, answer)
+        call = ask(
+            model=model,
+            temperature=0,
+            max_tokens=256,
+            tools=[WEATHER_TOOL],
+            messages=[{'role': 'user', 'content': 'What is the weather in Paris?'}],
+        ).choices[0]
+        assert call.finish_reason == 'tool_calls', (host, call)
         assert [(c.function.name, json.loads(c.function.arguments)) for c in call.message.tool_calls] == [
-            ("get_weather", {"city": "Paris"})], (host, call)
+            ('get_weather', {'city': 'Paris'})
+        ], (host, call)
 
 
-@pytest.mark.parametrize(("index", "cause"), [
-    (0, "never left the reasoning"),
-    (1, "has no tool call, where it should call get_weather"),
-    (2, "has reasoning or tool-call markup left in its content"),
-], ids=["thinks-forever", "ignores-tools", "no-reasoning-parser"])
+@pytest.mark.parametrize(
+    ('index', 'cause'),
+    [
+        (0, 'never left the reasoning'),
+        (1, 'has no tool call, where it should call get_weather'),
+        (2, 'has reasoning or tool-call markup left in its content'),
+    ],
+    ids=['thinks-forever', 'ignores-tools', 'no-reasoning-parser'],
+)
 def test_each_broken_change_fails_its_gate_and_is_rolled_back(fleet, broken_changes, index, cause):
     hosts, ports, settings = fleet
     before, rc, output, report = broken_changes
@@ -135,9 +178,9 @@ def test_each_broken_change_fails_its_gate_and_is_rolled_back(fleet, broken_chan
     assert rc == 2, output[-3000:]
     name, result = first_failure(report, host)
     assert name == GATE_TASK, (host, name, result)
-    assert cause in result["msg"], result["msg"]
+    assert cause in result['msg'], result['msg']
     final = dict(task_results(report, host))[FINAL_TASK]
-    assert "Rolled back: %s is back on deployment %s" % (host, before[host]) in final["msg"], final["msg"]
+    assert 'Rolled back: %s is back on deployment %s' % (host, before[host]) in final['msg'], final['msg']
     assert last_good(host) == before[host]
 
 
@@ -148,9 +191,14 @@ def test_after_the_rollbacks_every_replica_answers_and_calls_tools(fleet, broken
 def test_after_a_restart_every_replica_still_answers_and_calls_tools(fleet, broken_changes):
     hosts, ports, settings = fleet
     for host in hosts:
-        sh(host, "systemctl restart vllm-kimi")
-    rc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY,
-                         os.path.join(REPO, "playbooks", "gate.yml")], stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, env=ansible_env(), cwd=REPO, check=False)
-    assert rc.returncode == 0, rc.stdout.decode(errors="replace")[-3000:]
+        sh(host, 'systemctl restart vllm-kimi')
+    rc = subprocess.run(
+        [os.path.join(BIN, 'ansible-playbook'), '-i', INVENTORY, os.path.join(REPO, 'playbooks', 'gate.yml')],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=ansible_env(),
+        cwd=REPO,
+        check=False,
+    )
+    assert rc.returncode == 0, rc.stdout.decode(errors='replace')[-3000:]
     assert_answers_and_calls_tools(fleet)

@@ -22,8 +22,6 @@ while the replica being changed loads.
 Runs in `molecule verify` of the fleet scenario (make molecule-fleet).
 """
 
-from __future__ import absolute_import, division, print_function
-
 import json
 import os
 import subprocess
@@ -36,42 +34,43 @@ import pytest
 import requests
 import yaml
 
-__metaclass__ = type
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sandbox"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'sandbox'))
 from sandbox_helpers import BIN, CALLBACKS, REPO, ansible_env, revision, task_results  # noqa: E402
 
-INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE")
-pytestmark = pytest.mark.skipif(not (INVENTORY and os.environ.get("LLMSERVE_FLEET")),
-                                reason="needs the three sandbox hosts of `molecule test -s fleet` (make molecule-fleet)")
+INVENTORY = os.environ.get('MOLECULE_INVENTORY_FILE')
+pytestmark = pytest.mark.skipif(
+    not (INVENTORY and os.environ.get('LLMSERVE_FLEET')),
+    reason='needs the three sandbox hosts of `molecule test -s fleet` (make molecule-fleet)',
+)
 
-UPGRADE = os.path.join(REPO, "playbooks", "upgrade.yml")
-GATE = os.path.join(REPO, "playbooks", "gate.yml")
-ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
-WRONG_REVISION = revision("wrong")
-RIGHT_ANSWER = "The capital of France is Paris."
+UPGRADE = os.path.join(REPO, 'playbooks', 'upgrade.yml')
+GATE = os.path.join(REPO, 'playbooks', 'gate.yml')
+ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
+WRONG_REVISION = revision('wrong')
+RIGHT_ANSWER = 'The capital of France is Paris.'
 SAMPLE_SECONDS = 5.0
 TABLE_TASKS = ("Show the fleet's table", "Show the fleet's table before stopping")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def fleet():
-    listing = json.loads(subprocess.check_output([os.path.join(BIN, "ansible-inventory"), "-i", INVENTORY, "--list"],
-                                                 env=ansible_env()))
+    listing = json.loads(
+        subprocess.check_output([os.path.join(BIN, 'ansible-inventory'), '-i', INVENTORY, '--list'], env=ansible_env())
+    )
     with open(ROLE_DEFAULTS) as f:
         settings = yaml.safe_load(f)
-    hosts = sorted(listing["vllm"]["hosts"])
-    settings.update(listing["_meta"]["hostvars"][hosts[0]])
-    ports = {host: listing["_meta"]["hostvars"][host]["vllm_kimi_port"] for host in hosts}
+    hosts = sorted(listing['vllm']['hosts'])
+    settings.update(listing['_meta']['hostvars'][hosts[0]])
+    ports = {host: listing['_meta']['hostvars'][host]['vllm_kimi_port'] for host in hosts}
     return hosts, ports, settings
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def endpoints_file(fleet):
     hosts, ports, settings = fleet
-    fd, path = tempfile.mkstemp(prefix="llmserve-endpoints-")
-    with os.fdopen(fd, "w") as f:
-        f.write("".join("127.0.0.1:%d\n" % ports[host] for host in hosts))
+    fd, path = tempfile.mkstemp(prefix='llmserve-endpoints-')
+    with os.fdopen(fd, 'w') as f:
+        f.write(''.join('127.0.0.1:%d\n' % ports[host] for host in hosts))
     yield path
     os.unlink(path)
 
@@ -80,20 +79,28 @@ class Watch(threading.Thread):
     """Samples (time, {host: answered coherently}, endpoints in the file) every SAMPLE_SECONDS."""
 
     def __init__(self, fleet, endpoints_file):
-        super(Watch, self).__init__(daemon=True)
+        super().__init__(daemon=True)
         self.hosts, self.ports, settings = fleet
         self.endpoints_file = endpoints_file
-        self.headers = {"Authorization": "Bearer " + settings["vllm_kimi_api_key"]}
-        self.body = {"model": settings["vllm_kimi_served_model_name"], "temperature": 0, "max_tokens": 16,
-                     "messages": [{"role": "user", "content": settings["vllm_kimi_coherence_prompt"]}]}
+        self.headers = {'Authorization': 'Bearer ' + settings['vllm_kimi_api_key']}
+        self.body = {
+            'model': settings['vllm_kimi_served_model_name'],
+            'temperature': 0,
+            'max_tokens': 16,
+            'messages': [{'role': 'user', 'content': settings['vllm_kimi_coherence_prompt']}],
+        }
         self.samples = []
         self.stop = threading.Event()
 
     def coherent(self, host):
         try:
-            reply = requests.post("http://127.0.0.1:%d/v1/chat/completions" % self.ports[host], json=self.body,
-                                  headers=self.headers, timeout=3)
-            return reply.status_code == 200 and "Paris" in reply.json()["choices"][0]["message"]["content"]
+            reply = requests.post(
+                'http://127.0.0.1:%d/v1/chat/completions' % self.ports[host],
+                json=self.body,
+                headers=self.headers,
+                timeout=3,
+            )
+            return reply.status_code == 200 and 'Paris' in reply.json()['choices'][0]['message']['content']
         except (requests.RequestException, ValueError, KeyError, IndexError):
             return False
 
@@ -117,36 +124,54 @@ class Watch(threading.Thread):
 def upgrade(fleet, endpoints_file, *extra, **host_vars):
     """ansible-playbook playbooks/upgrade.yml on the fleet; host_vars: {host: {var: value}} for a bad host."""
     hosts, ports, settings = fleet
-    fd, record = tempfile.mkstemp(prefix="llmserve-record-", suffix=".json")
+    fd, record = tempfile.mkstemp(prefix='llmserve-record-', suffix='.json')
     os.close(fd)
-    inventories = ["-i", INVENTORY]
+    inventories = ['-i', INVENTORY]
     extra_inventory = None
     if host_vars:
-        fd, extra_inventory = tempfile.mkstemp(prefix="llmserve-hostvars-", suffix=".yml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump({"vllm": {"hosts": host_vars}}, f)
-        inventories += ["-i", extra_inventory]
-    drain = ["-e", json.dumps({"vllm_upgrade_drain_tasks": "examples/drain_endpoints_file.yml",
-                               "vllm_upgrade_undrain_tasks": "examples/undrain_endpoints_file.yml",
-                               "vllm_upgrade_endpoints_file": endpoints_file})]
+        fd, extra_inventory = tempfile.mkstemp(prefix='llmserve-hostvars-', suffix='.yml')
+        with os.fdopen(fd, 'w') as f:
+            yaml.safe_dump({'vllm': {'hosts': host_vars}}, f)
+        inventories += ['-i', extra_inventory]
+    drain = [
+        '-e',
+        json.dumps(
+            {
+                'vllm_upgrade_drain_tasks': 'examples/drain_endpoints_file.yml',
+                'vllm_upgrade_undrain_tasks': 'examples/undrain_endpoints_file.yml',
+                'vllm_upgrade_endpoints_file': endpoints_file,
+            }
+        ),
+    ]
     try:
-        env = ansible_env(ANSIBLE_CALLBACK_PLUGINS=CALLBACKS, ANSIBLE_CALLBACKS_ENABLED="llmserve_record",
-                          ANSIBLE_LOAD_CALLBACK_PLUGINS="1", LLMSERVE_RECORD=record)
-        proc = subprocess.run([os.path.join(BIN, "ansible-playbook")] + inventories + [UPGRADE] + drain + list(extra),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False)
+        env = ansible_env(
+            ANSIBLE_CALLBACK_PLUGINS=CALLBACKS,
+            ANSIBLE_CALLBACKS_ENABLED='llmserve_record',
+            ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
+            LLMSERVE_RECORD=record,
+        )
+        proc = subprocess.run(
+            [os.path.join(BIN, 'ansible-playbook')] + inventories + [UPGRADE] + drain + list(extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            check=False,
+        )
         with open(record) as f:
             report = json.load(f)
     finally:
         os.unlink(record)
         if extra_inventory:
             os.unlink(extra_inventory)
-    return proc.returncode, proc.stdout.decode(errors="replace"), report
+    return proc.returncode, proc.stdout.decode(errors='replace'), report
 
 
 def table(report):
     """The playbook's final table as {host: (before, after, outcome)}."""
-    shown = [entry["result"]["msg"] for entry in report["tasks"] if entry["task"] in TABLE_TASKS
-             and entry["status"] == "ok"]
+    shown = [
+        entry['result']['msg'] for entry in report['tasks'] if entry['task'] in TABLE_TASKS and entry['status'] == 'ok'
+    ]
     assert len(shown) == 1, shown
     rows = {}
     for line in shown[0][1:]:
@@ -157,33 +182,55 @@ def table(report):
 
 
 def gate_all(fleet):
-    rc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, GATE], stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, env=ansible_env(), cwd=REPO, check=False)
-    return rc.returncode, rc.stdout.decode(errors="replace")
+    rc = subprocess.run(
+        [os.path.join(BIN, 'ansible-playbook'), '-i', INVENTORY, GATE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=ansible_env(),
+        cwd=REPO,
+        check=False,
+    )
+    return rc.returncode, rc.stdout.decode(errors='replace')
 
 
 def unit_file(host):
-    return subprocess.check_output([os.path.join(BIN, "ansible"), host, "-i", INVENTORY, "-m", "ansible.builtin.stat",
-                                    "-a", "path=/etc/systemd/system/vllm-kimi.service"], env=ansible_env())
+    return subprocess.check_output(
+        [
+            os.path.join(BIN, 'ansible'),
+            host,
+            '-i',
+            INVENTORY,
+            '-m',
+            'ansible.builtin.stat',
+            '-a',
+            'path=/etc/systemd/system/vllm-kimi.service',
+        ],
+        env=ansible_env(),
+    )
 
 
 def sh(host, command):
-    return subprocess.run([os.path.join(BIN, "ansible"), host, "-i", INVENTORY, "-m", "ansible.builtin.command",
-                           "-a", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ansible_env(),
-                          check=True).stdout.decode()
+    return subprocess.run(
+        [os.path.join(BIN, 'ansible'), host, '-i', INVENTORY, '-m', 'ansible.builtin.command', '-a', command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=ansible_env(),
+        check=True,
+    ).stdout.decode()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def one_replica_down(fleet, endpoints_file):
     """A change tried while the third replica is stopped; the replica is back and answering before the next test."""
     hosts, ports, settings = fleet
-    sh(hosts[2], "systemctl stop vllm-kimi")
+    sh(hosts[2], 'systemctl stop vllm-kimi')
     try:
         # The stopped replica would be waited for up to vllm_kimi_replica_check_timeout.
-        attempt = upgrade(fleet, endpoints_file, "-e", "vllm_kimi_max_model_len=2048",
-                          "-e", "vllm_kimi_replica_check_timeout=15")
+        attempt = upgrade(
+            fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=2048', '-e', 'vllm_kimi_replica_check_timeout=15'
+        )
     finally:
-        sh(hosts[2], "systemctl start vllm-kimi")
+        sh(hosts[2], 'systemctl start vllm-kimi')
     deadline = time.time() + 300
     while True:
         rc, output = gate_all(fleet)
@@ -197,27 +244,40 @@ def one_replica_down(fleet, endpoints_file):
 def test_capacity_floor_refuses_a_change_while_a_replica_is_down(fleet, one_replica_down):
     hosts, ports, settings = fleet
     rc, output, report = one_replica_down
-    refusal = [e for e in report["tasks"] if e["host"] == hosts[0]
-               and e["task"] == "Refuse to take this batch down unless the other replicas carry the load"]
+    refusal = [
+        e
+        for e in report['tasks']
+        if e['host'] == hosts[0]
+        and e['task'] == 'Refuse to take this batch down unless the other replicas carry the load'
+    ]
     assert rc == 2, output[-3000:]
-    assert [e["status"] for e in refusal] == ["failed"], output[-3000:]
-    msg = refusal[0]["result"]["msg"]
-    assert msg.startswith("Refusing to take %s down: these replicas do not answer coherently: %s: " % (
-        hosts[0], hosts[2])), msg
-    assert hosts[1] + ":" not in msg
-    assert [n for n, r in task_results(report, hosts[0]) if r.get("changed")] == []
+    assert [e['status'] for e in refusal] == ['failed'], output[-3000:]
+    msg = refusal[0]['result']['msg']
+    assert msg.startswith(
+        'Refusing to take %s down: these replicas do not answer coherently: %s: ' % (hosts[0], hosts[2])
+    ), msg
+    assert hosts[1] + ':' not in msg
+    assert [n for n, r in task_results(report, hosts[0]) if r.get('changed')] == []
     rows = table(report)
-    assert rows == {hosts[0]: (rows[hosts[0]][0], rows[hosts[0]][0], "refused"),
-                    hosts[1]: ("-", "-", "untouched"), hosts[2]: ("-", "-", "untouched")}
+    assert rows == {
+        hosts[0]: (rows[hosts[0]][0], rows[hosts[0]][0], 'refused'),
+        hosts[1]: ('-', '-', 'untouched'),
+        hosts[2]: ('-', '-', 'untouched'),
+    }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def bad_for_host_two(fleet, endpoints_file, one_replica_down):
     hosts, ports, settings = fleet
     unit_of_host_three = unit_file(hosts[2])
     with Watch(fleet, endpoints_file) as watch:
-        rc, output, report = upgrade(fleet, endpoints_file, "-e", "vllm_kimi_max_model_len=2048",
-                                     **{hosts[1]: {"vllm_kimi_model_revision": WRONG_REVISION}})
+        rc, output, report = upgrade(
+            fleet,
+            endpoints_file,
+            '-e',
+            'vllm_kimi_max_model_len=2048',
+            **{hosts[1]: {'vllm_kimi_model_revision': WRONG_REVISION}},
+        )
     return rc, output, report, watch, unit_of_host_three
 
 
@@ -226,12 +286,12 @@ def test_bad_change_stops_at_host_two_after_its_rollback(fleet, bad_for_host_two
     rc, output, report, watch, unit_of_host_three = bad_for_host_two
     assert rc == 2, output[-3000:]
     rows = table(report)
-    assert rows[hosts[0]][2] == "changed" and rows[hosts[0]][0] != rows[hosts[0]][1], (rows, output[-4000:])
-    assert rows[hosts[1]] == (rows[hosts[1]][0], rows[hosts[1]][0], "rolled back")
-    assert rows[hosts[2]] == ("-", "-", "untouched")
-    stop = [r for n, r in task_results(report, hosts[1]) if n == "Stop the change for the whole fleet"][0]
-    assert stop["msg"].startswith("The change stopped at %s (rolled back):" % hosts[1])
-    assert "Rolled back: %s is back on deployment %s" % (hosts[1], rows[hosts[1]][0]) in stop["msg"]
+    assert rows[hosts[0]][2] == 'changed' and rows[hosts[0]][0] != rows[hosts[0]][1], (rows, output[-4000:])
+    assert rows[hosts[1]] == (rows[hosts[1]][0], rows[hosts[1]][0], 'rolled back')
+    assert rows[hosts[2]] == ('-', '-', 'untouched')
+    stop = [r for n, r in task_results(report, hosts[1]) if n == 'Stop the change for the whole fleet'][0]
+    assert stop['msg'].startswith('The change stopped at %s (rolled back):' % hosts[1])
+    assert 'Rolled back: %s is back on deployment %s' % (hosts[1], rows[hosts[1]][0]) in stop['msg']
 
 
 def test_bad_change_never_touched_host_three(fleet, bad_for_host_two):
@@ -245,13 +305,13 @@ def test_bad_change_never_touched_host_three(fleet, bad_for_host_two):
 def test_bad_change_leaves_all_three_answering(fleet, bad_for_host_two):
     rc, output = gate_all(fleet)
     assert rc == 0, output[-3000:]
-    assert output.count("tiny-kimi answered: %s" % RIGHT_ANSWER) == 3
+    assert output.count('tiny-kimi answered: %s' % RIGHT_ANSWER) == 3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def good_change(fleet, endpoints_file, bad_for_host_two):
     with Watch(fleet, endpoints_file) as watch:
-        rc, output, report = upgrade(fleet, endpoints_file, "-e", "vllm_kimi_max_model_len=1536")
+        rc, output, report = upgrade(fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=1536')
     return rc, output, report, watch
 
 
@@ -261,10 +321,12 @@ def test_good_change_passes_on_all_three(fleet, good_change):
     assert rc == 0, output[-3000:]
     rows = table(report)
     assert sorted(rows) == hosts
-    assert all(outcome == "changed" and before != after for before, after, outcome in rows.values()), rows
+    assert all(outcome == 'changed' and before != after for before, after, outcome in rows.values()), rows
     for host in hosts:
-        record = json.loads(sh(host, "cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json").split("\n", 1)[1])
-        assert record["serve_argv"][record["serve_argv"].index("--max-model-len") + 1] == "1536"
+        record = json.loads(
+            sh(host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json').split('\n', 1)[1]
+        )
+        assert record['serve_argv'][record['serve_argv'].index('--max-model-len') + 1] == '1536'
 
 
 def test_good_change_takes_at_most_one_host_down_at_a_time(fleet, good_change):
@@ -272,7 +334,7 @@ def test_good_change_takes_at_most_one_host_down_at_a_time(fleet, good_change):
     rc, output, report, watch = good_change
     down_at_once = max(sum(1 for host in hosts if not up[host]) for t, up, listed in watch.samples)
     went_down = {host for t, up, listed in watch.samples for host in hosts if not up[host]}
-    assert down_at_once == 1, "at most one replica down at a time, and the watcher saw each restart"
+    assert down_at_once == 1, 'at most one replica down at a time, and the watcher saw each restart'
     assert went_down == set(hosts)
 
 
@@ -282,9 +344,9 @@ def test_good_change_keeps_a_down_host_out_of_the_endpoints_file(fleet, endpoint
     for t, up, listed in watch.samples:
         for host in hosts:
             if not up[host]:
-                assert "127.0.0.1:%d" % ports[host] not in listed, (t, host)
+                assert '127.0.0.1:%d' % ports[host] not in listed, (t, host)
     with open(endpoints_file) as f:
-        assert sorted(f.read().split()) == sorted("127.0.0.1:%d" % ports[host] for host in hosts)
+        assert sorted(f.read().split()) == sorted('127.0.0.1:%d' % ports[host] for host in hosts)
 
 
 def test_memory_peak_of_the_three_vllms(fleet, good_change):
@@ -292,12 +354,14 @@ def test_memory_peak_of_the_three_vllms(fleet, good_change):
     hosts, ports, settings = fleet
     peaks = {}
     for host in hosts:
-        out = sh(host, "sh -c 'for pid in $(pgrep -u %s); do grep VmHWM /proc/$pid/status; done'"
-                 % settings["vllm_kimi_user"])
-        peaks[host] = sum(int(line.split()[1]) * 1024 for line in out.splitlines() if line.startswith("VmHWM:"))
-    figures = {"peak_rss_bytes": peaks, "total_gib": round(sum(peaks.values()) / 2 ** 30, 2)}
-    os.makedirs(os.path.join(REPO, ".cache", "bench"), exist_ok=True)
-    with open(os.path.join(REPO, ".cache", "bench", "fleet_memory.json"), "w") as f:
+        out = sh(
+            host,
+            "sh -c 'for pid in $(pgrep -u %s); do grep VmHWM /proc/$pid/status; done'" % settings['vllm_kimi_user'],
+        )
+        peaks[host] = sum(int(line.split()[1]) * 1024 for line in out.splitlines() if line.startswith('VmHWM:'))
+    figures = {'peak_rss_bytes': peaks, 'total_gib': round(sum(peaks.values()) / 2**30, 2)}
+    os.makedirs(os.path.join(REPO, '.cache', 'bench'), exist_ok=True)
+    with open(os.path.join(REPO, '.cache', 'bench', 'fleet_memory.json'), 'w') as f:
         json.dump(figures, f, indent=2, sort_keys=True)
-    print("peak memory of the three sandbox vLLMs: %s" % figures)
-    assert all(peak > 2 ** 20 for peak in peaks.values()), peaks
+    print('peak memory of the three sandbox vLLMs: %s' % figures)
+    assert all(peak > 2**20 for peak in peaks.values()), peaks

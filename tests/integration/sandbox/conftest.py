@@ -10,8 +10,6 @@ them by hand against the demo sandbox after `make demo`:
     LLMSERVE_SANDBOX_INVENTORY=inventories/sandbox .venv/bin/pytest tests/integration/sandbox
 """
 
-from __future__ import absolute_import, division, print_function
-
 import os
 import sys
 
@@ -21,13 +19,13 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sandbox_helpers import INVENTORY, Sandbox  # noqa: E402
 
-__metaclass__ = type
-
 
 def pytest_collection_modifyitems(config, items):
     here = os.path.dirname(os.path.abspath(__file__))
-    skip = pytest.mark.skip(reason="needs a deployed sandbox host: runs in `molecule verify` (make molecule), "
-                                   "or set LLMSERVE_SANDBOX_INVENTORY=inventories/sandbox after `make demo`")
+    skip = pytest.mark.skip(
+        reason='needs a deployed sandbox host: runs in `molecule verify` (make molecule), '
+        'or set LLMSERVE_SANDBOX_INVENTORY=inventories/sandbox after `make demo`'
+    )
     for item in items:
         if str(item.fspath).startswith(here + os.sep):
             item.add_marker(pytest.mark.sandbox)
@@ -35,6 +33,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope='session')
 def sandbox():
     return Sandbox(INVENTORY)

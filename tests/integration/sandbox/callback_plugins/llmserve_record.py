@@ -8,10 +8,6 @@ Enabled with ANSIBLE_CALLBACK_PLUGINS=<this dir>, ANSIBLE_CALLBACKS_ENABLED=llms
 and LLMSERVE_RECORD=<file>; the normal output stays as it is.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 DOCUMENTATION = r"""
 name: llmserve_record
 type: aggregate
@@ -31,43 +27,45 @@ from ansible.plugins.callback import CallbackBase
 
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
-    CALLBACK_TYPE = "aggregate"
-    CALLBACK_NAME = "llmserve_record"
+    CALLBACK_TYPE = 'aggregate'
+    CALLBACK_NAME = 'llmserve_record'
     CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self):
-        super(CallbackModule, self).__init__()
+        super().__init__()
         self.tasks = []
 
     def _record(self, result, status):
-        self.tasks.append({
-            "task": result._task.name,
-            "host": result._host.get_name(),
-            "status": status,
-            "result": self._clean_result(result._result),
-        })
+        self.tasks.append(
+            {
+                'task': result._task.name,
+                'host': result._host.get_name(),
+                'status': status,
+                'result': self._clean_result(result._result),
+            }
+        )
 
     @staticmethod
     def _clean_result(res):
         return json.loads(json.dumps(res, default=str))
 
     def v2_runner_on_ok(self, result):
-        self._record(result, "changed" if result._result.get("changed") else "ok")
+        self._record(result, 'changed' if result._result.get('changed') else 'ok')
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
-        self._record(result, "ignored" if ignore_errors else "failed")
+        self._record(result, 'ignored' if ignore_errors else 'failed')
 
     def v2_runner_on_skipped(self, result):
-        self._record(result, "skipped")
+        self._record(result, 'skipped')
 
     def v2_runner_on_unreachable(self, result):
-        self._record(result, "unreachable")
+        self._record(result, 'unreachable')
 
     def v2_playbook_on_stats(self, stats):
         self._write({h: stats.summarize(h) for h in sorted(stats.processed)})
 
     def _write(self, stats):
-        path = os.environ.get("LLMSERVE_RECORD")
+        path = os.environ.get('LLMSERVE_RECORD')
         if path:
-            with open(path, "w") as f:
-                json.dump({"tasks": self.tasks, "stats": stats}, f, indent=2, sort_keys=True)
+            with open(path, 'w') as f:
+                json.dump({'tasks': self.tasks, 'stats': stats}, f, indent=2, sort_keys=True)
