@@ -1,0 +1,236 @@
+#!/usr/bin/python
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+DOCUMENTATION = r"""
+---
+module: deployment
+short_description: Read, record or restore a host's vLLM deployments that passed their gate
+version_added: 0.1.0
+description:
+  - Owns a host's deployment state in a directory private to root (O(path), C(0700)), outside every directory the
+    service user can write. Each deployment that passed its gate has a directory of its own there, named by the UTC
+    time it passed and its release (C(20261201T120000Z-0123456789ab)), with the unit and the environment file that
+    served and its C(record.json); the link C(last-good) names the newest good one; C(rollbacks.json) counts the
+    rollbacks.
+  - O(state=read) returns the last good deployment's record (RV(last_good), V({}) before any deployment passed).
+  - O(state=recorded) snapshots the unit and the environment file that passed the gate with O(record), switches
+    C(last-good) to them in one rename, and prunes the deployments beyond the newest O(keep) and the releases under
+    O(releases_dir) that no kept deployment uses.
+  - O(state=restored) puts the last good deployment's unit and environment file back at O(unit_file) and
+    O(environment_file) and counts the rollback; it returns RV(rolled_back=true) with the record, whose
+    C(model_path) and C(kv_cache_quant_state) give the checkpoint's state for M(llmserve.vllm.kv_cache_quant).
+    The caller restarts the unit.
+  - Nothing follows a link but C(last-good), which only this module writes; a directory not private to the user the
+    module runs as is refused (whoever can rename in it could plant the unit a rollback installs). Every file is
+    written beside its place and renamed into it. The environment file holds secrets; its content is never returned
+    nor shown in a diff.
+author:
+  - llmserve.vllm contributors (@llmserve)
+extends_documentation_fragment:
+  - llmserve.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports the deployment that would be recorded, what would be pruned or restored, and changes nothing.
+  diff_mode:
+    support: partial
+    details:
+      - O(state=restored) shows the unit's change; the environment file, which holds secrets, is never shown.
+  idempotent:
+    support: partial
+    details:
+      - O(state=read) changes nothing. O(state=recorded) records one deployment a call, and O(state=restored) counts
+        one rollback a call, as each call is one such event.
+options:
+  path:
+    description: The deployments directory, private to root. Created C(0700) where missing.
+    type: path
+    required: true
+  state:
+    description: What to do with the state (see the description).
+    type: str
+    choices: [read, recorded, restored]
+    default: read
+  record:
+    description:
+      - What the deployment that passed is, for O(state=recorded) (the role's release, venv, package spec, serving
+        arguments, checkpoint and its KV-cache state, the gate's answer and figures). Must hold C(release), the 12
+        hexadecimal digits of the release it runs. C(deployment) and C(recorded_at) are set by the module.
+    type: dict
+    default: {}
+  unit_file:
+    description:
+      - The service's unit file, snapshotted by O(state=recorded) and put back by O(state=restored). Required for both.
+    type: path
+  environment_file:
+    description:
+      - The service's environment file (secrets), snapshotted by O(state=recorded) and put back by O(state=restored).
+        Required for both.
+    type: path
+  releases_dir:
+    description:
+      - Where the releases (virtual environments named by 12 hexadecimal digits) live, for O(state=recorded)'s prune.
+        Without it no release is removed.
+    type: path
+  keep:
+    description: How many deployments O(state=recorded) keeps, the new one included; at least 1.
+    type: int
+    default: 3
+"""
+
+EXAMPLES = r"""
+- name: Read the deployment a failed change would roll back to
+  llmserve.vllm.deployment:
+    path: /var/lib/llmserve-vllm/vllm-kimi/deployments
+  register: deployments
+
+- name: Record what passed the gate and prune what no kept deployment uses
+  llmserve.vllm.deployment:
+    path: /var/lib/llmserve-vllm/vllm-kimi/deployments
+    state: recorded
+    record:
+      release: 0123456789ab
+      serve_argv: [/opt/vllm-kimi/0123456789ab/bin/vllm, serve, /models/kimi-k2.5-nvfp4]
+      kv_cache_quant_state: absent
+    unit_file: /etc/systemd/system/vllm-kimi.service
+    environment_file: /etc/llmserve-vllm/vllm-kimi.env
+    releases_dir: /opt/vllm-kimi
+    keep: 3
+
+- name: Put back the last good deployment after a failed gate
+  llmserve.vllm.deployment:
+    path: /var/lib/llmserve-vllm/vllm-kimi/deployments
+    state: restored
+    unit_file: /etc/systemd/system/vllm-kimi.service
+    environment_file: /etc/llmserve-vllm/vllm-kimi.env
+  register: restored
+"""
+
+RETURN = r"""
+last_good:
+  description: The last good deployment's record (after this call), V({}) before any deployment passed its gate.
+  returned: always
+  type: dict
+  sample:
+    deployment: 20261201T120000Z-0123456789ab
+    release: 0123456789ab
+    kv_cache_quant_state: absent
+deployment:
+  description: The deployment recorded or restored; empty for O(state=read).
+  returned: always
+  type: str
+  sample: 20261201T120000Z-0123456789ab
+record:
+  description: The record written (O(state=recorded)) or put back (O(state=restored)); V({}) for O(state=read).
+  returned: always
+  type: dict
+  sample:
+    deployment: 20261201T120000Z-0123456789ab
+    recorded_at: '2026-12-01T12:00:00Z'
+    release: 0123456789ab
+pruned:
+  description: The deployments and releases O(state=recorded) removed (in check mode, would remove).
+  returned: always
+  type: list
+  elements: str
+  sample: [/var/lib/llmserve-vllm/vllm-kimi/deployments/20261101T120000Z-00112233aabb, /opt/vllm-kimi/00112233aabb]
+rolled_back:
+  description: Whether the last good deployment was put back (O(state=restored)).
+  returned: always
+  type: bool
+  sample: true
+rollbacks:
+  description: The rollback count, C(total) so far and the Unix time of the C(last) one (0 for none).
+  returned: always
+  type: dict
+  sample:
+    total: 1
+    last: 1796126400
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._deployment import (
+    RELEASE_NAME,
+    DeploymentError,
+    deployment_name,
+    ensure_private_directory,
+    last_good,
+    record,
+    restore,
+    rollbacks,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type=nul_free_path, required=True),
+            state=dict(type='str', choices=['read', 'recorded', 'restored'], default='read'),
+            record=dict(type='dict', default={}),
+            unit_file=dict(type=nul_free_path),
+            environment_file=dict(type=nul_free_path),
+            releases_dir=dict(type=nul_free_path),
+            keep=dict(type='int', default=3),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    # Checked before anything is touched: bad input changes nothing.
+    if p['keep'] < 1:
+        module.fail_json(msg='keep must be at least 1, got %d' % p['keep'])
+    if p['state'] != 'read' and not (p['unit_file'] and p['environment_file']):
+        module.fail_json(msg='state %s needs unit_file and environment_file' % p['state'])
+    release = p['record'].get('release')
+    if p['state'] == 'recorded' and not (isinstance(release, str) and RELEASE_NAME.match(release)):
+        module.fail_json(
+            msg='record must hold release, the 12 hexadecimal digits of the release that passed, got %r' % (release,)
+        )
+    result = dict(changed=False, last_good={}, deployment='', record={}, pruned=[], rolled_back=False)
+    try:
+        created = ensure_private_directory(p['path'], module.check_mode)
+        result['changed'] = created
+        if p['state'] == 'recorded':
+            now = time.gmtime()
+            content = dict(p['record'], recorded_at=time.strftime('%Y-%m-%dT%H:%M:%SZ', now))
+            result.update(
+                record(
+                    p['path'],
+                    deployment_name(time.strftime('%Y%m%dT%H%M%SZ', now), p['record']['release']),
+                    content,
+                    p['unit_file'],
+                    p['environment_file'],
+                    p['releases_dir'],
+                    p['keep'],
+                    module.check_mode,
+                ),
+                changed=True,
+            )
+        elif p['state'] == 'restored':
+            done = restore(p['path'], p['unit_file'], p['environment_file'], time.time, module.check_mode)
+            before, after = done.pop('unit_before'), done.pop('unit_after')
+            if module._diff and before != after:
+                result['diff'] = dict(
+                    before=before, after=after, before_header=p['unit_file'], after_header=p['unit_file']
+                )
+            result.update(done, changed=True)
+        # A directory only planned (check mode) holds nothing yet.
+        present = not (created and module.check_mode)
+        result.setdefault('rollbacks', rollbacks(p['path']) if present else {'total': 0, 'last': 0})
+        if p['state'] == 'recorded' and module.check_mode:
+            result['last_good'] = result['record']
+        elif present:
+            result['last_good'] = last_good(p['path'])[1]
+    except (DeploymentError, OSError) as exc:
+        module.fail_json(msg=str(exc), **result)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()
