@@ -50,7 +50,7 @@ def recorded(host, name, **content):
 
 
 def test_a_record_snapshots_what_served_and_points_last_good_at_it(host):
-    deployments, unit, env, _ = host
+    deployments, unit, env = host[:3]
     done = recorded(host, NEW, kv_cache_quant_state='absent')
     assert done['deployment'] == NEW and done['record']['deployment'] == NEW
     snapshot = os.path.join(deployments, NEW)
@@ -72,7 +72,7 @@ def test_before_any_good_deployment_there_is_none(host):
 
 
 def test_the_prune_keeps_the_newest_and_the_releases_they_use(host):
-    deployments, _, _, releases = host
+    deployments, releases = host[0], host[3]
     pruned = []
     for name in (OLD, MIDDLE, NEW):
         os.mkdir(os.path.join(releases, name[-12:]))  # each change builds its release, then records once it passed
@@ -98,7 +98,7 @@ def test_check_mode_records_nothing(host):
 
 
 def test_restore_puts_back_the_last_good_files_and_counts_the_rollback(host):
-    deployments, unit, env, _ = host
+    deployments, unit, env = host[:3]
     recorded(host, NEW, model_path='/models/kimi', kv_cache_quant_state='absent')
     good_unit = read(unit)
     with open(unit, 'w') as f:
@@ -116,7 +116,7 @@ def test_restore_puts_back_the_last_good_files_and_counts_the_rollback(host):
 
 
 def test_a_first_deploy_has_nothing_to_restore(host):
-    deployments, unit, env, _ = host
+    deployments, unit, env = host[:3]
     with pytest.raises(DeploymentError) as err:
         restore(deployments, unit, env, lambda: 0, False)
     assert (
@@ -126,7 +126,7 @@ def test_a_first_deploy_has_nothing_to_restore(host):
 
 
 def test_check_mode_restores_nothing(host):
-    deployments, unit, env, _ = host
+    deployments, unit, env = host[:3]
     recorded(host, NEW)
     with open(unit, 'w') as f:
         f.write('changed\n')
@@ -136,7 +136,7 @@ def test_check_mode_restores_nothing(host):
 
 def test_a_planted_link_is_never_followed(host, tmp_path):
     """Where last-good's deployment holds a link instead of its unit, the restore refuses and changes nothing."""
-    deployments, unit, env, _ = host
+    deployments, unit, env = host[:3]
     recorded(host, NEW)
     planted = tmp_path / 'planted'
     planted.write_text('[Service]\nUser=root\n')

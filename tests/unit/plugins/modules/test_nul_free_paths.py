@@ -20,6 +20,8 @@ CASES = [
         {'model_path': '/m', 'tensor_parallel_size': 1, 'nvidia_smi_path': 'nvidia-smi\0'},
         'nvidia_smi_path',
     ),
+    ('deployment', {'path': '/d\0'}, 'path'),
+    ('deployment', {'path': '/d', 'state': 'restored', 'unit_file': '/u\0', 'environment_file': '/e'}, 'unit_file'),
     ('kv_cache_quant', {'path': '/ckpt\0'}, 'path'),
     ('progress', {'results_file': '/j\0'}, 'results_file'),
 ]
