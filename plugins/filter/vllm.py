@@ -30,6 +30,70 @@ def vllm_flag_value(argv, flag):
     return value
 
 
+# vLLM's flags for vllm_kimi_multimodal's modes of the vision encoder (recipes: data on 8-GPU nodes).
+_MULTIMODAL_FLAGS = {
+    'encoder_data_parallel': ['--mm-encoder-tp-mode', 'data'],
+    'encoder_tensor_parallel': ['--mm-encoder-tp-mode', 'weights'],
+    'text_only': ['--language-model-only'],
+}
+_SERVE_SETTINGS = frozenset(
+    (
+        'entrypoint',
+        'model',
+        'served_model_name',
+        'host',
+        'port',
+        'tensor_parallel_size',
+        'pipeline_parallel_size',
+        'max_model_len',
+        'gpu_memory_utilization',
+        'kv_cache_memory_bytes',
+        'kv_cache_dtype',
+        'tool_call_parser',
+        'reasoning_parser',
+        'trust_remote_code',
+        'multimodal',
+        'cluster_args',
+        'extra_args',
+    )
+)
+
+
+def vllm_serve_argv(settings):
+    if not isinstance(settings, dict):
+        raise AnsibleFilterError('vllm_serve_argv expects a mapping of settings, got %s' % type(settings).__name__)
+    missing = sorted(_SERVE_SETTINGS - set(settings))
+    unknown = sorted(set(settings) - _SERVE_SETTINGS)
+    if missing or unknown:
+        raise AnsibleFilterError(
+            'vllm_serve_argv: settings missing %s, unknown %s'
+            % (', '.join(missing) or 'none', ', '.join(unknown) or 'none')
+        )
+    s = settings
+    # `vllm serve MODEL`: vLLM deprecates --model beside serve.
+    argv = [to_text(word) for word in s['entrypoint']] + [to_text(s['model'])]
+    argv += ['--served-model-name', to_text(s['served_model_name']), '--host', to_text(s['host'])]
+    argv += ['--port', to_text(s['port'])]
+    argv += ['--tensor-parallel-size', to_text(s['tensor_parallel_size'])]
+    argv += ['--pipeline-parallel-size', to_text(s['pipeline_parallel_size'])]
+    argv += ['--max-model-len', to_text(s['max_model_len'])]
+    argv += ['--gpu-memory-utilization', to_text(s['gpu_memory_utilization'])]
+    if s['kv_cache_memory_bytes']:
+        argv += ['--kv-cache-memory-bytes', to_text(s['kv_cache_memory_bytes'])]
+    if s['kv_cache_dtype'] != 'auto':
+        argv += ['--kv-cache-dtype', to_text(s['kv_cache_dtype'])]
+    # vLLM loads a tool parser only with --enable-auto-tool-choice: without it a request with tools
+    # (tool_choice auto, the default) is refused 400.
+    if s['tool_call_parser']:
+        argv += ['--enable-auto-tool-choice', '--tool-call-parser', to_text(s['tool_call_parser'])]
+    if s['reasoning_parser']:
+        argv += ['--reasoning-parser', to_text(s['reasoning_parser'])]
+    if s['trust_remote_code']:
+        argv.append('--trust-remote-code')
+    argv += _MULTIMODAL_FLAGS.get(s['multimodal'], [])
+    return argv + [to_text(word) for word in list(s['cluster_args']) + list(s['extra_args'])]
+
+
 def pinned_version(spec):
     match = _PINNED.match(to_text(spec))
     return match.group(1) if match else ''
@@ -40,4 +104,5 @@ class FilterModule:
         return {
             'vllm_flag_value': vllm_flag_value,
             'pinned_version': pinned_version,
+            'vllm_serve_argv': vllm_serve_argv,
         }

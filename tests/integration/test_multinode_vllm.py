@@ -129,7 +129,7 @@ def render_cluster(tmp_path, model_dir):
     playbook.write_text(play.replace('hosts: localhost', 'hosts: kimi').replace('../../../', REPO + '/'))
     extra = {
         'group_vars_file': SANDBOX_VARS,
-        '__vllm_kimi_preflight': {'max_model_len': 1024},
+        'max_model_len': 1024,
         'vllm_kimi_cluster_group': 'kimi',
         # The tiny model as it is, not staged from the fake Hub.
         'vllm_kimi_model_repo': '',

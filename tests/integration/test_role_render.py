@@ -23,7 +23,7 @@ def render(tmp_path, group_vars_file, **extra_vars):
         'out_dir': str(tmp_path),
         'group_vars_file': group_vars_file,
         'ansible_python_interpreter': LOCAL_PYTHON,
-        '__vllm_kimi_preflight': {'max_model_len': 131072},
+        'max_model_len': 131072,
     }
     extra.update(extra_vars)
     subprocess.run(
@@ -278,7 +278,7 @@ def render_cluster(tmp_path, hosts, **extra_vars):
             'vllm_kimi_cluster_group': 'kimi',
             'vllm_kimi_pipeline_parallel_size': 2,
             'group_vars_file': os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
-            '__vllm_kimi_preflight': {'max_model_len': 131072},
+            'max_model_len': 131072,
             'ansible_python_interpreter': LOCAL_PYTHON,
         }
         extra.update(extra_vars)

@@ -6,7 +6,7 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmserve.vllm.plugins.filter.vllm import pinned_version, vllm_flag_value
+from ansible_collections.llmserve.vllm.plugins.filter.vllm import pinned_version, vllm_flag_value, vllm_serve_argv
 
 
 @pytest.mark.parametrize(
@@ -54,3 +54,103 @@ def test_vllm_flag_value_refuses(argv, flag, message):
 )
 def test_pinned_version(spec, expected):
     assert pinned_version(spec) == expected
+
+
+SERVE_SETTINGS = {
+    'entrypoint': ['/opt/vllm/0123456789ab/bin/vllm', 'serve'],
+    'model': '/models/kimi-k2.5-nvfp4',
+    'served_model_name': 'kimi-k2.5',
+    'host': '127.0.0.1',
+    'port': 8000,
+    'tensor_parallel_size': 8,
+    'pipeline_parallel_size': 1,
+    'max_model_len': 131072,
+    'gpu_memory_utilization': 0.95,
+    'kv_cache_memory_bytes': 0,
+    'kv_cache_dtype': 'auto',
+    'tool_call_parser': 'kimi_k2',
+    'reasoning_parser': 'kimi_k2',
+    'trust_remote_code': True,
+    'multimodal': 'encoder_data_parallel',
+    'cluster_args': [],
+    'extra_args': ['--max-num-seqs', '64'],
+}
+REAL_CASE_ARGV = [
+    '/opt/vllm/0123456789ab/bin/vllm',
+    'serve',
+    '/models/kimi-k2.5-nvfp4',
+    '--served-model-name',
+    'kimi-k2.5',
+    '--host',
+    '127.0.0.1',
+    '--port',
+    '8000',
+    '--tensor-parallel-size',
+    '8',
+    '--pipeline-parallel-size',
+    '1',
+    '--max-model-len',
+    '131072',
+    '--gpu-memory-utilization',
+    '0.95',
+    '--enable-auto-tool-choice',
+    '--tool-call-parser',
+    'kimi_k2',
+    '--reasoning-parser',
+    'kimi_k2',
+    '--trust-remote-code',
+    '--mm-encoder-tp-mode',
+    'data',
+    '--max-num-seqs',
+    '64',
+]
+
+
+def test_vllm_serve_argv_of_the_real_case():
+    assert vllm_serve_argv(SERVE_SETTINGS) == REAL_CASE_ARGV
+
+
+@pytest.mark.parametrize(
+    'changes, expected_run',
+    [
+        (
+            {'kv_cache_memory_bytes': 1048576},
+            ['--gpu-memory-utilization', '0.95', '--kv-cache-memory-bytes', '1048576'],
+        ),
+        ({'kv_cache_dtype': 'fp8'}, ['--gpu-memory-utilization', '0.95', '--kv-cache-dtype', 'fp8']),
+        ({'multimodal': 'text_only', 'extra_args': []}, ['--trust-remote-code', '--language-model-only']),
+        ({'multimodal': 'encoder_tensor_parallel', 'extra_args': []}, ['--mm-encoder-tp-mode', 'weights']),
+        ({'multimodal': '', 'trust_remote_code': False, 'extra_args': []}, ['--reasoning-parser', 'kimi_k2']),
+        ({'reasoning_parser': '', 'multimodal': '', 'trust_remote_code': False, 'extra_args': []}, ['kimi_k2']),
+        (
+            {'cluster_args': ['--nnodes', '2', '--node-rank', '1', '--headless'], 'extra_args': ['--enforce-eager']},
+            ['data', '--nnodes', '2', '--node-rank', '1', '--headless', '--enforce-eager'],
+        ),
+    ],
+)
+def test_vllm_serve_argv_follows_each_setting(changes, expected_run):
+    argv = vllm_serve_argv(dict(SERVE_SETTINGS, **changes))
+    runs = [argv[start : start + len(expected_run)] for start in range(len(argv))]
+    assert expected_run in runs
+
+
+def test_vllm_serve_argv_without_a_tool_parser_leaves_auto_tool_choice_out():
+    argv = vllm_serve_argv(dict(SERVE_SETTINGS, tool_call_parser=''))
+    assert '--enable-auto-tool-choice' not in argv and '--tool-call-parser' not in argv
+
+
+@pytest.mark.parametrize(
+    'settings, message',
+    [
+        (['serve'], 'vllm_serve_argv expects a mapping of settings, got list'),
+        (
+            dict((k, v) for k, v in SERVE_SETTINGS.items() if k != 'max_model_len'),
+            'vllm_serve_argv: settings missing max_model_len, unknown none',
+        ),
+        (dict(SERVE_SETTINGS, max_num_seq=8), 'vllm_serve_argv: settings missing none, unknown max_num_seq'),
+    ],
+)
+def test_vllm_serve_argv_refuses(settings, message):
+    with pytest.raises(AnsibleFilterError) as err:
+        vllm_serve_argv(settings)
+    assert str(err.value) == message
