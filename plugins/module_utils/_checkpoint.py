@@ -255,16 +255,22 @@ def auto_kv_cache_dtype(config: Config, hf_quant_config: Optional[Config]) -> tu
     return None, None
 
 
-def resolve_kv_cache_dtype(requested: str, model_path: Optional[str], config: Config) -> DtypeInfo:
+def resolve_kv_cache_dtype(
+    requested: str, model_path: Optional[str], config: Config, hf_quant_config: Optional[Config] = None
+) -> DtypeInfo:
     """The KV-cache dtype vLLM ends up with for ``--kv-cache-dtype requested``: auto_kv_cache_dtype's answer.
 
+    hf_quant_config.json is read from model_path; with model_path None, hf_quant_config is that file as read
+    elsewhere (from the Hub), or None where vLLM reads none.
     Returns (dtype, source, warning): where the dtype came from, and a warning or None. The
     warning says when a quantization config found only under text_config asks for a quantized
     KV cache that vLLM's auto resolution does not read.
     """
     if requested != 'auto':
         return requested, 'kv_cache_dtype %s as requested' % requested, None
-    dtype, source = auto_kv_cache_dtype(config, read_hf_quant_config(model_path, config))
+    if model_path is not None:
+        hf_quant_config = read_hf_quant_config(model_path, config)
+    dtype, source = auto_kv_cache_dtype(config, hf_quant_config)
     if dtype is not None:
         return dtype, 'kv_cache_dtype auto resolves to %s from %s, as in vLLM' % (dtype, source), None
     note = None

@@ -295,40 +295,19 @@ def _scan(model_path: str) -> Checkpoint:
 
 def _scan_with_index(model_path: str, index_path: str) -> Checkpoint:
     """The index says which shards make the model: report those missing or broken."""
-    ckpt = Checkpoint()
     index = read_json(index_path)
-    weight_map = index.get('weight_map')
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError('%s has no weight_map: not a safetensors index' % index_path)
-    meta = index.get('metadata')
-    if not isinstance(meta, dict):
-        meta = {}
-    if meta.get('total_size') is not None:
-        ckpt.index_total_size = _byte_count(meta['total_size'])
-        if ckpt.index_total_size is None:
-            raise CheckpointError(
-                '%s has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): %s'
-                % (index_path, _shown(meta['total_size']))
-            )
-    for tname, shard_name in weight_map.items():
-        if not isinstance(shard_name, str):
-            raise CheckpointError(
-                '%s maps tensor %s to %s, where a shard file name was expected'
-                % (index_path, tname, _shown(shard_name))
-            )
+    weight_map, total_size = index_entries(index, index_path)
     shard_names = sorted(set(weight_map.values()))
     present = [s for s in shard_names if os.path.exists(os.path.join(model_path, s))]
     if not present:
         # Planning before the download: the index alone.
-        if ckpt.index_total_size is None:
+        if total_size is None:
             raise CheckpointError(
                 '%s names %d shards, none present, and has no metadata.total_size' % (index_path, len(shard_names))
             )
-        ckpt.source = 'index'
-        ckpt.tensors = dict((name, None) for name in weight_map)
-        ckpt.total_bytes = ckpt.index_total_size
-        ckpt.missing = shard_names
-        return ckpt
+        return index_only(weight_map, total_size)
+    ckpt = Checkpoint()
+    ckpt.index_total_size = total_size
     for name in shard_names:
         path = os.path.join(model_path, name)
         if name not in present:
@@ -344,6 +323,49 @@ def _scan_with_index(model_path: str, index_path: str) -> Checkpoint:
     if (ckpt.missing or ckpt.problems) and ckpt.index_total_size:
         ckpt.total_bytes = max(ckpt.total_bytes, ckpt.index_total_size)
     return ckpt
+
+
+def index_entries(index: dict[str, Any], where: str) -> tuple[dict[str, str], Optional[int]]:
+    """({tensor: shard file}, metadata.total_size or None) of a weights index, read from a file or fetched from
+    elsewhere; ``where`` names its source in messages. Raises CheckpointError."""
+    weight_map = index.get('weight_map')
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError('%s has no weight_map: not a safetensors index' % where)
+    meta = index.get('metadata')
+    if not isinstance(meta, dict):
+        meta = {}
+    total_size = None
+    if meta.get('total_size') is not None:
+        total_size = _byte_count(meta['total_size'])
+        if total_size is None:
+            raise CheckpointError(
+                '%s has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): %s'
+                % (where, _shown(meta['total_size']))
+            )
+    for tname, shard_name in weight_map.items():
+        if not isinstance(shard_name, str):
+            raise CheckpointError(
+                '%s maps tensor %s to %s, where a shard file name was expected' % (where, tname, _shown(shard_name))
+            )
+    return weight_map, total_size
+
+
+def index_only(weight_map: dict[str, str], total_size: Optional[int]) -> Checkpoint:
+    """The checkpoint before its shards are there: the tensors the index names, unsized, every shard missing."""
+    ckpt = Checkpoint()
+    ckpt.index_total_size = total_size
+    ckpt.source = 'index'
+    ckpt.tensors = dict((name, None) for name in weight_map)
+    ckpt.total_bytes = total_size or 0
+    ckpt.missing = sorted(set(weight_map.values()))
+    return ckpt
+
+
+def has_weights(model_path: str) -> bool:
+    """Whether the directory holds a weights index or any *.safetensors file, something scan() plans from."""
+    if not os.path.isdir(model_path):
+        return False
+    return any(f == INDEX_NAME or f.endswith('.safetensors') for f in os.listdir(model_path))
 
 
 def _byte_count(value: Any) -> Optional[int]:

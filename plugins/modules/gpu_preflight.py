@@ -34,6 +34,10 @@ description:
     and a missing C(/dev/nvidia-uvm) (O(dev_path)). A GPU whose persistence mode is off (nvidia-smi's C(persistence_mode))
     is a warning."
   - The config is read from C(config.json), or its C(text_config) for multimodal checkpoints.
+  - "With O(hub) and no C(config.json) in O(model_path) (or no O(model_path) yet), everything the plan reads comes from
+    the Hub revision, in memory: C(config.json), C(hf_quant_config.json) where vLLM reads it, the weights index where
+    the revision has one, and the safetensors headers over byte ranges (RV(config_source=hub), RV(weights_source=hub)).
+    Nothing is written on the host, so the plan can come first, in check mode too."
 author:
   - llmserve.vllm contributors (@llmserve)
 extends_documentation_fragment:
@@ -44,6 +48,8 @@ options:
     description:
       - Directory of the Hugging Face checkpoint, holding C(config.json) and the safetensors shards or at least
         C(model.safetensors.index.json).
+      - "With O(hub), it may lack C(config.json) or not exist yet (the directory the checkpoint will be staged in): the
+        files missing from it are read from the Hub revision (RV(config_source)). It is never created."
     type: path
     required: true
   tensor_parallel_size:
@@ -213,6 +219,17 @@ options:
         (RV(weights_source=hub)).
       - Where the headers cannot be had (no network, a gated repository without O(hub.token)), a warning says why and
         the weights come from C(config.json)'s layout. The role passes its staged revision.
+      - "Where O(model_path) has no C(config.json) (or does not exist), the plan is made from the revision alone,
+        read into memory and written nowhere: C(config.json) and, where the revision has them, C(hf_quant_config.json)
+        (read when C(config.json) has no C(quantization_config), as vLLM does) and C(model.safetensors.index.json) from
+        C({endpoint}/{repo_id}/resolve/{revision}/{file}); the revision's files are listed by
+        C({endpoint}/api/models/{repo_id}/revision/{revision}?blobs=true). Without an index, every top-level
+        C(*.safetensors) file of the revision (a single C(model.safetensors)) is sized from its header over byte ranges.
+        Where O(model_path) has C(config.json) but neither the index nor a shard, the weights alone come from the Hub."
+      - "When C(config.json) cannot be had from the Hub, or the weights of a revision without an index, the module
+        fails naming the URL and the cause: a private or gated repository without O(hub.token) (set it), a token
+        refused, no such repository or revision (HTTP 404), or no answer. The token is sent to the endpoint only and
+        appears in no message or return value."
     type: dict
     suboptions:
       repo_id:
@@ -231,7 +248,8 @@ options:
         description: A token for gated or private repositories, sent to the endpoint only (not to the storage it redirects to).
         type: str
       timeout:
-        description: Seconds for each shard's two requests.
+        description:
+          - Seconds for each request to the Hub (each file, the list of files, each shard's two byte ranges together).
         type: int
         default: 30
   vllm_version:
@@ -312,6 +330,17 @@ EXAMPLES = r"""
     fail_on_misfit: false
     gpus: "{{ [{'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}] * 8 }}"
 
+- name: Plan from the Hub revision before anything of it is on the host
+  llmserve.vllm.gpu_preflight:
+    model_path: /srv/models/Kimi-K2.5-NVFP4/0123456789abcdef0123456789abcdef01234567
+    hub:
+      repo_id: nvidia/Kimi-K2.5-NVFP4
+      revision: 0123456789abcdef0123456789abcdef01234567
+      token: "{{ hf_token }}"
+    tensor_parallel_size: 8
+    max_model_len: 131072
+  check_mode: true
+
 - name: Size the KV cache of the CPU build of vLLM
   llmserve.vllm.gpu_preflight:
     model_path: /srv/models/tiny-chat
@@ -366,13 +395,23 @@ weights_margin_bytes_per_gpu:
 weights_source:
   description:
     - Where RV(weights_bytes_per_gpu) comes from. V(headers) (the shards' safetensors headers), V(hub) (before the
-      download, the shards' headers read from the Hub, O(hub)), V(config) (before the download, C(config.json)'s
-      dimensions for the tensors the index names), V(index) (the index's C(total_size) shared out, for a family the
-      layout does not model) or V(given) (O(weights_bytes_per_gpu)).
+      download, the headers of the index's shards or of a revision's single file, read from the Hub over byte ranges,
+      O(hub)), V(config) (before the download, C(config.json)'s dimensions for the tensors the index names), V(index)
+      (the index's C(total_size) shared out, for a family the layout does not model) or V(given)
+      (O(weights_bytes_per_gpu)).
   returned: always
   type: str
   choices: [headers, hub, config, index, given]
   sample: config
+config_source:
+  description:
+    - Where C(config.json) and C(hf_quant_config.json) came from, V(local) (O(model_path)) or V(hub) (read in memory
+      from the O(hub) revision, as O(model_path) has no C(config.json)). RV(weights_source) says where the weights'
+      sizes came from.
+  returned: success, and failures after the checkpoint's files were read
+  type: str
+  choices: [local, hub]
+  sample: hub
 reserve_bytes_per_gpu:
   description: The reserve for activations, non-torch memory and CUDA graphs that was used.
   returned: always
@@ -592,12 +631,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, nul_free_path
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
-    CheckpointError,
-    load_config,
-    read_hf_quant_config,
-    resolve_kv_cache_dtype,
-)
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, resolve_kv_cache_dtype
 from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
     AUTO_MAX_MODEL_LEN,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -613,7 +647,9 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import 
     process_name,
     shm_size,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import HeaderFetchError, fetch_headers
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_checkpoint import plan_inputs
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_files import HubFileError
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import HeaderFetchError
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import DEFAULT_ENDPOINT
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import DEFAULT_BLOCK_SIZE
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
@@ -628,7 +664,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import (
     query_persistence,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
 
 # Integer options and their least values (the optional ones are checked when given).
 INT_OPTIONS = (
@@ -747,36 +782,21 @@ def check_params(p):
     return next((e for e in errors if e), None)
 
 
-def model_path_error(path):
-    """The message when model_path is no directory, or None."""
+def model_path_error(path, hub):
+    """The message when model_path is no directory, or None; with hub, a directory still to be made is planned from
+    the Hub."""
     if not os.path.exists(path):
-        return 'model_path %s does not exist' % path
+        return None if hub else 'model_path %s does not exist' % path
     if not os.path.isdir(path):
         return 'model_path %s is not a directory' % path
     return None
 
 
-def size_from_hub(checkpoint, hub):
-    """Size the tensors of a checkpoint planned from its index alone from its shards' headers on the Hub; returns a
-    warning where they cannot be had (the plan then predicts the sizes), else None."""
-    if checkpoint is None or checkpoint.source != 'index' or not hub:
-        return None
-    try:
-        headers = fetch_headers(
-            hub['endpoint'], hub['repo_id'], hub['revision'], checkpoint.missing, hub['token'], hub['timeout']
-        )
-    except HeaderFetchError as exc:
-        return "the shards' headers could not be read from the Hub, so the weights are predicted: %s" % exc
-    for tensors in headers.values():
-        checkpoint.tensors.update(tensors)
-    checkpoint.source = 'hub'
-    return None
-
-
-def kv_cache_dtype_info(p, config):
+def kv_cache_dtype_info(p, inputs):
     """resolve_kv_cache_dtype's answer for the checkpoint as shipped."""
-    dtype_info = resolve_kv_cache_dtype(p['kv_cache_dtype'], p['model_path'], config)
-    if p['kv_cache_dtype'] == 'auto' and shipped_with_fp8_kv_cache(p['model_path']):
+    dtype_info = resolve_kv_cache_dtype(p['kv_cache_dtype'], None, inputs.config, inputs.hf_quant_config)
+    # A config from the Hub is as shipped; kv_cache_quant's record is beside a local one.
+    if p['kv_cache_dtype'] == 'auto' and inputs.config_source == 'local' and shipped_with_fp8_kv_cache(p['model_path']):
         # The decision concerns the checkpoint as shipped: judged from the stripped files,
         # a second run would restore the FP8 KV cache that the first one removed.
         dtype_info = (
@@ -865,27 +885,44 @@ def main():
         supports_check_mode=True,
     )
     p = dict(module.params)
-    error = check_params(p) or model_path_error(p['model_path'])
+    error = check_params(p) or model_path_error(p['model_path'], p['hub'])
     if error:
         module.fail_json(msg=error)
 
     result = dict(changed=False)
     apps = []
     try:
-        config = load_config(p['model_path'])
-        checkpoint = scan(p['model_path']) if p['weights_bytes_per_gpu'] is None else None
-        hub_warning = size_from_hub(checkpoint, p['hub'])
-        dtype_info = kv_cache_dtype_info(p, config)
+        inputs = plan_inputs(p['model_path'], p['hub'], p['weights_bytes_per_gpu'] is None)
+        result['config_source'] = inputs.config_source
+        dtype_info = kv_cache_dtype_info(p, inputs)
         gpus, apps = gpus_and_apps(module, p)
         measurements = p['measurements'] + recorded_measurements(p['measurements_dir'])
-        hf_quant_config = read_hf_quant_config(p['model_path'], config)
-        result.update(plan(p, config, checkpoint, gpus, apps, dtype_info, host_facts(p), measurements, hf_quant_config))
-    except (CheckpointError, command.CommandError, KvCacheQuantError, PreflightError) as exc:
+        result.update(
+            plan(
+                p,
+                inputs.config,
+                inputs.checkpoint,
+                gpus,
+                apps,
+                dtype_info,
+                host_facts(p),
+                measurements,
+                inputs.hf_quant_config,
+            )
+        )
+    except (
+        CheckpointError,
+        command.CommandError,
+        HeaderFetchError,
+        HubFileError,
+        KvCacheQuantError,
+        PreflightError,
+    ) as exc:
         module.fail_json(msg=str(exc), **result)
 
     # Ansible shows these and returns them as the registered result's warnings
     # (passing warnings= to exit_json is deprecated).
-    for text in ([hub_warning] if hub_warning else []) + result.pop('warnings'):
+    for text in inputs.warnings + result.pop('warnings'):
         module.warn(text)
     for g in result['gpus']:
         g['processes'] = [

@@ -442,3 +442,129 @@ def test_headers_the_hub_refuses_leave_the_prediction_and_say_why(staged, module
     (warning,) = [w for w in warning_texts(r) if 'Hub' in w]
     assert warning.startswith("the shards' headers could not be read from the Hub, so the weights are predicted: ")
     assert '401' in warning and 'wrong' not in warning
+
+
+# ---------------------------------------------------------------- nothing on the host yet: the plan from the Hub revision
+
+PLAN_FIGURES = (
+    'weights_bytes_total',
+    'weights_bytes_per_gpu',
+    'weights_margin_bytes_per_gpu',
+    'reserve_bytes_per_gpu',
+    'kv_cache_dtype',
+    'kv_cache_bytes_per_token',
+    'kv_cache_bytes',
+    'kv_cache_tokens',
+    'max_model_len',
+    'memory_key_id',
+)
+
+
+def test_an_indexed_revision_with_nothing_local_is_planned_as_with_its_files(tmp_path, staged, module_result):
+    """A model_path that does not exist yet: config, index and headers come from the Hub in memory, the plan equals
+    the plan of the downloaded checkpoint figure for figure, and nothing is created on the host."""
+    source, hub, server = staged[0], staged[2], staged[3]
+    absent = tmp_path / 'models' / 'org--tiny' / hub['revision']
+    args = dict(FIT, gpus=H200_PAIR)
+    rc, before = module_result('gpu_preflight', dict(args, model_path=str(absent), hub=dict(hub, token=HUB_TOKEN)))
+    assert rc == 0, before
+    assert (before['changed'], before['config_source'], before['weights_source']) == (False, 'hub', 'hub')
+    rc, after = module_result('gpu_preflight', dict(args, model_path=source))
+    assert rc == 0, after
+    assert (after['config_source'], after['weights_source']) == ('local', 'headers')
+    assert dict((k, before[k]) for k in PLAN_FIGURES) == dict((k, after[k]) for k in PLAN_FIGURES)
+    assert not (tmp_path / 'models').exists()
+    assert HUB_TOKEN not in json.dumps(before)
+    # The shards' headers only, never a whole shard.
+    shard_requests = [ranged for method, path, ranged in server.requests if path.endswith('.safetensors')]
+    assert len(shard_requests) == 4 and all(shard_requests)
+
+
+@pytest.fixture
+def single_file_hub(tmp_path, model):
+    """The model fixture's checkpoint (config.json and one model.safetensors, no index) on the fake Hub."""
+    from ansible_collections.llmserve.vllm.tools import fake_hub
+
+    commit = fake_hub.publish(str(tmp_path / 'hub'), 'org/single', model)
+    server = fake_hub.FakeHub(str(tmp_path / 'hub'), token=HUB_TOKEN).start()
+    yield dict(repo_id='org/single', revision=commit, endpoint=server.url)
+    server.stop()
+
+
+def test_a_single_file_revision_with_nothing_local_is_planned_from_its_header(
+    tmp_path, model, single_file_hub, module_result
+):
+    absent = tmp_path / 'rev'
+    args = dict(FIT, gpus=H200_PAIR)
+    rc, before = module_result(
+        'gpu_preflight', dict(args, model_path=str(absent), hub=dict(single_file_hub, token=HUB_TOKEN))
+    )
+    assert rc == 0, before
+    assert (before['config_source'], before['weights_source'], before['weights_bytes_total']) == ('hub', 'hub', 262144)
+    rc, after = module_result('gpu_preflight', dict(args, model_path=model))
+    assert rc == 0, after
+    assert dict((k, before[k]) for k in PLAN_FIGURES) == dict((k, after[k]) for k in PLAN_FIGURES)
+    assert not absent.exists()
+
+
+@pytest.mark.parametrize(
+    'hub, message',
+    [
+        (
+            dict(revision='0' * 40, token=HUB_TOKEN),
+            '{endpoint}/org/single/resolve/{revision}/config.json answered HTTP 404: no revision {revision} in '
+            'org/single (the Hub says: Invalid rev id: {revision})',
+        ),
+        (
+            dict(),
+            '{endpoint}/org/single/resolve/{revision}/config.json answered HTTP 401: the repository is private or '
+            'gated: set hub.token to a token that has access to org/single '
+            '(the Hub says: Invalid credentials in Authorization header)',
+        ),
+        (
+            dict(token='not-' + HUB_TOKEN),
+            '{endpoint}/org/single/resolve/{revision}/config.json answered HTTP 401: the token in hub.token was refused '
+            '(the Hub says: Invalid credentials in Authorization header)',
+        ),
+    ],
+    ids=['no-revision', 'gated-without-token', 'token-refused'],
+)
+def test_a_config_the_hub_does_not_give_fails_naming_url_and_cause(
+    tmp_path, single_file_hub, hub, message, module_result
+):
+    absent = tmp_path / 'rev'
+    option = dict(single_file_hub, **hub)
+    rc, r = module_result('gpu_preflight', dict(FIT, gpus=H200_PAIR, model_path=str(absent), hub=option))
+    assert (rc, r['msg']) == (1, message.format(**option))
+    assert HUB_TOKEN not in json.dumps(r)
+    assert not absent.exists()
+
+
+def test_without_hub_a_missing_model_path_is_still_refused(tmp_path, module_result):
+    rc, r = module_result('gpu_preflight', dict(FIT, gpus=H200_PAIR, model_path=str(tmp_path / 'rev')))
+    assert (rc, r['msg']) == (1, 'model_path %s does not exist' % (tmp_path / 'rev'))
+
+
+def test_the_hubs_hf_quant_config_decides_the_kv_cache_as_the_local_one_does(tmp_path, module_result):
+    from ansible_collections.llmserve.vllm.tools import fake_hub
+
+    model = tmp_path / 'mla'
+    model.mkdir()
+    (model / 'config.json').write_text(json.dumps(MLA_FP8))
+    (model / 'hf_quant_config.json').write_text(json.dumps(HF_QUANT_FP8))
+    commit = fake_hub.publish(str(tmp_path / 'hub'), 'org/mla', str(model))
+    server = fake_hub.FakeHub(str(tmp_path / 'hub')).start()
+    try:
+        args = dict(gpus=RTX, weights_bytes_per_gpu=GIB, kv_cache_memory_bytes=576 * 1024, max_model_len=512)
+        args.update(fp8_kv_cache_policy='keep', _ansible_check_mode=True)
+        hub = dict(repo_id='org/mla', revision=commit, endpoint=server.url)
+        rc, before = module_result('gpu_preflight', dict(args, model_path=str(tmp_path / 'rev'), hub=hub))
+    finally:
+        server.stop()
+    assert rc == 0, before
+    rc, after = module_result('gpu_preflight', dict(args, model_path=str(model)))
+    assert rc == 0, after
+    assert (before['config_source'], after['config_source']) == ('hub', 'local')
+    for key in ('kv_cache_dtype', 'kv_cache_dtype_source', 'kv_cache_bytes_per_token', 'strip_fp8_kv_cache'):
+        assert before[key] == after[key], key
+    assert before['kv_cache_dtype'] == 'fp8_e4m3'
