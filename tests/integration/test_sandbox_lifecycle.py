@@ -5,7 +5,9 @@
 
 Needs root, debootstrap and systemd-nspawn; the Debian tree is built once
 (about a minute) and cached under .cache/sandbox, then a boot takes seconds.
-No vLLM here: the molecule scenario deploys one.
+No vLLM here: the molecule scenario deploys one. A deploy whose context does not
+fit runs here, on a host the role has never touched: it stops in the preflight,
+and the host is as it was.
 """
 
 import json
@@ -13,15 +15,34 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 
 import pytest
+import yaml
+
+from ansible_collections.llmserve.vllm.tools import fake_hub
+
+# The sandbox scenarios' helpers (deploy with every task's result recorded) sit beside their tests.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sandbox'))
+from sandbox_helpers import SANDBOX_VARS, Sandbox, first_failure  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 TOOL = os.path.join(REPO, 'tools', 'sandbox')
 NAME = 'sandbox-lifecycle'
 SSH_PORT = 2271
-EXTRA_PORT = 8051
+EXTRA_PORT = 8071
 SANDBOX_DIR = os.path.join(REPO, '.cache', 'sandbox', NAME)
+VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
+PREFLIGHT_TASK = 'Check GPUs, weights and KV cache against the requested context'
+# MLA: (512 + 64) x 2 B x 3 layers = 3456 B/token; the sandbox inventory's 13.5 MiB of KV cache hold 4096 tokens.
+MISFIT_MAX_MODEL_LEN = 8192
+# What the role's first phases would leave on a host: the service user and group, its directories, root's records,
+# the releases, the staged revisions, the environment files, the unit and the helper programs.
+TOUCHED_BY_A_DEPLOY = (
+    'getent passwd vllm; getent group vllm; '
+    'ls -d /var/lib/vllm-kimi /var/lib/llmserve-vllm /opt/vllm-kimi /srv/hub/tiny-kimi /etc/vllm-kimi '
+    '/etc/systemd/system/vllm-kimi.service /usr/local/libexec/llmserve-* 2>&1; sha256sum /etc/passwd /etc/group'
+)
 
 pytestmark = [
     pytest.mark.sandbox,
@@ -136,6 +157,91 @@ def test_host_ca_bundle_and_pip_settings_are_carried_in(booted):
 
 def test_models_are_copied_in(booted):
     assert ssh('cat /srv/models/tiny-chat/config.json').stdout == b'{"model_type": "llama"}\n'
+
+
+@pytest.fixture(scope='module')
+def misfit_on_a_new_host(booted, tmp_path_factory):
+    """The sandbox inventory's deploy, tiny-kimi staged from a fake Hub, with a context its KV cache cannot hold."""
+    made = subprocess.run(
+        [
+            VLLM_PYTHON,
+            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
+            '--out',
+            os.path.join(REPO, '.cache', 'models'),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        check=True,
+        timeout=1800,
+    )
+    tiny_kimi = os.path.join(made.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-kimi')
+    with open(SANDBOX_VARS) as f:
+        sandbox_vars = yaml.safe_load(f)
+    root = str(tmp_path_factory.mktemp('hub'))
+    commit = fake_hub.publish(root, 'llmserve/tiny-kimi', tiny_kimi, commit=sandbox_vars['vllm_kimi_model_revision'])
+    inventory = tmp_path_factory.mktemp('inventory')
+    os.symlink(os.path.dirname(SANDBOX_VARS), str(inventory / 'group_vars'))
+    (inventory / 'hosts.yml').write_text(
+        json.dumps(
+            {
+                'vllm': {
+                    'hosts': {
+                        NAME: {
+                            'ansible_host': '127.0.0.1',
+                            'ansible_port': SSH_PORT,
+                            'ansible_user': 'root',
+                            'ansible_ssh_private_key_file': os.path.join(SANDBOX_DIR, 'id_ed25519'),
+                            'ansible_ssh_common_args': '-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes '
+                            '-o IdentitiesOnly=yes' % os.path.join(SANDBOX_DIR, 'known_hosts'),
+                            'vllm_kimi_port': EXTRA_PORT,
+                        }
+                    }
+                }
+            }
+        )
+    )
+    sandbox = Sandbox(str(inventory / 'hosts.yml'))
+    before = ssh(TOUCHED_BY_A_DEPLOY).stdout.decode()
+    hub = fake_hub.FakeHub(root).start()
+    try:
+        rc, output, report = sandbox.deploy(
+            '-e',
+            'vllm_kimi_hf_endpoint=%s' % hub.url,
+            '-e',
+            'vllm_kimi_model_revision=%s' % commit,
+            '-e',
+            'vllm_kimi_max_model_len=%d' % MISFIT_MAX_MODEL_LEN,
+        )
+    finally:
+        hub.stop()
+    return {
+        'rc': rc,
+        'output': output,
+        'report': report,
+        'before': before,
+        'after': ssh(TOUCHED_BY_A_DEPLOY).stdout.decode(),
+    }
+
+
+def test_a_misfit_context_on_a_new_host_stops_in_the_preflight(misfit_on_a_new_host):
+    run = misfit_on_a_new_host
+    name, result = first_failure(run['report'], NAME)
+    assert run['rc'] == 2, run['output'][-3000:]
+    assert name == PREFLIGHT_TASK, result
+    assert str(MISFIT_MAX_MODEL_LEN) in result['msg'], result['msg']
+    # Planned from the Hub: the revision's files were read there, not fetched onto the host.
+    assert result['weights_source'] == 'hub', result
+
+
+def test_a_misfit_context_on_a_new_host_changes_nothing_there(misfit_on_a_new_host):
+    run = misfit_on_a_new_host
+    assert run['report']['stats'][NAME]['changed'] == 0
+    assert [e['task'] for e in run['report']['tasks'] if e['status'] == 'changed'] == []
+    # Nothing of what a deploy leaves is there, before or after.
+    assert 'vllm' not in run['before'].split(':', 1)[0]
+    assert run['after'] == run['before']
+    for path in ('/var/lib/vllm-kimi', '/opt/vllm-kimi', '/srv/hub/tiny-kimi', '/etc/systemd/system/vllm-kimi.service'):
+        assert '%s: No such file or directory' % path in run['after'], run['after']
 
 
 def test_destroy_leaves_no_process_mount_port_or_directory(booted):

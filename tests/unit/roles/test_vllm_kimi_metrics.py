@@ -64,7 +64,7 @@ def render(tmp_path, case):
         '_metrics_gate': case['gate'],
         '_metrics_serving': case['serving'],
         '_metrics_perf': case['perf'],
-        '__vllm_kimi_rollbacks': case['rollbacks'],
+        '_metrics_rollbacks': case['rollbacks'],
     }
     rc, output = run_local_play(
         tmp_path, [{'ansible.builtin.template': {'src': TEMPLATE, 'dest': str(out), 'mode': '0644'}}], rendered
