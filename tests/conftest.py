@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from ansible_collections.llmserve.vllm.tests import support
+from ansible_collections.llmserve.vllm.tests.fake_openai import FakeOpenAI
 
 
 @pytest.fixture(scope='session')
@@ -21,6 +22,21 @@ def repo():
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     return support.free_port()
+
+
+@pytest.fixture
+def fake_openai():
+    """fake_openai(routes, port=0) -> a FakeOpenAI server (tests/fake_openai.py) for this test, closed when it
+    ends."""
+    started = []
+
+    def start(routes, port=0):
+        started.append(FakeOpenAI(routes, port))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()
 
 
 @pytest.fixture

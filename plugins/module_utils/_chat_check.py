@@ -7,19 +7,17 @@
 PRIVATE to the collection: this is not a public API and may change at any time.
 Only the modules of llmserve.vllm may import it.
 
-Everything that decides something lives here and takes its effects as
-arguments (an HTTP function, a clock, a sleep, a unit probe, a journal
-reader), so the unit tests can drive the whole wait without a server, a
-systemd or real time.
+The wait and its verdicts live here; what it reads lives beside it: the
+server's answers in _openai, the unit's state in _systemd, its journal in
+_journal. The wait takes its effects as arguments (an HTTP function, a clock,
+a sleep, a unit probe, a journal reader), so the unit tests can drive the
+whole of it without a server, a systemd or real time.
 """
 
-import json
 import re
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, NoReturn, Optional
-
-from ansible.module_utils.common.text.converters import to_text
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
@@ -30,8 +28,33 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     format_seconds,
     quote,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import LINE_PATTERNS as FIGURE_PATTERNS
+from ansible_collections.llmserve.vllm.plugins.module_utils._journal import (
+    DEFAULT_JOURNAL_LINES,
+    JOURNAL_SCAN_LINES,
+    explaining_lines,
+    journal_lines,
+    progress_lines,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
+    DEFAULT_FORBIDDEN_MARKUP,
+    answer_matches,
+    error_message,
+    expect_problem,
+    extra_body_problem,
+    judge_tool_calls,
+    markup_problem,
+    parse_chat,
+    parse_models,
+    tool_call_problem,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import startup_figures
+from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+    UNIT_PROBE_SECONDS,
+    UnitUnreadable,
+    describe_unit,
+    judge_unit,
+    unit_number,
+)
 
 DEFAULT_PROMPT = 'What is the capital of France?'
 DEFAULT_EXPECT = '(?i)paris'
@@ -40,8 +63,6 @@ DEFAULT_TIMEOUT = 2700
 DEFAULT_INTERVAL = 2.0
 MAX_INTERVAL = 2.0
 DEFAULT_REQUEST_TIMEOUT = 30
-# A day: longer than any load, short enough for every timer and clock sum.
-DEFAULT_JOURNAL_LINES = 20
 DEFAULT_MAX_RESTARTS = 1
 # Seconds without a new journal line of the unit and without a 200 from /health or /v1/models after which a start counts as
 # stalled; 0 turns the check off. vLLM logs every shard it loads (its bar format ends each update with a newline),
@@ -51,113 +72,14 @@ DEFAULT_STALL_TIMEOUT = 900
 # How often the journal is read for the stall check, and how many of its last lines are compared and quoted.
 STALL_READ_SECONDS = 10
 STALL_TAIL_LINES = 5
-# How far back the journal is read to explain a failure.
-JOURNAL_SCAN_LINES = 2000
-# Progress lists are capped so a long load cannot flood the result.
-MAX_PROGRESS_LINES = 50
 # The most of an answer that is read, in bytes, so that no server can fill the memory or the result.
 MAX_HEALTH_BYTES = 64 * 1024
 MAX_MODELS_BYTES = 1024 * 1024
 MAX_CHAT_BYTES = 4 * 1024 * 1024
-# The most of an answer (its content or reasoning) that is judged and returned, in characters: the end,
-# where a long answer reaches its conclusion. Python's re has no timeout and some expressions take time
-# quadratic in the text (.*paris); on this length they take well under a second.
-MAX_ANSWER_CHARS = 32768
 # Seconds `expect` may take on the answer; more means backtracking without end, as (a+)+$ does.
 MATCH_SECONDS = 5
-# Seconds one `systemctl show` may take (bounded by what is left of the wait), and one journalctl.
-UNIT_PROBE_SECONDS = 10
-JOURNAL_SECONDS = 5
-# JOURNAL_SCAN_LINES lines of a few hundred bytes; a journalctl that prints more is cut off.
-MAX_JOURNAL_BYTES = 4 * 1024 * 1024
 # Most of a reasoning text's end quoted in a message, where a thought that never ended stopped.
 MAX_REASONING_QUOTE = 200
-
-# Markup that a reasoning or tool-call parser takes out of the content: Kimi-K2.5's thinking tags and
-# tool-call tokens. Left in the content, the server serves the model without its parser (or a template
-# or tokenizer change broke the split), and clients see the model's raw output.
-DEFAULT_FORBIDDEN_MARKUP = (
-    '<think>',
-    '</think>',
-    '<|tool_calls_section_begin|>',
-    '<|tool_calls_section_end|>',
-    '<|tool_call_begin|>',
-    '<|tool_call_argument_begin|>',
-    '<|tool_call_end|>',
-)
-# Request fields the checks set or rely on, which extra_body may not set: the model and the question,
-# one non-streamed choice, the length the messages cite, the tools of the tool gate, the reasoning the
-# thinking check reads, and echo (vLLM then puts the prompt into the content).
-RESERVED_REQUEST_KEYS = (
-    'model',
-    'messages',
-    'stream',
-    'stream_options',
-    'n',
-    'max_tokens',
-    'max_completion_tokens',
-    'tools',
-    'tool_choice',
-    'functions',
-    'function_call',
-    'include_reasoning',
-    'echo',
-)
-ARGUMENTS_MATCHES = ('subset', 'exact')
-
-UNIT_PROPERTIES = (
-    'LoadState',
-    'ActiveState',
-    'SubState',
-    'Result',
-    'NRestarts',
-    'ExecMainStatus',
-    'ExecMainStartTimestampMonotonic',
-    'InvocationID',
-)
-
-# Lines of a unit's journal that explain why vLLM did not come up.
-_EXPLAIN_PATTERNS = [
-    re.compile(p)
-    for p in (
-        r'estimated maximum model length',
-        r'(?i)out of memory',
-        r'(?i)\boom[- ]kill',
-        # The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...".
-        r'(?:^|[\s\]:)])(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)',
-        # argparse refusing the command line: "api_server.py: error: unrecognized arguments: --x".
-        r'^[\w.\- ]+: error: ',
-        # systemd's own account of the unit.
-        r'Main process exited',
-        r'Failed with result',
-        r'Start request repeated too quickly',
-        r'restart counter is at',
-    )
-]
-
-# Lines that tell how far loading has come.
-_PROGRESS_PATTERNS = [
-    re.compile(p)
-    for p in (
-        r'Starting to load model',
-        r'Loading safetensors checkpoint shards',
-        r'Loading weights took',
-        r'Model loading took',
-        r'KV cache size:',
-        r'Maximum concurrency for',
-        r'Capturing CUDA graphs',
-        r'Graph capturing finished',
-        r'init engine \(profile, create kv cache, warmup model\) took',
-        r'Starting vLLM (?:API )?server',
-        r'Application startup complete',
-    )
-] + FIGURE_PATTERNS
-# Progress bars: each update is a line of its own; consecutive updates of one bar keep only the latest.
-_PROGRESS_BARS = [re.compile(r'Loading safetensors checkpoint shards'), re.compile(r'Capturing CUDA graphs')]
-_LOG_PREFIX = re.compile(
-    r'^\s*(?:\([^)]*\)\s+)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+'
-    r'\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?)?'
-)
 
 
 class CheckFailed(Exception):
@@ -169,318 +91,11 @@ class CheckFailed(Exception):
         self.details = details
 
 
-def expect_problem(expect: str) -> Optional[str]:
-    """Why expect cannot judge an answer, or None."""
-    try:
-        pattern = re.compile(expect)
-    except re.error as exc:
-        return "expect '%s' is not a valid regular expression: %s" % (expect, exc)
-    if pattern.search('') is not None:
-        return (
-            "expect '%s' matches an empty answer, so it cannot tell an answer from none; give text that the "
-            'right answer must contain' % expect
-        )
-    return None
-
-
-def extra_body_problem(extra_body: dict[str, Any]) -> Optional[str]:
-    """Why extra_body cannot be merged into the check's requests, or None."""
-    reserved = [key for key in RESERVED_REQUEST_KEYS if key in extra_body]
-    if reserved:
-        return (
-            'extra_body sets %s, which the check sets or relies on itself; use the options model, prompt, '
-            'max_tokens and tool_call instead' % ', '.join(reserved)
-        )
-    return None
-
-
-def markup_problem(markup: list[str]) -> Optional[str]:
-    """Why forbidden_markup cannot judge a content, or None."""
-    for position, token in enumerate(markup, 1):
-        if not isinstance(token, str) or not token:
-            return 'forbidden_markup has an empty entry at position %d; every content contains it' % position
-    return None
-
-
-def tool_call_problem(tool_call: Optional[dict[str, Any]]) -> Optional[str]:
-    """Why tool_call cannot be the tool gate, or None."""
-    if tool_call is None:
-        return None
-    tool = tool_call.get('tool')
-    function = tool.get('function') if isinstance(tool, dict) else None
-    if (
-        not isinstance(tool, dict)
-        or tool.get('type') != 'function'
-        or not isinstance(function, dict)
-        or not isinstance(function.get('name'), str)
-        or not function['name']
-    ):
-        return (
-            'tool_call.tool must be an OpenAI tools entry, {"type": "function", "function": {"name": ..., '
-            '"parameters": ...}}, got %s' % quote(_json(tool), 200)
-        )
-    name = tool_call.get('name')
-    if name is not None and name != function['name']:
-        return "tool_call.name '%s' is not the name of the function that tool_call.tool offers ('%s')" % (
-            name,
-            function['name'],
-        )
-    if not isinstance(tool_call.get('prompt'), str) or not tool_call['prompt'].strip():
-        return 'tool_call.prompt must be a question that the tool answers'
-    if not isinstance(tool_call.get('arguments') or {}, dict):
-        return 'tool_call.arguments must be a JSON object, got %s' % quote(_json(tool_call['arguments']), 200)
-    if tool_call.get('arguments_match', 'subset') not in ARGUMENTS_MATCHES:
-        return 'tool_call.arguments_match must be one of %s, got %s' % (
-            ', '.join(ARGUMENTS_MATCHES),
-            tool_call['arguments_match'],
-        )
-    return None
-
-
-def _json(value: Any) -> str:
-    """value as compact JSON for a message, or its repr when it is no JSON."""
-    try:
-        return json.dumps(value, sort_keys=True)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
 def quote_end(text: str, limit: int = MAX_REASONING_QUOTE) -> str:
     """The end of text for a message, marked '...' where its beginning was cut."""
     if len(text) > limit:
         return '...' + text[-limit:]
     return text
-
-
-def parse_unit_show(text: Any) -> dict[str, str]:
-    """Parse `systemctl show -p A,B unit` output into a dict of strings."""
-    state = {}
-    for line in to_text(text).splitlines():
-        key, sep, value = line.partition('=')
-        if sep:
-            state[key.strip()] = value.strip()
-    return state
-
-
-def _int(value: Any, default: int = 0) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def describe_unit(state: dict[str, str]) -> str:
-    """One parenthesis that tells the unit's state, e.g. '(ActiveState=failed, ...)'."""
-    parts = []
-    for key in ('ActiveState', 'SubState', 'Result', 'ExecMainStatus', 'NRestarts'):
-        if state.get(key, '') != '':
-            parts.append('%s=%s' % (key, state[key]))
-    return '(%s)' % ', '.join(parts)
-
-
-def judge_unit(unit: str, state: dict[str, str], baseline_restarts: int, max_restarts: int) -> Optional[str]:
-    """Decide whether waiting on a unit still makes sense.
-
-    Returns None while the unit may still come up, otherwise the reason to
-    stop waiting at once.  The rule:
-      - the unit is not loaded (no such unit) -> stop;
-      - ActiveState is failed -> stop (crashed, or StartLimit reached);
-      - ActiveState is inactive -> stop (stopped, or never started);
-      - NRestarts grew by more than max_restarts since the wait began -> stop:
-        systemd keeps restarting a crashing service (a restart loop).
-    activating, deactivating, reloading and active keep the wait going, and
-    so does a restart count within max_restarts: one restart after a crash or
-    a deliberate kill -9 is what Restart= is for.
-    """
-    load = state.get('LoadState', '')
-    active = state.get('ActiveState', '')
-    if load and load not in ('loaded',):
-        return 'The unit %s is not loaded (LoadState=%s)' % (unit, load)
-    if active == 'failed':
-        return 'The unit %s failed %s' % (unit, describe_unit(state))
-    if active == 'inactive':
-        return 'The unit %s is not running %s' % (unit, describe_unit(state))
-    restarts = _int(state.get('NRestarts')) - baseline_restarts
-    if restarts > max_restarts:
-        return (
-            'The unit %s is in a restart loop: systemd restarted it %d times while waiting '
-            '(more than max_restarts=%d) %s' % (unit, restarts, max_restarts, describe_unit(state))
-        )
-    return None
-
-
-def journal_lines(text: Any) -> list[str]:
-    """Split journal text into lines; a carriage return (progress bars) also ends a line."""
-    lines = []
-    for line in to_text(text).splitlines():
-        for part in line.split('\r'):
-            part = part.rstrip()
-            if part.strip():
-                lines.append(part)
-    return lines
-
-
-def strip_log_prefix(line: str) -> str:
-    """Drop vLLM's log prefix: '(EngineCore pid=7) ERROR 11-30 03:50:07 [core.py:1510] '."""
-    return _LOG_PREFIX.sub('', line, count=1).strip()
-
-
-def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> list[str]:
-    """Pick the journal lines that explain a failure: the last `limit`, each once.
-
-    vLLM logs a failure twice (the engine process, then the API server), with
-    and without its log prefix; lines are compared and quoted without it.
-    """
-    picked: list[str] = []
-    for line in lines:
-        if any(p.search(line) for p in _EXPLAIN_PATTERNS):
-            line = strip_log_prefix(line)
-            if line in picked:
-                picked.remove(line)
-            picked.append(line)
-    if limit <= 0:
-        return []
-    return picked[-limit:]
-
-
-def progress_lines(lines: list[str], limit: int = MAX_PROGRESS_LINES) -> list[str]:
-    """Pick the loading-progress lines; consecutive updates of one progress bar keep only the latest."""
-    picked: list[str] = []
-    for line in lines:
-        if not any(p.search(line) for p in _PROGRESS_PATTERNS):
-            continue
-        line = strip_log_prefix(line)
-        if picked and any(shown.search(line) and shown.search(picked[-1]) for shown in _PROGRESS_BARS):
-            picked[-1] = line
-        else:
-            picked.append(line)
-    return picked[-limit:]
-
-
-def parse_json(text: str) -> tuple[Any, Optional[str]]:
-    """Parse a JSON body; return (value, None) or (None, reason)."""
-    try:
-        return json.loads(text), None
-    except ValueError as exc:
-        return None, 'a body that is not JSON (%s): %s' % (to_text(exc), quote(text, 200))
-    except RecursionError:
-        return None, 'a body that is not JSON (nested too deeply): %s' % quote(text, 200)
-
-
-def parse_models(text: str) -> list[str]:
-    """Return the model ids that /v1/models lists, or raise ValueError with the reason."""
-    doc, error = parse_json(text)
-    if error:
-        raise ValueError(error)
-    data = doc.get('data') if isinstance(doc, dict) else None
-    if not isinstance(data, list):
-        raise ValueError('a body without a "data" list: %s' % quote(text, 200))
-    return [
-        entry['id'] for entry in data if isinstance(entry, dict) and isinstance(entry.get('id'), str) and entry['id']
-    ]
-
-
-def error_message(text: str) -> str:
-    """The message of an OpenAI-style error body, else the body itself (shortened)."""
-    doc, error = parse_json(text)
-    if not error and isinstance(doc, dict):
-        err = doc.get('error', doc)
-        if isinstance(err, dict) and err.get('message'):
-            return quote(err['message'], 300)
-        if isinstance(err, str):
-            return quote(err, 300)
-        if doc.get('detail'):
-            return quote(to_text(doc['detail']), 300)
-    return quote(text, 300)
-
-
-def parse_chat(text: str) -> dict[str, Any]:
-    """Read one chat completion.
-
-    Returns a dict with answer (the content, '' when there is none), content,
-    reasoning (vLLM's `reasoning`, formerly `reasoning_content`), tool_calls
-    (each with id, name and arguments as the server sent them), finish_reason
-    and completion_tokens. Content and reasoning keep their last
-    MAX_ANSWER_CHARS characters.
-    Raises ValueError when the body is not a chat completion.
-    """
-    doc, error = parse_json(text)
-    if error:
-        raise ValueError(error)
-    choices = doc.get('choices') if isinstance(doc, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ValueError('a body without choices: %s' % quote(text, 200))
-    choice = choices[0]
-    message = choice.get('message') or {}
-    if not isinstance(message, dict):
-        raise ValueError('a choice without a message: %s' % quote(text, 200))
-    content = message.get('content')
-    reasoning = message.get('reasoning')
-    if reasoning is None:
-        reasoning = message.get('reasoning_content')
-    for name, value in (('content', content), ('reasoning', reasoning)):
-        if value is not None and not isinstance(value, str):
-            raise ValueError('a message whose %s is not text: %s' % (name, quote(text, 200)))
-    content = _answer_end(content)
-    reasoning = _answer_end(reasoning)
-    usage = doc.get('usage') if isinstance(doc.get('usage'), dict) else {}
-    tokens = usage.get('completion_tokens')
-    finish_reason = choice.get('finish_reason')
-    return {
-        'answer': content or '',
-        'content': content,
-        'reasoning': reasoning,
-        'tool_calls': parse_tool_calls(message.get('tool_calls'), text),
-        'finish_reason': finish_reason if isinstance(finish_reason, str) else None,
-        'completion_tokens': _count(tokens),
-    }
-
-
-def parse_tool_calls(calls: Any, text: str) -> list[dict[str, Any]]:
-    """The tool calls of a message as [{'id', 'name', 'arguments'}]; the arguments stay the server's text.
-
-    vLLM leaves tool_calls out when there are none. Raises ValueError for calls of the wrong shape.
-    """
-    if calls is None:
-        return []
-    parsed = []
-    if isinstance(calls, list):
-        for call in calls:
-            function = call.get('function') if isinstance(call, dict) else None
-            if not isinstance(function, dict):
-                break
-            name, arguments, call_id = function.get('name'), function.get('arguments'), call.get('id')
-            if (
-                not isinstance(name, str)
-                or not isinstance(arguments, str)
-                or not isinstance(call_id, (str, type(None)))
-            ):
-                break
-            parsed.append({'id': call_id, 'name': name, 'arguments': arguments[-MAX_ANSWER_CHARS:]})
-        else:
-            return parsed
-    raise ValueError(
-        'a message whose tool_calls are not calls of a function by name with text arguments: %s' % quote(text, 200)
-    )
-
-
-def _count(value: Any) -> Optional[int]:
-    """value when it is a count, else None: an int (a bool is one to Python) that is not negative."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-def _answer_end(text: Optional[str]) -> Optional[str]:
-    """The last MAX_ANSWER_CHARS characters of text, which the check judges and returns."""
-    if text is None:
-        return None
-    return text[-MAX_ANSWER_CHARS:]
-
-
-def answer_matches(expect: str, answer: Optional[str]) -> bool:
-    """True when the regular expression finds a match anywhere in the answer."""
-    return re.search(expect, answer or '') is not None
 
 
 def unauthorized_message(what: str, status: int, url: str, api_key_set: bool) -> str:
@@ -497,7 +112,7 @@ class ChatCheck:
     http(method, path, payload, timeout, limit) -> (status, text), raising
     Unreachable, or TooLarge for a body of more than limit bytes.
     probe_unit(timeout) -> dict of unit properties (only when unit is set),
-    raising CheckFailed when systemd does not answer within timeout seconds.
+    raising UnitUnreadable when systemd does not answer within timeout seconds.
     read_journal(since=None, lines=None, invocation=None) -> text of the unit's journal (from since, epoch
     seconds; its last lines only; only the run with that systemd invocation ID).
     clock() -> seconds on CLOCK_MONOTONIC (time.monotonic on Linux, the clock of
@@ -601,7 +216,7 @@ class ChatCheck:
     def _restarts(self) -> int:
         if self.baseline_restarts is None:
             return 0
-        return max(0, _int(self.unit_state.get('NRestarts')) - self.baseline_restarts)
+        return max(0, unit_number(self.unit_state, 'NRestarts') - self.baseline_restarts)
 
     def _journal(self, **kwargs: Any) -> list[str]:
         if not self.read_journal:
@@ -615,7 +230,7 @@ class ChatCheck:
 
     def _main_start_epoch(self) -> Optional[int]:
         """When the unit's main process last started (epoch seconds), or None."""
-        started = _int(self.unit_state.get('ExecMainStartTimestampMonotonic'))
+        started = unit_number(self.unit_state, 'ExecMainStartTimestampMonotonic')
         if started <= 0:
             return None
         return int(self.epoch() - (self.clock() - started / 1e6))
@@ -653,10 +268,10 @@ class ChatCheck:
             return  # no unit to watch
         try:
             self.unit_state = probe(max(1.0, min(UNIT_PROBE_SECONDS, self._remaining())))
-        except CheckFailed as exc:
+        except UnitUnreadable as exc:
             self._fail(exc.msg)
         if self.baseline_restarts is None:
-            self.baseline_restarts = _int(self.unit_state.get('NRestarts'))
+            self.baseline_restarts = unit_number(self.unit_state, 'NRestarts')
         reason = judge_unit(unit, self.unit_state, self.baseline_restarts, self.max_restarts)
         if reason:
             self._fail(
@@ -1006,54 +621,3 @@ class ChatCheck:
         if msg:
             raise CheckFailed(msg, **result)
         return result
-
-
-def judge_tool_calls(
-    calls: list[dict[str, Any]], name: str, expected: dict[str, Any], exact: bool
-) -> tuple[Optional[dict[str, Any]], Optional[str]]:
-    """(the arguments of the first call of name that match, None) or (None, what is wrong, after 'The answer ...')."""
-    if not calls:
-        return None, 'has no tool call, where it should call %s' % name
-    named = [call for call in calls if call['name'] == name]
-    if not named:
-        return None, 'called %s, not %s' % (', '.join(call['name'] for call in calls), name)
-    problems = []
-    for call in named:
-        try:
-            arguments = json.loads(call['arguments'])
-        except ValueError as exc:
-            problems.append("with arguments that are not JSON (%s): '%s'" % (to_text(exc), quote(call['arguments'])))
-            continue
-        except RecursionError:
-            problems.append("with arguments that are not JSON (nested too deeply): '%s'" % quote(call['arguments']))
-            continue
-        if not isinstance(arguments, dict):
-            problems.append("with arguments that are not a JSON object: '%s'" % quote(call['arguments']))
-        elif not arguments_match(arguments, expected, exact):
-            problems.append(
-                "with arguments '%s', which %s %s"
-                % (quote(call['arguments']), 'are not exactly' if exact else 'do not contain', quote(_json(expected)))
-            )
-        else:
-            return arguments, None
-    return None, 'called %s %s' % (name, problems[0])
-
-
-def arguments_match(arguments: dict[str, Any], expected: dict[str, Any], exact: bool) -> bool:
-    """Whether the call's arguments hold every expected key with an equal value (and no other key when exact)."""
-    if exact and set(arguments) != set(expected):
-        return False
-    return all(key in arguments and same_json(arguments[key], value) for key, value in expected.items())
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """Equality of JSON values as JSON means it: true is not 1, 1 is 1.0, objects and arrays compare whole."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return set(a) == set(b) and all(same_json(a[key], b[key]) for key in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b

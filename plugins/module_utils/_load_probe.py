@@ -29,7 +29,6 @@ from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import error_message
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     describe_unreachable,
     endpoint_context,
@@ -37,6 +36,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     open_endpoint,
     read_body,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._openai import error_message
 
 DEFAULT_PROMPT = 'Write a long story about a lighthouse keeper and the sea.'
 DEFAULT_MAX_TOKENS = 128

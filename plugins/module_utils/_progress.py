@@ -16,13 +16,13 @@ import json
 import re
 from typing import Any, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import progress_lines, strip_log_prefix
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
+from ansible_collections.llmserve.vllm.plugins.module_utils._journal import progress_lines, strip_log_prefix
 
 # What a start shows before vLLM logs any progress line: the unit's last line, cut to this many characters.
 MAX_LAST_LINE_CHARS = 100
 
-# vLLM's progress lines, the latest of which names the phase (chat_check's progress_lines picks them).
+# vLLM's progress lines, the latest of which names the phase (_journal's progress_lines picks them).
 _START_PHASES = [
     (re.compile(r'Starting to load model'), 'loading the model'),
     (re.compile(r'Loading safetensors checkpoint shards:.*?(\d+)/(\d+)'), 'loading weights: shard {0} of {1}'),

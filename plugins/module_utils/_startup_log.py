@@ -50,7 +50,7 @@ _FIGURES: list[tuple[str, Any, Callable[[list[float]], float]]] = [
 ]
 _DEVICE = re.compile(r'\b(GPU|CPU) KV cache size:')
 _INTEGERS = ('kv_tokens', 'gpu_blocks')
-# Lines that carry a figure, for a reader that keeps only some lines (chat_check's progress lines).
+# Lines that carry a figure, for a reader that keeps only some lines (_journal's progress_lines).
 LINE_PATTERNS = [pattern for _figure, pattern, _combine in _FIGURES]
 
 

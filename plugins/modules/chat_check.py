@@ -511,9 +511,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_EXPECT,
-    DEFAULT_FORBIDDEN_MARKUP,
     DEFAULT_INTERVAL,
-    DEFAULT_JOURNAL_LINES,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_PROMPT,
@@ -523,9 +521,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     MAX_INTERVAL,
     ChatCheck,
     CheckFailed,
-    extra_body_problem,
-    markup_problem,
-    tool_call_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
@@ -533,6 +528,13 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     hide_url_password,
     make_transport,
     url_problem,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils._journal import DEFAULT_JOURNAL_LINES
+from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
+    DEFAULT_FORBIDDEN_MARKUP,
+    extra_body_problem,
+    markup_problem,
+    tool_call_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import journal_reader, unit_probe
 

@@ -186,19 +186,19 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
-    JOURNAL_SCAN_LINES,
-    UNIT_PROBE_SECONDS,
-    CheckFailed,
-    journal_lines,
-)
+from ansible_collections.llmserve.vllm.plugins.module_utils._journal import JOURNAL_SCAN_LINES, journal_lines
 from ansible_collections.llmserve.vllm.plugins.module_utils._progress import (
     download_report,
     format_duration,
     job_finished,
     start_report,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import journal_reader, unit_probe
+from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+    UNIT_PROBE_SECONDS,
+    UnitUnreadable,
+    journal_reader,
+    unit_probe,
+)
 
 MAX_WAIT = 3600
 # How often the results file is read while waiting.
@@ -248,7 +248,7 @@ def start_lines(module, unit):
     if module.get_bin_path('systemctl'):
         try:
             invocation = unit_probe(module, unit, None)(UNIT_PROBE_SECONDS).get('InvocationID') or None
-        except CheckFailed:
+        except UnitUnreadable:
             pass  # the unit's lines of every run, then
     try:
         return journal_lines(read(invocation=invocation, lines=JOURNAL_SCAN_LINES))

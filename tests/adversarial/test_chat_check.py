@@ -5,16 +5,14 @@
 
 Each case runs the module as Ansible runs it (tests/adversarial/harness.py) and must end in a clean
 error that names the value and the cause, or in a correct success, within its deadline and without
-the API key anywhere in the output. Servers are http.server threads on 127.0.0.1 that misbehave on
+the API key anywhere in the output. Servers (tests/fake_openai.py) misbehave on
 purpose (trickle, stall, stream without end, answer 100 MB, cut the answer, send bytes that are not
 UTF-8); systemctl and journalctl are shell scripts put first on PATH, as in the unit tests.
 """
 
 import json
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -150,54 +148,6 @@ def healthy(**paths):
     }
     routes.update(paths)
     return routes
-
-
-class Handler(BaseHTTPRequestHandler):
-    def _serve(self):
-        length = int(self.headers.get('Content-Length') or 0)
-        self.body = self.rfile.read(length) if length else b''
-        behave = self.server.routes.get(self.path, answer(404, b'{"detail": "Not Found"}'))
-        try:
-            behave(self, self.server.stop)
-        except OSError:  # the module hung up, as it should on a hostile answer
-            pass
-        self.close_connection = True
-
-    do_GET = _serve
-    do_POST = _serve
-
-    def log_message(self, *args):
-        pass
-
-
-class Server:
-    def __init__(self, routes):
-        self.httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.routes = routes
-        self.httpd.stop = threading.Event()
-        self.url = 'http://127.0.0.1:%d' % self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={'poll_interval': 0.05})
-        self.thread.daemon = True
-        self.thread.start()
-
-    def close(self):
-        self.httpd.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def server():
-    started = []
-
-    def start(routes):
-        started.append(Server(routes))
-        return started[-1]
-
-    yield start
-    for each in started:
-        each.close()
 
 
 def run(tmp_path, args, wall_limit, path_prefix=None):
@@ -468,8 +418,8 @@ TIMED_OUT = (
         'health-20-MB',
     ],
 )
-def test_a_server_cannot_hold_the_check_past_its_timeout(tmp_path, server, verdict, routes, timeout, expected):
-    srv = server(routes)
+def test_a_server_cannot_hold_the_check_past_its_timeout(tmp_path, fake_openai, verdict, routes, timeout, expected):
+    srv = fake_openai(routes)
     run_ = run(tmp_path, {'url': srv.url, 'timeout': timeout, 'interval': 0.2}, wall_limit=timeout)
 
     def check(result):
@@ -676,8 +626,8 @@ DEEP = b'[' * 100000 + b']' * 100000
         'health-not-http',
     ],
 )
-def test_a_broken_answer_is_a_clean_failure(tmp_path, server, verdict, routes, check):
-    srv = server(routes)
+def test_a_broken_answer_is_a_clean_failure(tmp_path, fake_openai, verdict, routes, check):
+    srv = fake_openai(routes)
     run_ = run(tmp_path, {'url': srv.url, 'timeout': 2, 'interval': 0.2}, wall_limit=2)
     verdict(
         MODULE,
@@ -762,8 +712,8 @@ TOOL_GATE = {'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'a
         'tool-stall',
     ],
 )
-def test_a_broken_tool_answer_is_a_clean_failure(tmp_path, server, verdict, behave, check):
-    srv = server(healthy(**{'/v1/chat/completions': offered_tools(behave)}))
+def test_a_broken_tool_answer_is_a_clean_failure(tmp_path, fake_openai, verdict, behave, check):
+    srv = fake_openai(healthy(**{'/v1/chat/completions': offered_tools(behave)}))
     args = {'url': srv.url, 'timeout': 2, 'interval': 0.2, 'tool_call': TOOL_GATE}
     run_ = run(tmp_path, args, wall_limit=2)
     verdict(
@@ -823,8 +773,8 @@ LONG_ANSWER = 'x' * (3 * 2**20) + ' Paris.'
     ],
     ids=['chat-not-utf8-success', 'chat-3-MB-answer', 'chat-negative-tokens', 'chat-odd-types', 'key-odd-chars'],
 )
-def test_odd_but_usable_answers_succeed(tmp_path, server, verdict, routes, args, check):
-    srv = server(routes)
+def test_odd_but_usable_answers_succeed(tmp_path, fake_openai, verdict, routes, args, check):
+    srv = fake_openai(routes)
     run_ = run(tmp_path, dict({'url': srv.url, 'timeout': 10, 'interval': 0.2}, **args), wall_limit=10)
     outcome = harness.judge(
         run_,
@@ -835,8 +785,8 @@ def test_odd_but_usable_answers_succeed(tmp_path, server, verdict, routes, args,
     verdict(MODULE, outcome, '%s (%.1f s)' % (str(run_.result)[:2000], run_.wall))
 
 
-def test_a_password_in_the_url_is_masked(tmp_path, server, verdict):
-    srv = server(healthy())
+def test_a_password_in_the_url_is_masked(tmp_path, fake_openai, verdict):
+    srv = fake_openai(healthy())
     url = srv.url.replace('http://', 'http://admin:%s@' % KEY)
     run_ = run(tmp_path, {'url': url, 'timeout': 10, 'interval': 0.2}, wall_limit=10)
     verdict(
@@ -876,8 +826,8 @@ def test_a_password_in_the_url_is_masked(tmp_path, server, verdict):
     ],
     ids=['regex-exponential', 'regex-quadratic-on-1-MB'],
 )
-def test_a_catastrophic_regex_cannot_hang_the_check(tmp_path, server, verdict, content, expect, expected):
-    srv = server(healthy(**{'/v1/chat/completions': answer(200, chat_json(content=content))}))
+def test_a_catastrophic_regex_cannot_hang_the_check(tmp_path, fake_openai, verdict, content, expect, expected):
+    srv = fake_openai(healthy(**{'/v1/chat/completions': answer(200, chat_json(content=content))}))
     run_ = run(tmp_path, {'url': srv.url, 'timeout': 10, 'interval': 0.2, 'expect': expect}, wall_limit=8)
     verdict(
         MODULE,
@@ -926,8 +876,8 @@ def echo_key(status, template):
     ],
     ids=['key-echoed-in-401', 'key-echoed-in-400', 'key-echoed-at-the-cut', 'key-echoed-json-escaped'],
 )
-def test_a_key_echoed_by_the_server_is_masked(tmp_path, server, verdict, api_key, routes, expected):
-    srv = server(routes)
+def test_a_key_echoed_by_the_server_is_masked(tmp_path, fake_openai, verdict, api_key, routes, expected):
+    srv = fake_openai(routes)
     run_ = run(tmp_path, {'url': srv.url, 'timeout': 5, 'interval': 0.2, 'api_key': api_key}, wall_limit=5)
     verdict(
         MODULE,

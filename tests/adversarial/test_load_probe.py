@@ -5,15 +5,13 @@
 
 Each case runs the module as Ansible runs it and must end in a clean error that names the cause, or
 in a correct success, by its deadline (duration + request_timeout + 5 s) and without the API key
-anywhere in the output. The servers are http.server threads on 127.0.0.1 that misbehave on purpose:
+anywhere in the output. The servers (tests/fake_openai.py) misbehave on purpose:
 a stream without end, one trickled a byte at a time, a line of 2 MB, bytes that are not UTF-8,
 events of the wrong shape, a cut connection, an HTML page, an error that quotes the key.
 """
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -26,6 +24,8 @@ STREAM = recorded('load_probe', 'vllm-stream.txt').encode()
 # duration 1 s, request_timeout 2 s: the module's own deadline is 1 + 2 + 5 s.
 FAST = {'model': 'tiny', 'duration': 1, 'request_timeout': 2, 'concurrency': 2}
 WALL = 1 + 2 + 5
+# The one path the probe asks.
+CHAT_COMPLETIONS = '/v1/chat/completions'
 
 
 def head(handler, status=200, content_type='text/event-stream', length=None):
@@ -77,35 +77,6 @@ def echo_key(handler, stop):
     body(401, data)(handler, stop)
 
 
-class Handler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get('Content-Length') or 0))
-        self.server.behave(self, self.server.stop)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def server():
-    servers = []
-
-    def start(behave):
-        httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        httpd.daemon_threads = True
-        httpd.behave, httpd.stop = behave, threading.Event()
-        threading.Thread(target=httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True).start()
-        httpd.url = 'http://127.0.0.1:%d' % httpd.server_address[1]
-        servers.append(httpd)
-        return httpd
-
-    yield start
-    for httpd in servers:
-        httpd.stop.set()
-        httpd.shutdown()
-        httpd.server_close()
-
-
 def run(tmp_path, args):
     started = time.monotonic()
     outcome = harness.run_module(MODULE, tmp_path, args, timeout=WALL + 20)
@@ -151,8 +122,8 @@ def says(*parts):
         'key echoed',
     ],
 )
-def test_a_hostile_server_is_a_clean_failure_by_the_deadline(tmp_path, server, verdict, behave, expected):
-    srv = server(behave)
+def test_a_hostile_server_is_a_clean_failure_by_the_deadline(tmp_path, fake_openai, verdict, behave, expected):
+    srv = fake_openai({CHAT_COMPLETIONS: behave})
     run_ = run(tmp_path, dict(FAST, url=srv.url, api_key=KEY))
     outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=(KEY,))
     if outcome in harness.GOOD and run_.wall > WALL + 5:
@@ -160,9 +131,9 @@ def test_a_hostile_server_is_a_clean_failure_by_the_deadline(tmp_path, server, v
     verdict(MODULE, outcome, '%s (%.1f s)' % (run_.result, run_.wall))
 
 
-def test_a_stream_without_usage_is_counted_by_its_chunks(tmp_path, server, verdict):
+def test_a_stream_without_usage_is_counted_by_its_chunks(tmp_path, fake_openai, verdict):
     without_usage = b'\n\n'.join(part for part in STREAM.split(b'\n\n') if b'"usage":{' not in part)
-    srv = server(body(200, without_usage, 'text/event-stream'))
+    srv = fake_openai({CHAT_COMPLETIONS: body(200, without_usage, 'text/event-stream')})
     run_ = run(tmp_path, dict(FAST, url=srv.url))
     outcome = harness.judge(
         run_,

