@@ -73,8 +73,8 @@ collection-link:
 	# Lanes of make test run this side by side: a link already right is left alone.
 	[ "$$(readlink $(COLLECTION_LINK))" = ../../../.. ] || ln -sfn ../../../.. $(COLLECTION_LINK)
 
-# Python lint and format (ruff.toml) of the collection's code and of the tests and tools kept with it;
-# types (.mypy.ini) of the collection's code, imported as Ansible imports it.
+# Python lint and format (ruff.toml) and types (.mypy.ini) of every Python file: the collection's code, imported as
+# Ansible imports it, and the tests, tools, benchmarks and the role's programs kept with it.
 # Every Python file of the repository: the role's programs have no extension, so they are named.
 ROLE_PROGRAMS := $(addprefix roles/vllm_kimi/files/,llmserve-check-release llmserve-fetch-model llmserve-shm-clean llmserve-vllm-cli)
 RUFF_PATHS := plugins tests tools bench molecule $(ROLE_PROGRAMS)
@@ -84,6 +84,10 @@ lint: tools
 	$(BIN)/ruff check $(RUFF_PATHS)
 	$(BIN)/ruff format --check $(RUFF_PATHS)
 	$(BIN)/mypy --config-file .mypy.ini -p ansible_collections.llmserve.vllm.plugins
+	# The tests, tools, benchmarks and molecule's checks; torch and transformers are .venv-vllm's, not here.
+	$(BIN)/mypy --config-file .mypy.ini --ignore-missing-imports tests $(wildcard tools/*.py) bench molecule
+	# The role's programs have no .py name: each is a __main__ of its own, checked on its own.
+	for program in $(ROLE_PROGRAMS); do $(BIN)/mypy --config-file .mypy.ini --ignore-missing-imports $$program; done
 
 # ansible-test needs a real ansible_collections/<ns>/<name> tree, so sanity runs on a copy.
 # Its pip bootstrap script comes from a host these machines cannot reach: seed its cache

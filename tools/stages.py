@@ -61,6 +61,7 @@ def run_stage(stage: Stage, make: list) -> None:
             pinned + make + [stage.target], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
         # Each line carries the minutes since its stage began: the log shows where a stage's time went.
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             log.write(b'[+%s] ' % minutes(time.time() - stage.started).encode() + line)
         stage.returncode = proc.wait()

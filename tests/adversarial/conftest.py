@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
 
-_TALLY = collections.defaultdict(collections.Counter)
+_TALLY: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 TOTALS_FILE = os.path.join(os.path.dirname(__file__), '..', '..', '.build', 'adversarial-totals.json')
 
 

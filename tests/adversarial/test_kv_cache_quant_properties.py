@@ -46,7 +46,7 @@ fp8_forms = st.sampled_from(
         {'num_bits': 8, 'type': 'float', 'dynamic': False, 'strategy': 'tensor', 'note': '\ud800 \u00e9'},
     ]
 )
-other_forms = st.sampled_from(
+other_forms: st.SearchStrategy[object] = st.sampled_from(
     [
         'NVFP4',
         'INT8',

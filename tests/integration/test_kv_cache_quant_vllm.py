@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import typing
 
 import pytest
 
@@ -37,7 +38,7 @@ pytestmark = [
     ),
 ]
 
-KIMI_CONFIG = {
+KIMI_CONFIG: dict[str, typing.Any] = {
     'architectures': ['KimiK25ForConditionalGeneration'],
     'model_type': 'kimi_k25',
     'text_config': {
