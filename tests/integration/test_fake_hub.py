@@ -229,3 +229,64 @@ def test_a_dropped_connection_resumes_and_the_result_verifies(tmp_path, hub_root
     assert 'Trying to resume download' in log
     assert (resumed, answered) == (['bytes=%d-' % (10 << 20)], [200, 206])
     assert (rc, result['ok'], result['files']) == (0, True, 7), result
+
+
+FETCHER = os.path.join(REPO, 'roles', 'vllm_kimi', 'files', 'llmserve-fetch-model')
+
+
+def fetch(hub, repo_id, revision, dest, *more):
+    """The role's fetcher (llmserve-fetch-model) with the release's interpreter, as the role runs it."""
+    env = dict(
+        os.environ,
+        HF_ENDPOINT=hub.url,
+        HF_HUB_DISABLE_TELEMETRY='1',
+        HF_HUB_DISABLE_PROGRESS_BARS='1',
+        HF_HOME=dest + '.hf-home',
+        no_proxy='127.0.0.1,localhost',
+        NO_PROXY='127.0.0.1,localhost',
+    )
+    env.pop('HF_TOKEN', None)
+    return subprocess.run(
+        [VLLM_PYTHON, FETCHER, repo_id, revision, dest] + list(more),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.fixture(scope='module')
+def open_hub(hub_root):
+    hub = fake_hub.FakeHub(hub_root[0]).start()
+    yield hub, hub_root[1]
+    hub.stop()
+
+
+def test_the_fetcher_fetches_what_is_missing_and_then_nothing(tmp_path, open_hub, tiny_chat):
+    hub, commits = open_hub
+    dest = str(tmp_path / 'tiny-chat')
+    first = fetch(hub, 'llmserve/tiny-chat', commits['llmserve/tiny-chat'], dest)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    names = sorted(os.listdir(tiny_chat))
+    assert report['revision'] == commits['llmserve/tiny-chat']
+    assert sorted(report['fetched']) == names
+    assert report['missing_bytes'] == sum(os.path.getsize(os.path.join(tiny_chat, name)) for name in names)
+    assert all(filecmp.cmp(os.path.join(tiny_chat, n), os.path.join(dest, n), shallow=False) for n in names)
+    again = json.loads(fetch(hub, 'llmserve/tiny-chat', commits['llmserve/tiny-chat'], dest).stdout)
+    assert (again['fetched'], again['missing_bytes']) == ([], 0)
+
+
+def test_the_fetcher_refuses_a_filesystem_without_the_room_and_writes_nothing(tmp_path, open_hub):
+    hub, commits = open_hub
+    dest = str(tmp_path / 'revisions' / 'tiny-chat-large')
+    free = shutil.disk_usage(str(tmp_path)).free
+    result = fetch(
+        hub, 'llmserve/tiny-chat-large', commits['llmserve/tiny-chat-large'], dest, '--margin-bytes', str(free)
+    )
+    assert result.returncode == 1
+    message = result.stderr.strip()
+    assert message.startswith('llmserve/tiny-chat-large at %s needs ' % commits['llmserve/tiny-chat-large']), message
+    assert ('in %s, plus a margin of %d bytes, but its filesystem has ' % (dest, free)) in message, message
+    assert not os.path.exists(str(tmp_path / 'revisions'))
