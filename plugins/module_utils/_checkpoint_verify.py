@@ -369,6 +369,12 @@ def _check_index(path, expected, checks, cache, report):
             )
 
 
+def manifest_totals(manifest, patterns=DEFAULT_IGNORE):
+    """(files, bytes) of the manifest's files a check covers (those the ignore patterns leave in)."""
+    sizes = [entry.size for name, entry in manifest.files.items() if not ignored(name, patterns)]
+    return len(sizes), sum(sizes)
+
+
 def verify(path, manifest, patterns=DEFAULT_IGNORE, threads=1, cache=None):
     """Check the checkpoint at ``path`` against ``manifest``; a Report."""
     check_directory(path)

@@ -243,6 +243,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify i
     VerifyError,
     check_directory,
     default_threads,
+    manifest_totals,
     verify,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
@@ -352,7 +353,11 @@ def main():
         manifest = load_manifest(params)
         source = params['repo_id'] or 'manifest %s' % params['manifest']
         if not params['fail_on_mismatch'] and not os.path.lexists(path):
+            # What is still to come: the fetch's progress counts against it.
+            files, size = manifest_totals(manifest, params['ignore'])
             result.update(
+                files=files,
+                bytes=size,
                 problems=[{'file': '.', 'kind': 'missing', 'detail': 'the checkpoint directory does not exist'}],
                 revision=manifest.revision,
                 msg='checkpoint %s does not exist yet: nothing of revision %s of %s is fetched'

@@ -265,6 +265,10 @@ def test_without_fail_on_mismatch_a_checkpoint_still_to_fetch_is_reported(tmp_pa
         commit,
         manifest,
     )
+    # The whole revision is still to come: the totals the fetch's progress lines count against.
+    checked = module_result('checkpoint_verify', {'path': path, 'manifest': manifest})[1]
+    assert (result['files'], result['bytes']) == (checked['files'], checked['bytes'])
+    assert result['files'] > 0 and result['bytes'] > 0
 
 
 def test_without_fail_on_mismatch_what_prevents_the_check_still_fails(tmp_path, model, module_result):
