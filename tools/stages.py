@@ -12,6 +12,9 @@ last, and also when the run is interrupted.
 
 --pin LANE:CPUS runs that lane's makes under `taskset -c CPUS` (LANE counts from 1), so that what it
 runs cannot take the cores another lane's measurements rely on.
+
+--nice LANE:N runs that lane's makes under `nice -n N`: a lane with time to spare yields its core to the
+lanes that are waited for (the models' training and the sandbox scenarios in make test).
 """
 
 import argparse
@@ -25,10 +28,11 @@ LOG_DIR = os.path.join('.build', 'stages')
 
 
 class Stage:
-    def __init__(self, lane: int, target: str, cpus: str = ''):
+    def __init__(self, lane: int, target: str, cpus: str = '', niceness: str = ''):
         self.lane = lane
         self.target = target
         self.cpus = cpus
+        self.niceness = niceness
         self.started = None  # type: float | None
         self.ended = None  # type: float | None
         self.returncode = None  # type: int | None
@@ -55,7 +59,9 @@ PRINT_LOCK = threading.Lock()
 
 def run_stage(stage: Stage, make: list) -> None:
     stage.started = time.time()
-    pinned = ['taskset', '-c', stage.cpus] if stage.cpus else []
+    pinned = (['taskset', '-c', stage.cpus] if stage.cpus else []) + (
+        ['nice', '-n', stage.niceness] if stage.niceness else []
+    )
     with open(stage.log_path, 'wb') as log:
         proc = subprocess.Popen(
             pinned + make + [stage.target], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -110,13 +116,16 @@ def main(argv=None) -> int:
     parser.add_argument('--first', default='', help='make targets run one after the other before the lanes')
     parser.add_argument('--lane', action='append', required=True, help='make targets run one after the other')
     parser.add_argument('--pin', action='append', default=[], help='LANE:CPUS, that lane under taskset -c CPUS')
+    parser.add_argument('--nice', action='append', default=[], help='LANE:N, that lane under nice -n N')
     parser.add_argument('--make', default=os.environ.get('MAKE', 'make'), help='the make program')
     args = parser.parse_args(argv)
     os.makedirs(LOG_DIR, exist_ok=True)
     pins = dict(pin.split(':', 1) for pin in args.pin)
+    niceness = dict(entry.split(':', 1) for entry in args.nice)
     first = [Stage(-1, target) for target in args.first.split()]
     lanes = [
-        [Stage(i, target, pins.get(str(i + 1), '')) for target in lane.split()] for i, lane in enumerate(args.lane)
+        [Stage(i, target, pins.get(str(i + 1), ''), niceness.get(str(i + 1), '')) for target in lane.split()]
+        for i, lane in enumerate(args.lane)
     ]
     stages = first + [stage for lane in lanes for stage in lane]
     make = [args.make, '--no-print-directory']

@@ -241,7 +241,7 @@ def test_a_misfit_context_on_a_new_host_changes_nothing_there(misfit_on_a_new_ho
     assert 'vllm' not in run['before'].split(':', 1)[0]
     assert run['after'] == run['before']
     for path in ('/var/lib/vllm-kimi', '/opt/vllm-kimi', '/srv/hub/tiny-kimi', '/etc/systemd/system/vllm-kimi.service'):
-        assert '%s: No such file or directory' % path in run['after'], run['after']
+        assert "cannot access '%s': No such file or directory" % path in run['after'], run['after']
 
 
 def test_destroy_leaves_no_process_mount_port_or_directory(booted):
