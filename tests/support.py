@@ -35,6 +35,24 @@ TRAILING_COMMA_ERROR = (
 )
 
 
+def tiny_models():
+    """The directory of the tiny models tools/make_tiny_models.py trains (under .cache/models, cached by the script's
+    hash; a second caller waits for the first one's training)."""
+    made = subprocess.run(
+        [
+            os.path.join(REPO, '.venv-vllm', 'bin', 'python'),
+            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
+            '--out',
+            os.path.join(REPO, '.cache', 'models'),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        check=True,
+        timeout=1800,
+    )
+    return made.stdout.decode('utf-8').strip().splitlines()[-1]
+
+
 def fixture_path(*parts):
     """The path of a recorded file under tests/fixtures."""
     return os.path.join(FIXTURES, *parts)

@@ -79,19 +79,7 @@ def download(hub, repo_id, revision, dest, token=None):
 
 @pytest.fixture(scope='module')
 def tiny_chat():
-    made = subprocess.run(
-        [
-            VLLM_PYTHON,
-            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
-            '--out',
-            os.path.join(REPO, '.cache', 'models'),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        check=True,
-        timeout=900,
-    )
-    return os.path.join(made.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-chat')
+    return os.path.join(support.tiny_models(), 'tiny-chat')
 
 
 def large_shard(path):

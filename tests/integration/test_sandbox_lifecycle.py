@@ -20,6 +20,7 @@ import sys
 import pytest
 import yaml
 
+from ansible_collections.llmserve.vllm.tests import support
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
 # The sandbox scenarios' helpers (deploy with every task's result recorded) sit beside their tests.
@@ -32,7 +33,6 @@ NAME = 'sandbox-lifecycle'
 SSH_PORT = 2271
 EXTRA_PORT = 8071
 SANDBOX_DIR = os.path.join(REPO, '.cache', 'sandbox', NAME)
-VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
 PREFLIGHT_TASK = 'Check GPUs, weights and KV cache against the requested context'
 # MLA: (512 + 64) x 2 B x 3 layers = 3456 B/token; the sandbox inventory's 13.5 MiB of KV cache hold 4096 tokens.
 MISFIT_MAX_MODEL_LEN = 8192
@@ -162,19 +162,7 @@ def test_models_are_copied_in(booted):
 @pytest.fixture(scope='module')
 def misfit_on_a_new_host(booted, tmp_path_factory):
     """The sandbox inventory's deploy, tiny-kimi staged from a fake Hub, with a context its KV cache cannot hold."""
-    made = subprocess.run(
-        [
-            VLLM_PYTHON,
-            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
-            '--out',
-            os.path.join(REPO, '.cache', 'models'),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        check=True,
-        timeout=1800,
-    )
-    tiny_kimi = os.path.join(made.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-kimi')
+    tiny_kimi = os.path.join(support.tiny_models(), 'tiny-kimi')
     with open(SANDBOX_VARS) as f:
         sandbox_vars = yaml.safe_load(f)
     root = str(tmp_path_factory.mktemp('hub'))
