@@ -1,0 +1,222 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""vllm_kimi's release (tasks/venv.yml, vars/main.yml) as Ansible renders it: the release id, the install and check
+command lines; and the preflight's refusal of an unreadable lock file and of credentials in the package sources
+(tasks/preflight.yml), run by Ansible on values that must pass and values that must not."""
+
+import hashlib
+import json
+import os
+
+import pytest
+import yaml
+
+from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
+
+ROLE = os.path.join(REPO, 'roles', 'vllm_kimi')
+LOAD_VARS = [
+    {'ansible.builtin.include_vars': os.path.join(ROLE, 'defaults', 'main.yml')},
+    {'ansible.builtin.include_vars': os.path.join(ROLE, 'vars', 'main.yml')},
+]
+# The id of the default spec before the lock and wheels-only settings existed: a role upgrade must not rebuild
+# (and restart onto) a release that is already built.
+DEFAULT_RELEASE_ID = '8eab15594598'
+RELEASE = '/opt/vllm-kimi/%s'
+LOCK = 'vllm==0.33.0 \\\n    --hash=sha256:%s\n' % ('0' * 64)
+SECRET = 'hunter2-t0ken'
+
+
+def _tasks(name):
+    with open(os.path.join(ROLE, 'tasks', name)) as handle:
+        return yaml.safe_load(handle)
+
+
+def _task(tasks, name):
+    for task in tasks:
+        if task.get('name') == name:
+            return task
+        found = _task(task.get('block', []), name)
+        if found:
+            return found
+    return None
+
+
+BUILD = _task(_tasks('venv.yml'), 'Build and check the release beside the running one')
+INSTALL = _task(BUILD['block'], "Install vLLM into the release's venv")
+COPY_LOCK = _task(BUILD['block'], 'Ensure the release holds the lock file it is installed from')
+CHECK = _task(
+    BUILD['block'], 'Check as the service user that vLLM imports, has the version asked for and its entry point starts'
+)
+
+
+def render(tmp_path, extra_vars=None, uv=''):
+    """The role's release values, and the install and check tasks' command lines, for these variables."""
+    out = tmp_path / 'release.json'
+    values = {
+        'id': '{{ _vllm_kimi_release_id }}',
+        'spec': '{{ _vllm_kimi_venv_spec }}',
+        'install': INSTALL['ansible.builtin.command']['argv'],
+        'check': CHECK['ansible.builtin.command']['argv'],
+        'check_chdir': CHECK['ansible.builtin.command']['chdir'],
+    }
+    task = {
+        'ansible.builtin.copy': {'content': '{{ _values | to_json }}', 'dest': str(out), 'mode': '0644'},
+        'vars': dict(BUILD['vars'], _values=values, __vllm_kimi_uv={'stdout': uv}),
+    }
+    rc, output = run_local_play(tmp_path, LOAD_VARS + [task], extra_vars)
+    assert rc == 0, output
+    return json.loads(out.read_text())
+
+
+def lock_file(tmp_path, text, name='requirements.lock'):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_default_release_keeps_its_id_and_installs_wheels_only(tmp_path):
+    release = render(tmp_path)
+    assert release['id'] == DEFAULT_RELEASE_ID
+    python = RELEASE % DEFAULT_RELEASE_ID + '/bin/python'
+    assert release['install'] == [python, '-m', 'pip', 'install', '--no-input', '--only-binary=:all:', 'vllm==0.33.0']
+
+
+def test_uv_installs_wheels_only_too(tmp_path):
+    release = render(
+        tmp_path, {'vllm_kimi_pip_extra_args': ['--index-url', 'https://pypi.example.com/simple']}, '/usr/bin/uv'
+    )
+    python = RELEASE % release['id'] + '/bin/python'
+    assert release['install'] == [
+        '/usr/bin/uv', 'pip', 'install', '--python', python,
+        '--only-binary=:all:', 'vllm==0.33.0', '--index-url', 'https://pypi.example.com/simple',
+    ]  # fmt: skip
+
+
+def test_sdists_allowed_is_a_release_of_its_own(tmp_path):
+    release = render(tmp_path, {'vllm_kimi_pip_only_binary': False})
+    assert release['spec']['pip_only_binary'] is False
+    assert release['id'] != DEFAULT_RELEASE_ID
+    assert release['install'][-1] == 'vllm==0.33.0' and '--only-binary=:all:' not in release['install']
+
+
+@pytest.mark.parametrize('uv', ['', '/usr/bin/uv'], ids=['pip', 'uv'])
+def test_a_lock_file_is_installed_with_its_hashes_checked(tmp_path, uv):
+    release = render(
+        tmp_path, {'vllm_kimi_pip_lock_file': lock_file(tmp_path, LOCK), 'vllm_kimi_pip_extra_args': ['-q']}, uv
+    )
+    lock = RELEASE % release['id'] + '/llmserve-requirements.lock'
+    assert release['install'][-5:] == ['--only-binary=:all:', '--require-hashes', '-r', lock, '-q']
+    assert 'vllm==0.33.0' not in release['install']  # the lock pins it; the release check holds it to the spec
+
+
+def test_the_release_id_follows_the_lock_files_content(tmp_path):
+    first = render(tmp_path, {'vllm_kimi_pip_lock_file': lock_file(tmp_path, LOCK, 'a.lock')})
+    same = render(tmp_path, {'vllm_kimi_pip_lock_file': lock_file(tmp_path, LOCK, 'b.lock')})
+    other = render(
+        tmp_path, {'vllm_kimi_pip_lock_file': lock_file(tmp_path, LOCK.replace('0' * 64, '1' * 64), 'c.lock')}
+    )
+    # sha256sum of the file, byte for byte (the file lookup strips no trailing newline here).
+    assert first['spec']['pip_lock_sha256'] == hashlib.sha256(LOCK.encode()).hexdigest()
+    assert first['id'] == same['id']
+    assert len({first['id'], other['id'], DEFAULT_RELEASE_ID}) == 3
+
+
+def test_the_release_holds_the_lock_it_was_hashed_from_root_owned():
+    copy = COPY_LOCK['ansible.builtin.copy']
+    assert (copy['content'], copy['dest']) == ('{{ _vllm_kimi_pip_lock }}', '{{ _vllm_kimi_pip_lock_path }}')
+    assert (copy['owner'], copy['group'], copy['mode']) == ('root', 'root', '0644')
+    assert COPY_LOCK['when'] == '_vllm_kimi_pip_locked | bool'
+    assert BUILD['block'].index(COPY_LOCK) < BUILD['block'].index(INSTALL)
+
+
+def test_the_release_check_runs_as_the_service_user(tmp_path):
+    release = render(tmp_path, {'vllm_kimi_user': 'svc', 'vllm_kimi_group': 'svcgrp', 'vllm_kimi_state_dir': '/srv/st'})
+    path = RELEASE % release['id']
+    assert release['check'] == [
+        'setpriv', '--reuid=svc', '--regid=svcgrp', '--init-groups', '--reset-env', '--no-new-privs', '--',
+        'env', 'HOME=/srv/st', 'XDG_CACHE_HOME=/srv/st/cache', 'PYTHONDONTWRITEBYTECODE=1', 'VLLM_NO_USAGE_STATS=1',
+        path + '/bin/python', '/usr/local/libexec/llmserve-check-release', 'vllm==0.33.0', '--', path + '/bin/vllm', 'serve',
+    ]  # fmt: skip
+    assert release['check_chdir'] == '/srv/st'
+
+
+PREFLIGHT = _tasks('preflight.yml')
+REFUSALS = [
+    _task(PREFLIGHT, 'Refuse a lock file that cannot be read or checks no hashes'),
+    _task(PREFLIGHT, 'Refuse package sources whose URLs carry credentials'),
+]
+
+
+def preflight(tmp_path, extra_vars):
+    return run_local_play(tmp_path, LOAD_VARS + REFUSALS, extra_vars)
+
+
+def test_the_preflight_passes_clean_sources(tmp_path):
+    rc, output = preflight(
+        tmp_path,
+        {
+            'vllm_kimi_pip_lock_file': lock_file(tmp_path, '--index-url https://pypi.example.com/simple\n' + LOCK),
+            'vllm_kimi_pip_extra_args': ['--extra-index-url', 'https://download.pytorch.org/whl/cpu'],
+        },
+    )
+    assert rc == 0, output
+
+
+@pytest.mark.parametrize(
+    'lock, message',
+    [
+        (
+            None,
+            'cannot be read on the controller: it is missing, not a file, or not readable by the user running Ansible.',
+        ),
+        ('directory', 'cannot be read on the controller'),
+        ('vllm==0.33.0\n', 'has no --hash lines: generate it with `pip-compile --generate-hashes`'),
+    ],
+    ids=['missing', 'a directory', 'no hashes'],
+)
+def test_the_preflight_refuses_a_lock_file_it_cannot_use(tmp_path, lock, message):
+    path = str(tmp_path / 'requirements.lock')
+    if lock == 'directory':
+        os.mkdir(path)
+    elif lock is not None:
+        lock_file(tmp_path, lock)
+    rc, output = preflight(tmp_path, {'vllm_kimi_pip_lock_file': path})
+    assert rc == 2, output
+    assert 'vllm_kimi_pip_lock_file %s %s' % (path, message) in ' '.join(output.split())
+
+
+@pytest.mark.parametrize(
+    'extra_vars, where',
+    [
+        ({'vllm_kimi_package_spec': 'vllm @ https://me:%s@h.example/vllm.whl' % SECRET}, 'vllm_kimi_package_spec has'),
+        (
+            {'vllm_kimi_pip_extra_args': ['-q', '--index-url=https://me:%s@h.example/simple' % SECRET]},
+            'vllm_kimi_pip_extra_args[1] has',
+        ),
+        (
+            {'vllm_kimi_pip_extra_args': ['-i', 'https://%s@h.example/simple' % SECRET]},
+            'vllm_kimi_pip_extra_args[1] has',
+        ),
+        (
+            {'vllm_kimi_pip_extra_args': ['--find-links', 'https://me:%s@h.example/w/' % SECRET]},
+            'vllm_kimi_pip_extra_args[1] has',
+        ),
+        (
+            {'lock': '--extra-index-url https://me:%s@h.example/simple\n' % SECRET + LOCK},
+            'vllm_kimi_pip_lock_file {lock}, line 1 has',
+        ),
+    ],
+    ids=['package spec', 'index-url=', '-i', 'find-links', 'lock file'],
+)
+def test_the_preflight_refuses_credentials_without_showing_them(tmp_path, extra_vars, where):
+    extra_vars = dict(extra_vars)
+    if 'lock' in extra_vars:
+        extra_vars['vllm_kimi_pip_lock_file'] = lock_file(tmp_path, extra_vars.pop('lock'))
+    rc, output = preflight(tmp_path, extra_vars)
+    assert rc == 2, output
+    flat = ' '.join(output.split())
+    assert where.format(lock=extra_vars.get('vllm_kimi_pip_lock_file')) + ' https://****@h.example/' in flat
+    assert "root's ~/.netrc" in flat
+    # Ansible prints the failed task's message; the play's own extra vars are never in its output.
+    assert SECRET not in output
