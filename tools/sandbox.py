@@ -34,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +54,9 @@ PACKAGES = [
     'procps',
     'sudo',
     'acl',
+    # The front door's server (the role installs it where it is missing) and the apt module's bindings.
+    'nginx',
+    'python3-apt',
 ]
 # Bump when the recipe of the base tree changes in a way PACKAGES does not show.
 ROOTFS_RECIPE = 1
@@ -147,10 +151,76 @@ def ensure_rootfs():
         link = os.path.join(tmp, 'etc', 'systemd', 'system', 'timers.target.wants', unit)
         if os.path.lexists(link):
             os.unlink(link)
+    # Debian's own nginx server (a default site on port 80 of the network every sandbox shares) stays off, as the
+    # role leaves it on a host where it was installed before: the front door runs nginx in a unit of its own.
+    link = os.path.join(tmp, 'etc', 'systemd', 'system', 'multi-user.target.wants', 'nginx.service')
+    if os.path.lexists(link):
+        os.unlink(link)
     open(os.path.join(tmp, '.complete'), 'w').close()
     os.rename(tmp, path)
     log('base tree built in %.0f s' % (time.time() - started))
     return path
+
+
+# --- the sandboxes' certificate authority ----------------------------------
+
+# The sandboxes' front doors present certificates of this machine's own CA; clients (the tests, the demo) trust
+# exactly it. Made once, like the base tree.
+CA_DIR = os.path.join(CACHE, 'ca')
+CA_CERT = os.path.join(CA_DIR, 'ca.pem')
+CA_KEY = os.path.join(CA_DIR, 'ca.key')
+# Where the role's defaults look for the front door's certificate and key (vllm_kimi_service_name vllm-kimi), and
+# where the sandbox inventory points vllm_kimi_front_tls_ca.
+TREE_FRONT_CERT = 'etc/ssl/certs/vllm-kimi.pem'
+TREE_FRONT_KEY = 'etc/ssl/private/vllm-kimi.key'
+TREE_CA_CERT = 'etc/ssl/certs/llmserve-sandbox-ca.pem'
+
+
+def openssl(*argv):
+    run(['openssl'] + list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def ensure_ca():
+    if os.path.exists(CA_CERT):
+        return
+    if shutil.which('openssl') is None:
+        raise SandboxError('openssl is not installed: apt-get install openssl')
+    os.makedirs(CACHE, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix='ca.', dir=CACHE)
+    openssl(
+        'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '3650',
+        '-subj', '/CN=llmserve sandbox CA', '-keyout', os.path.join(tmp, 'ca.key'), '-out', os.path.join(tmp, 'ca.pem'),
+        '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign',
+    )  # fmt: skip
+    try:
+        os.rename(tmp, CA_DIR)
+    except OSError:
+        # Another sandbox's create made it first: theirs is the CA.
+        shutil.rmtree(tmp)
+
+
+def issue_front_certificate(name, root):
+    """A server certificate for 127.0.0.1, localhost and the sandbox's name, signed by the CA, in the tree."""
+    ensure_ca()
+    sdir = sandbox_dir(name)
+    key, csr, cert = (os.path.join(sdir, 'front.' + ext) for ext in ('key', 'csr', 'pem'))
+    extensions = os.path.join(sdir, 'front.ext')
+    write(
+        extensions,
+        'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:%s\nbasicConstraints=critical,CA:FALSE\n'
+        'keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n'
+        'subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n' % name,
+    )
+    openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', '/CN=' + name,
+            '-keyout', key, '-out', csr)  # fmt: skip
+    openssl('x509', '-req', '-in', csr, '-CA', CA_CERT, '-CAkey', CA_KEY, '-set_serial', str(int(time.time() * 1e6)),
+            '-days', '825', '-extfile', extensions, '-out', cert)  # fmt: skip
+    os.makedirs(os.path.dirname(os.path.join(root, TREE_FRONT_CERT)), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.join(root, TREE_FRONT_KEY)), mode=0o700, exist_ok=True)
+    shutil.copyfile(cert, os.path.join(root, TREE_FRONT_CERT))
+    shutil.copyfile(key, os.path.join(root, TREE_FRONT_KEY))
+    os.chmod(os.path.join(root, TREE_FRONT_KEY), 0o600)
+    shutil.copyfile(CA_CERT, os.path.join(root, TREE_CA_CERT))
 
 
 # --- configuring one sandbox's tree ---------------------------------------
@@ -238,6 +308,8 @@ def configure_tree(name, root, ssh_port, models):
     os.makedirs(os.path.join(root, 'var', 'cache', 'pip'), exist_ok=True)
     if os.path.isdir(HOST_WHEELS):
         os.makedirs(os.path.join(root, HOST_WHEELS.lstrip('/')), exist_ok=True)
+
+    issue_front_certificate(name, root)
 
     # The inventory stages its models from the fake Hub; --models copies others in.
     if not models:

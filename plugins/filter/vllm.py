@@ -3,6 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 
+import json
 import re
 
 from ansible.errors import AnsibleFilterError
@@ -53,10 +54,15 @@ _SERVE_SETTINGS = frozenset(
         'reasoning_parser',
         'trust_remote_code',
         'multimodal',
+        'allowed_media_domains',
+        'limit_mm_per_prompt',
         'cluster_args',
         'extra_args',
     )
 )
+# vLLM fetches media from any host when --allowed-media-domains is empty: "no host" is a list whose only name can
+# never resolve (RFC 6761 reserves .invalid).
+NO_MEDIA_DOMAIN = 'media.invalid'
 
 
 def vllm_serve_argv(settings):
@@ -91,6 +97,12 @@ def vllm_serve_argv(settings):
     if s['trust_remote_code']:
         argv.append('--trust-remote-code')
     argv += _MULTIMODAL_FLAGS.get(s['multimodal'], [])
+    argv += ['--allowed-media-domains'] + [
+        to_text(domain) for domain in s['allowed_media_domains'] or [NO_MEDIA_DOMAIN]
+    ]
+    # --language-model-only takes no media at all.
+    if s['limit_mm_per_prompt'] and s['multimodal'] != 'text_only':
+        argv += ['--limit-mm-per-prompt', json.dumps(dict(s['limit_mm_per_prompt']), sort_keys=True)]
     return argv + [to_text(word) for word in list(s['cluster_args']) + list(s['extra_args'])]
 
 

@@ -72,6 +72,8 @@ SERVE_SETTINGS = {
     'reasoning_parser': 'kimi_k2',
     'trust_remote_code': True,
     'multimodal': 'encoder_data_parallel',
+    'allowed_media_domains': [],
+    'limit_mm_per_prompt': {'video': 0, 'image': 8},
     'cluster_args': [],
     'extra_args': ['--max-num-seqs', '64'],
 }
@@ -101,6 +103,10 @@ REAL_CASE_ARGV = [
     '--trust-remote-code',
     '--mm-encoder-tp-mode',
     'data',
+    '--allowed-media-domains',
+    'media.invalid',
+    '--limit-mm-per-prompt',
+    '{"image": 8, "video": 0}',
     '--max-num-seqs',
     '64',
 ]
@@ -124,14 +130,25 @@ def test_vllm_serve_argv_of_the_real_case():
         ({'reasoning_parser': '', 'multimodal': '', 'trust_remote_code': False, 'extra_args': []}, ['kimi_k2']),
         (
             {'cluster_args': ['--nnodes', '2', '--node-rank', '1', '--headless'], 'extra_args': ['--enforce-eager']},
-            ['data', '--nnodes', '2', '--node-rank', '1', '--headless', '--enforce-eager'],
+            ['{"image": 8, "video": 0}', '--nnodes', '2', '--node-rank', '1', '--headless', '--enforce-eager'],
         ),
+        (
+            {'allowed_media_domains': ['images.example.org', 'cdn.example.org']},
+            ['--allowed-media-domains', 'images.example.org', 'cdn.example.org', '--limit-mm-per-prompt'],
+        ),
+        ({'limit_mm_per_prompt': {}}, ['--allowed-media-domains', 'media.invalid', '--max-num-seqs']),
     ],
 )
 def test_vllm_serve_argv_follows_each_setting(changes, expected_run):
     argv = vllm_serve_argv(dict(SERVE_SETTINGS, **changes))
     runs = [argv[start : start + len(expected_run)] for start in range(len(argv))]
     assert expected_run in runs
+
+
+def test_vllm_serve_argv_of_a_language_model_only_sets_no_media_limit():
+    argv = vllm_serve_argv(dict(SERVE_SETTINGS, multimodal='text_only'))
+    assert '--limit-mm-per-prompt' not in argv
+    assert argv[argv.index('--allowed-media-domains') + 1] == 'media.invalid'
 
 
 def test_vllm_serve_argv_without_a_tool_parser_leaves_auto_tool_choice_out():
