@@ -155,16 +155,24 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         '--trust-remote-code',
         '--mm-encoder-tp-mode',
         'data',
+        '--allowed-media-domains',
+        'media.invalid',
+        '--limit-mm-per-prompt',
+        '{"image": 8, "video": 0}',
     ]
     assert '--disable-log-requests' not in unit
+
+
+MEDIA_LIMITS = ['--allowed-media-domains', 'media.invalid', '--limit-mm-per-prompt', '{"image": 8, "video": 0}']
 
 
 @pytest.mark.parametrize(
     ('mode', 'flags'),
     [
-        ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights']),
-        ('text_only', ['--language-model-only']),
-        ('', []),
+        ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights'] + MEDIA_LIMITS),
+        # A language model alone takes no media: no per-prompt limit, and still no media host.
+        ('text_only', ['--language-model-only', '--allowed-media-domains', 'media.invalid']),
+        ('', MEDIA_LIMITS),
     ],
     ids=['tensor-parallel', 'text-only', 'no-encoder'],
 )
@@ -361,3 +369,146 @@ def test_service_settings_land_in_the_service_section(tmp_path):
     )[0]
     service = unit.split('[Service]', 1)[1].split('[Install]', 1)[0]
     assert 'CPUAffinity=0-47\nMemoryMax=900G\n' in service
+
+
+# --- media fetches: the rendered settings, as vLLM's own code reads and applies them ---------------------------
+
+VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
+# Run by .venv-vllm's python: vLLM's parser reads the media flags of the rendered command line, and its
+# MediaConnector (what a chat request's image_url goes through) fetches the URL; prints the outcome as JSON.
+FETCH_AS_VLLM = r"""
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+from vllm.multimodal.media.connector import MediaConnector
+from vllm.multimodal.media.image import ImageMediaIO
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+flags, url = json.loads(sys.argv[1]), sys.argv[2]
+args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(flags)
+connector = MediaConnector(allowed_media_domains=args.allowed_media_domains)
+try:
+    connector.load_from_url(url, ImageMediaIO(), fetch_timeout=5)
+    print(json.dumps({'refused': None}))
+except Exception as exc:
+    print(json.dumps({'refused': '%s: %s' % (type(exc).__name__, exc)}))
+"""
+
+
+class Canary:
+    """A loopback HTTP server that counts its hits; with `to`, each answer redirects there."""
+
+    def __init__(self, to=None):
+        import http.server
+        import threading
+
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(302 if to else 404)
+                if to:
+                    self.send_header('Location', to)
+                self.send_header('Content-Length', '0')
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = 'http://127.0.0.1:%d/cat.png' % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def media_flags(argv):
+    """The command line's media flags: --allowed-media-domains with its values."""
+    start = argv.index('--allowed-media-domains')
+    end = next((i for i in range(start + 1, len(argv)) if argv[i].startswith('--')), len(argv))
+    return argv[start:end]
+
+
+def fetch_as_vllm(flags, url, environment):
+    env = dict(os.environ, **{k: v for k, v in environment.items() if k.startswith('VLLM_MEDIA')})
+    proc = subprocess.run(
+        [VLLM_PYTHON, '-c', FETCH_AS_VLLM, json.dumps(flags), url], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def environment_of(text):
+    return dict(
+        (name, value.strip('"')) for name, value in (line.split('=', 1) for line in text.splitlines() if '=' in line)
+    )
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+)
+def test_media_from_a_loopback_url_is_refused_before_any_fetch(gpu_unit):
+    unit, environment = gpu_unit
+    flags = media_flags(exec_start(unit))
+    canary = Canary()
+    try:
+        outcome = fetch_as_vllm(flags, canary.url, environment_of(environment))
+        assert outcome['refused'] and 'allowed domains' in outcome['refused'], outcome
+        assert canary.hits == []
+        # Without the role's flag, vLLM's own default, the same fetch reaches the canary: the check above can fail.
+        assert fetch_as_vllm([], canary.url, {})['refused'], 'the canary answers 404, which vLLM cannot decode'
+        assert canary.hits == ['/cat.png']
+    finally:
+        canary.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+)
+def test_an_allowed_media_host_cannot_redirect_vllm_elsewhere(tmp_path):
+    # An operator allows one media host (here loopback, where the test's servers are); it answers with a redirect
+    # to the canary.
+    unit, environment = render(tmp_path, GPU_VARS, vllm_kimi_allowed_media_domains=['127.0.0.1'])
+    flags = media_flags(exec_start(unit))
+    assert flags == ['--allowed-media-domains', '127.0.0.1']
+    env = environment_of(environment)
+    assert env['VLLM_MEDIA_URL_ALLOW_REDIRECTS'] == '0'
+    canary = Canary()
+    redirector = Canary(to=canary.url)
+    try:
+        outcome = fetch_as_vllm(flags, redirector.url, env)
+        assert outcome['refused'], outcome
+        assert redirector.hits == ['/cat.png'] and canary.hits == []
+        # With redirects on (vLLM's default) the canary is reached: the redirect setting is what kept it out.
+        fetch_as_vllm(flags, redirector.url, dict(env, VLLM_MEDIA_URL_ALLOW_REDIRECTS='1'))
+        assert canary.hits == ['/cat.png']
+    finally:
+        canary.close()
+        redirector.close()
+
+
+def test_the_unit_fences_vllm_to_loopback_and_the_cluster_network(gpu_unit, tmp_path):
+    service = unit_settings(gpu_unit[0], 'Service')
+    assert service['IPAddressDeny'] == ['any']
+    assert service['IPAddressAllow'] == ['localhost']
+    assert service['WorkingDirectory'] == ['/']
+    fenced = unit_settings(
+        render(tmp_path, GPU_VARS, vllm_kimi_cluster_cidr='10.10.0.0/24', vllm_kimi_ip_address_allow=['192.0.2.7'])[0],
+        'Service',
+    )
+    assert fenced['IPAddressAllow'] == ['localhost 10.10.0.0/24 192.0.2.7']
+
+
+def test_code_and_caches_stay_out_of_what_the_service_user_keeps(gpu_unit):
+    unit, environment = gpu_unit
+    env = environment_of(environment)
+    assert env['PYTHONDONTWRITEBYTECODE'] == '1' and env['VLLM_NO_USAGE_STATS'] == '1'
+    # The model's remote code is copied afresh at each start: the runtime directory goes with each stop.
+    assert env['HF_MODULES_CACHE'] == '/run/vllm-kimi/hf_modules'
+    assert unit_settings(unit, 'Service')['RuntimeDirectory'] == ['vllm-kimi']
+    release = re.search(r'/opt/vllm-kimi/([0-9a-f]{12})/bin/', unit).group(1)
+    assert env['VLLM_CACHE_ROOT'] == '/var/lib/vllm-kimi/cache/vllm/' + release

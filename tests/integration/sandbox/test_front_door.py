@@ -1,0 +1,231 @@
+# Copyright: (c) 2026, llmserve maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The front door of the deployed sandbox, as a client on another machine meets it, and what stays behind it.
+
+1. The official `openai` client, trusting only the sandbox's CA (tools/sandbox), gets an answer over TLS; a client
+   without the CA is refused, and so is one without the API key (401).
+2. Paths vLLM serves to anyone who reaches its port (/invocations runs chat completions without the key) are
+   answered 404 by the front door, however the path is spelled; /metrics only for the Prometheus sources.
+3. vLLM's own port listens on loopback only; the unit's IP fences are set.
+4. An image_url at a loopback canary is refused, and the canary is never reached.
+5. The front door logs the client's address and the path, never a body or the key.
+6. `--diff` of a change to vllm_kimi_environment never shows its value.
+"""
+
+import http.client
+import http.server
+import json
+import os
+import ssl
+import threading
+
+import httpx2
+import openai
+import pytest
+from sandbox_helpers import REPO, task_results
+
+CA = os.path.join(REPO, '.cache', 'sandbox', 'ca', 'ca.pem')
+QUESTION = 'What is the capital of France?'
+# Served by vLLM to whoever reaches its port, with no key: never through the front door.
+BEHIND_THE_DOOR = [
+    '/invocations',
+    '/tokenize',
+    '/detokenize',
+    '/pooling',
+    '/score',
+    '/load',
+    '/ping',
+    '/version',
+    '/collective_rpc',
+    '/reset_prefix_cache',
+    '/v1/load_lora_adapter',
+    # Spellings that normalize to a refused path, or to an allowed one with something else around it.
+    '/v1/models/../../invocations',
+    '/v1/chat/completions/../../../invocations',
+    '/%69nvocations',
+    '/v1/chat/completions/',
+]
+
+
+@pytest.fixture(scope='module')
+def front(sandbox):
+    return 'https://127.0.0.1:%s' % sandbox.vars['vllm_kimi_front_port']
+
+
+def client(front, api_key, verify=True):
+    context = ssl.create_default_context(cafile=CA) if verify else ssl.create_default_context()
+    return openai.OpenAI(
+        base_url=front + '/v1',
+        api_key=api_key,
+        http_client=httpx2.Client(verify=context, timeout=120),
+        max_retries=0,
+    )
+
+
+def ask(openai_client, sandbox, content=QUESTION):
+    return openai_client.chat.completions.create(
+        model=sandbox.vars['vllm_kimi_served_model_name'],
+        temperature=0,
+        max_tokens=256,
+        messages=[{'role': 'user', 'content': content}],
+    )
+
+
+def status(sandbox, path, method='GET', source='127.0.0.1', body=None):
+    """The front door's status for a raw path, sent as written (no client-side normalization)."""
+    connection = http.client.HTTPSConnection(
+        '127.0.0.1',
+        int(sandbox.vars['vllm_kimi_front_port']),
+        context=ssl.create_default_context(cafile=CA),
+        source_address=(source, 0),
+        timeout=30,
+    )
+    try:
+        connection.request(method, path, body=body, headers={'Content-Type': 'application/json'})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_the_openai_client_gets_an_answer_over_tls(sandbox, front):
+    reply = ask(client(front, sandbox.vars['vllm_kimi_api_key']), sandbox)
+    assert reply.choices[0].message.content == 'The capital of France is Paris.'
+
+
+def test_a_client_that_does_not_trust_the_sandbox_ca_is_refused(sandbox, front):
+    with pytest.raises(openai.APIConnectionError) as refused:
+        ask(client(front, sandbox.vars['vllm_kimi_api_key'], verify=False), sandbox)
+    assert 'CERTIFICATE_VERIFY_FAILED' in repr(refused.value.__cause__) or 'certificate' in repr(
+        refused.value.__cause__
+    ), repr(refused.value.__cause__)
+
+
+def test_a_client_with_a_wrong_key_gets_401(sandbox, front):
+    with pytest.raises(openai.AuthenticationError) as refused:
+        ask(client(front, 'not-the-key'), sandbox)
+    assert refused.value.status_code == 401
+
+
+def test_a_request_without_a_key_gets_401(sandbox):
+    # The openai client refuses to send a request without a key; a plain HTTPS request is what an attacker sends.
+    body = json.dumps(
+        {'model': sandbox.vars['vllm_kimi_served_model_name'], 'messages': [{'role': 'user', 'content': QUESTION}]}
+    )
+    assert status(sandbox, '/v1/chat/completions', 'POST', body=body) == 401
+
+
+def test_vllm_itself_runs_a_chat_completion_at_invocations_without_the_key(sandbox):
+    """What the front door keeps out: vLLM answers /invocations on its own port to anyone, keyless."""
+    body = json.dumps({'messages': [{'role': 'user', 'content': QUESTION}], 'max_tokens': 8, 'temperature': 0})
+    reply = httpx2.post(
+        'http://127.0.0.1:%s/invocations' % sandbox.vars['vllm_kimi_port'],
+        content=body,
+        headers={'Content-Type': 'application/json'},
+        timeout=120,
+    )
+    assert reply.status_code == 200, reply.text
+    assert status(sandbox, '/invocations', 'POST', body=body) == 404
+
+
+@pytest.mark.parametrize('path', BEHIND_THE_DOOR)
+def test_the_front_door_answers_404_for_what_vllm_serves_to_anyone(sandbox, path):
+    assert status(sandbox, path) == 404
+    assert status(sandbox, path, 'POST', body='{}') == 404
+
+
+def test_health_passes_without_the_key_and_models_with_it(sandbox, front):
+    assert status(sandbox, '/health') == 200
+    models = client(front, sandbox.vars['vllm_kimi_api_key']).models.list()
+    assert [model.id for model in models.data] == [sandbox.vars['vllm_kimi_served_model_name']]
+
+
+def test_metrics_only_for_the_prometheus_sources(sandbox):
+    assert sandbox.vars['vllm_kimi_front_metrics_sources'] == ['127.0.0.1']
+    assert status(sandbox, '/metrics') == 200
+    # Another loopback address is not a listed source.
+    assert status(sandbox, '/metrics', source='127.0.0.2') == 403
+
+
+def test_vllm_listens_on_loopback_only(sandbox):
+    pids = {
+        row.split()[0]
+        for row in sandbox.sh('ps -eo pid=,unit=').splitlines()
+        if row.split()[1:] == [sandbox.unit + '.service']
+    }
+    sockets = [line for line in sandbox.sh('ss -ltnpH').splitlines() if any('pid=%s,' % pid in line for pid in pids)]
+    addresses = {line.split()[3] for line in sockets}
+    assert '127.0.0.1:%s' % sandbox.vars['vllm_kimi_port'] in addresses, sockets
+    assert all(address.startswith(('127.', '[::1]')) for address in addresses), sockets
+
+
+def test_the_units_ip_fences_are_set(sandbox):
+    fences = sandbox.show('IPAddressDeny', 'IPAddressAllow')
+    assert fences['IPAddressDeny'] == '0.0.0.0/0 ::/0'
+    assert set(fences['IPAddressAllow'].split()) == {'127.0.0.0/8', '::1/128'}
+
+
+class Canary:
+    """A loopback HTTP server that counts its hits; with `to`, it answers each with a redirect there."""
+
+    def __init__(self, to=None):
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(302 if to else 404)
+                if to:
+                    self.send_header('Location', to)
+                self.send_header('Content-Length', '0')
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = 'http://127.0.0.1:%d/cat.png' % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_image_url_at_a_loopback_canary_is_refused_unreached(sandbox, front):
+    # The sandbox shares this machine's loopback: the canary is where vLLM could reach it.
+    canary = Canary()
+    redirector = Canary(to=canary.url)
+    try:
+        for url in (canary.url, redirector.url):
+            image_and_question = [{'type': 'image_url', 'image_url': {'url': url}}, {'type': 'text', 'text': QUESTION}]
+            with pytest.raises(openai.BadRequestError):
+                ask(client(front, sandbox.vars['vllm_kimi_api_key']), sandbox, image_and_question)
+        assert canary.hits == [] and redirector.hits == []
+    finally:
+        canary.close()
+        redirector.close()
+
+
+def test_the_front_door_logs_client_and_path_but_no_body_or_key(sandbox, front):
+    ask(client(front, sandbox.vars['vllm_kimi_api_key']), sandbox)
+    log = sandbox.sh('journalctl -u %s-front -o cat --no-pager -n 200' % sandbox.unit)
+    assert '127.0.0.1 "POST /v1/chat/completions" 200 ' in log, log[-2000:]
+    assert QUESTION not in log and sandbox.vars['vllm_kimi_api_key'] not in log
+
+
+CANARY_SECRET = 'llmserve-canary-secret-7d1f0c'
+ENVIRONMENT_TASK = "Ensure the environment file holds the service's settings and secrets"
+
+
+def test_diff_of_a_secret_in_the_environment_never_shows_it(sandbox):
+    rc, output, report = sandbox.deploy(
+        '--check', '--diff', '--tags', 'vllm_kimi_service', '-e',
+        json.dumps({'vllm_kimi_environment': {'LLMSERVE_CANARY_TOKEN': CANARY_SECRET}}),
+    )  # fmt: skip
+    assert rc == 0, output[-3000:]
+    environment = dict(task_results(report, sandbox.name))[ENVIRONMENT_TASK]
+    # The file would change: a diff was there to show, and was not shown.
+    assert environment.get('changed'), environment
+    assert CANARY_SECRET not in output
+    assert CANARY_SECRET not in json.dumps(report)
