@@ -49,6 +49,8 @@ ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
 WRONG_REVISION = revision('wrong')
 RIGHT_ANSWER = 'The capital of France is Paris.'
 SAMPLE_SECONDS = 5.0
+# The front doors' certificates come from tools/sandbox's CA.
+SANDBOX_CA = os.path.join(REPO, '.cache', 'sandbox', 'ca', 'ca.pem')
 TABLE_TASKS = ("Show the fleet's table", "Show the fleet's table before stopping")
 
 
@@ -61,7 +63,8 @@ def fleet():
         settings = yaml.safe_load(f)
     hosts = sorted(listing['vllm']['hosts'])
     settings.update(listing['_meta']['hostvars'][hosts[0]])
-    ports = {host: listing['_meta']['hostvars'][host]['vllm_kimi_port'] for host in hosts}
+    # The ports clients use: each replica's front door, as the load balancer's endpoints file lists them.
+    ports = {host: listing['_meta']['hostvars'][host]['vllm_kimi_front_port'] for host in hosts}
     return hosts, ports, settings
 
 
@@ -95,10 +98,11 @@ class Watch(threading.Thread):
     def coherent(self, host):
         try:
             reply = requests.post(
-                'http://127.0.0.1:%d/v1/chat/completions' % self.ports[host],
+                'https://127.0.0.1:%d/v1/chat/completions' % self.ports[host],
                 json=self.body,
                 headers=self.headers,
                 timeout=3,
+                verify=SANDBOX_CA,
             )
             return reply.status_code == 200 and 'Paris' in reply.json()['choices'][0]['message']['content']
         except (requests.RequestException, ValueError, KeyError, IndexError):

@@ -19,16 +19,17 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..')
 PLAYBOOK = os.path.join(ROOT, 'playbooks', 'monitoring.yml')
 RULES_TEST = os.path.join(ROOT, 'tests', 'unit', 'prometheus', 'llmserve_alerts_test.yml')
 
-# Two replicas (one without ansible_host, one on another port), a two-node model whose head is listed second in the
-# vllm group (the cluster group's order decides, as in vllm_kimi), and a host on IPv6 with its own service name.
+# Two replicas (one without ansible_host and without a front door, on another port), a two-node model whose head is
+# listed second in the vllm group (the cluster group's order decides, as in vllm_kimi) and whose front door has a
+# URL of its own, and a host on IPv6 with its own service name. Behind a front door Prometheus scrapes HTTPS.
 INVENTORY = {
     'prometheus': {'hosts': {'prom': {}}},
     'vllm': {
         'hosts': {
             'gpu-a': {'ansible_host': '10.0.0.1'},
-            'gpu-b': {'vllm_kimi_port': 8001},
+            'gpu-b': {'vllm_kimi_port': 8001, 'vllm_kimi_front_door': False},
             'mn-worker': {'ansible_host': '10.0.1.2', 'vllm_monitoring_node_exporter_port': 9101},
-            'mn-head': {'ansible_host': '10.0.1.1'},
+            'mn-head': {'ansible_host': '10.0.1.1', 'vllm_kimi_front_url': 'https://kimi.example.org:9443'},
             'v6': {'ansible_host': 'fd00::5', 'vllm_kimi_service_name': 'vllm-other'},
         }
     },
@@ -36,13 +37,25 @@ INVENTORY = {
 }
 
 EXPECTED_VLLM = [
-    {'labels': {'env': 'test', 'replica': 'gpu-a', 'service': 'vllm-kimi'}, 'targets': ['10.0.0.1:8000']},
+    {
+        'labels': {'__scheme__': 'https', 'env': 'test', 'replica': 'gpu-a', 'service': 'vllm-kimi'},
+        'targets': ['10.0.0.1:8443'],
+    },
     {'labels': {'env': 'test', 'replica': 'gpu-b', 'service': 'vllm-kimi'}, 'targets': ['gpu-b:8001']},
     {
-        'labels': {'cluster': 'kimi_mn', 'env': 'test', 'replica': 'mn-head', 'service': 'vllm-kimi'},
-        'targets': ['10.0.1.1:8000'],
+        'labels': {
+            '__scheme__': 'https',
+            'cluster': 'kimi_mn',
+            'env': 'test',
+            'replica': 'mn-head',
+            'service': 'vllm-kimi',
+        },
+        'targets': ['kimi.example.org:9443'],
     },
-    {'labels': {'env': 'test', 'replica': 'v6', 'service': 'vllm-other'}, 'targets': ['[fd00::5]:8000']},
+    {
+        'labels': {'__scheme__': 'https', 'env': 'test', 'replica': 'v6', 'service': 'vllm-other'},
+        'targets': ['[fd00::5]:8443'],
+    },
 ]
 # node_exporter targets carry no service label: the textfile metrics have their own.
 EXPECTED_NODE = [
@@ -124,7 +137,7 @@ def test_check_diff_real_and_repeat(tmp_path, promtool):
     rc, output = run_playbook(tmp_path, promtool, '--check', '--diff')
     assert rc == 0, output
     for line in (
-        '+      "[fd00::5]:8000"',
+        '+      "[fd00::5]:8443"',
         '+      "10.0.1.2:9101"',
         '+  - name: llmserve',
         '+      - alert: VllmTimeToFirstTokenHigh',
