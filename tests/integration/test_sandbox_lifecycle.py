@@ -39,9 +39,10 @@ MISFIT_MAX_MODEL_LEN = 8192
 # What the role's first phases would leave on a host: the service user and group, its directories, root's records,
 # the releases, the staged revisions, the environment files, the unit and the helper programs.
 TOUCHED_BY_A_DEPLOY = (
-    'getent passwd vllm; getent group vllm; '
+    'getent passwd vllm vllm-kimi-front; getent group vllm; '
     'ls -d /var/lib/vllm-kimi /var/lib/llmserve-vllm /opt/vllm-kimi /srv/hub/tiny-kimi /etc/vllm-kimi '
-    '/etc/systemd/system/vllm-kimi.service /usr/local/libexec/llmserve-* 2>&1; sha256sum /etc/passwd /etc/group'
+    '/etc/systemd/system/vllm-kimi.service /etc/systemd/system/vllm-kimi-front.service /var/cache/vllm-kimi-front '
+    '/usr/local/libexec/llmserve-* 2>&1; sha256sum /etc/passwd /etc/group'
 )
 
 pytestmark = [

@@ -305,7 +305,7 @@ PLANTED_RELEASE = '0123456789ab'
 
 @pytest.fixture(scope='module')
 def good_change(sandbox):
-    """max_model_len 2048, then back to the converged settings: two good changes."""
+    """max_model_len 2048, a good change; no_good_deployment ends with the converged settings, a second one."""
     root = sandbox.vars['vllm_kimi_venv_root']
     # An unused release from long ago: a good change must prune it.
     planted = '%s/%s' % (root, PLANTED_RELEASE)
@@ -319,27 +319,23 @@ def good_change(sandbox):
         'record': last_good_record(sandbox),
         'deployments': deployments(sandbox),
         'releases': releases(sandbox),
+        # vLLM's own figure of the start that serves now.
+        'logged_kv_tokens': logged_kv_tokens(sandbox),
     }
-    rc, output, report = sandbox.deploy()
-    restored = {
-        'rc': rc,
-        'output': output,
-        'report': report,
-        'record': last_good_record(sandbox),
-        'deployments': deployments(sandbox),
-    }
-    return before, changed, restored
+    return before, changed
+
+
+def max_model_len(record):
+    return record['serve_argv'][record['serve_argv'].index('--max-model-len') + 1]
 
 
 def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
-    before, changed, restored = good_change
+    before, changed = good_change
     assert changed['rc'] == 0, changed['output'][-3000:]
     record = changed['record']
-    assert record['serve_argv'][record['serve_argv'].index('--max-model-len') + 1] == '2048'
+    assert max_model_len(record) == '2048'
     assert record['gate']['answer'] == RIGHT_ANSWER
     assert record['deployment'] == changed['deployments'][-1]
-    assert restored['rc'] == 0, restored['output'][-3000:]
-    assert restored['record']['serve_argv'][restored['record']['serve_argv'].index('--max-model-len') + 1] == '1024'
 
 
 def logged_kv_tokens(sandbox):
@@ -351,7 +347,7 @@ def logged_kv_tokens(sandbox):
 def test_good_change_plans_from_the_measured_start_of_the_same_memory_key(sandbox, good_change):
     """The converged deployment's start measured the KV cache; max_model_len 2048 is the same memory key, so its
     preflight plans from that measurement, and its own start is recorded beside its plan."""
-    before, changed, restored = good_change
+    before, changed = good_change
     preflight = dict(task_results(changed['report'], sandbox.name))[PREFLIGHT_TASK]
     assert preflight['kv_cache_tokens_source'] == 'measured', preflight
     assert preflight['kv_cache_tokens'] == preflight['measured']['startup']['kv_tokens']
@@ -360,9 +356,9 @@ def test_good_change_plans_from_the_measured_start_of_the_same_memory_key(sandbo
     assert memory['planned_from'] == 'measured'
     assert memory['key_id'] == preflight['memory_key_id']
     assert memory['measured']['kv_tokens'] == preflight['kv_cache_tokens']
-    # The figures are vLLM's: the restored deployment's start logged the same cache.
-    assert restored['record']['memory']['measured']['kv_tokens'] == logged_kv_tokens(sandbox)
-    assert restored['record']['memory']['measured']['kv_cache_device'] == 'CPU'
+    # The figures are vLLM's: the change's start logged the same cache.
+    assert memory['measured']['kv_tokens'] == changed['logged_kv_tokens']
+    assert memory['measured']['kv_cache_device'] == 'CPU'
 
 
 def test_the_preflight_playbook_shows_predicted_and_measured(sandbox, good_change):
@@ -385,35 +381,51 @@ def test_the_preflight_playbook_shows_predicted_and_measured(sandbox, good_chang
 
 
 def test_good_change_keeps_the_previous_deployment_and_prunes_older_ones(sandbox, good_change):
-    before, changed, restored = good_change
+    before, changed = good_change
     kept = sandbox.vars['vllm_kimi_releases_kept']
     assert len(before) >= 1
     assert changed['deployments'] == (before + [changed['record']['deployment']])[-kept:]
-    assert restored['deployments'] == [changed['record']['deployment'], restored['record']['deployment']]
 
 
 def test_good_change_prunes_releases_no_kept_deployment_uses(sandbox, good_change):
-    before, changed, restored = good_change
+    before, changed = good_change
     assert PLANTED_RELEASE not in changed['releases']
     assert changed['releases'] == [changed['record']['release']]
 
 
 @pytest.fixture(scope='module')
-def no_good_deployment(sandbox):
-    """The last-good link moved away, as on a host that never passed a gate; restored afterwards."""
+def no_good_deployment(sandbox, good_change):
+    """The last-good link moved away, as on a host that never passed a gate; then, with the link back, the converged
+    settings again: a good change after good_change's (one restore for both)."""
     sandbox.sh('mv %s/last-good %s/last-good.away' % (DEPLOYMENTS, DEPLOYMENTS))
     try:
-        rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=%s' % WRONG_REVISION)
-        state = sandbox.show('ActiveState', 'SubState')
+        try:
+            rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=%s' % WRONG_REVISION)
+            state = sandbox.show('ActiveState', 'SubState')
+        finally:
+            sandbox.sh('mv %s/last-good.away %s/last-good' % (DEPLOYMENTS, DEPLOYMENTS))
     finally:
-        sandbox.sh('mv %s/last-good.away %s/last-good' % (DEPLOYMENTS, DEPLOYMENTS))
-    yield rc, output, report, state
-    rc, output, report = sandbox.deploy()
-    assert rc == 0, output[-3000:]
+        restore_rc, restore_output, restore_report = sandbox.deploy()
+    restored = {
+        'rc': restore_rc,
+        'output': restore_output,
+        'record': last_good_record(sandbox),
+        'deployments': deployments(sandbox),
+    }
+    return rc, output, report, state, restored
+
+
+def test_the_converged_settings_come_back_as_a_good_change(sandbox, good_change, no_good_deployment):
+    before, changed = good_change
+    restored = no_good_deployment[-1]
+    assert restored['rc'] == 0, restored['output'][-3000:]
+    assert max_model_len(restored['record']) == '1024'
+    # The failed change recorded nothing: the two kept deployments are the two good changes.
+    assert restored['deployments'] == [changed['record']['deployment'], restored['record']['deployment']]
 
 
 def test_no_good_deployment_stops_the_failed_unit_and_says_so(sandbox, no_good_deployment):
-    rc, output, report, state = no_good_deployment
+    rc, output, report, state, restored = no_good_deployment
     assert rc == 2, output[-3000:]
     final = dict(task_results(report, sandbox.name))['Stop with the cause; there is no good deployment to roll back to']
     assert 'did not match' in final['msg']
