@@ -55,7 +55,7 @@ def sh(argv, **kwargs):
     return proc
 
 
-def write_inventory(directory, name, ssh_port, port):
+def write_inventory(directory, name, ssh_port, port, front_port):
     cache = os.path.join(REPO, '.cache', 'sandbox', name)
     host = {
         'ansible_host': '127.0.0.1',
@@ -65,6 +65,7 @@ def write_inventory(directory, name, ssh_port, port):
         'ansible_ssh_common_args': '-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes'
         % os.path.join(cache, 'known_hosts'),
         'vllm_kimi_port': port,
+        'vllm_kimi_front_port': front_port,
     }
     with open(os.path.join(directory, 'hosts.yml'), 'w') as f:
         yaml.safe_dump({'vllm': {'hosts': {name: host}}}, f)
@@ -250,6 +251,7 @@ def main(argv=None):
     parser.add_argument('--name', default='sandbox-bench')
     parser.add_argument('--ssh-port', type=int, default=2241)
     parser.add_argument('--port', type=int, default=8041)
+    parser.add_argument('--front-port', type=int, default=8441)
     parser.add_argument('--restarts', type=int, default=3)
     parser.add_argument('--keep', action='store_true', help='leave the sandbox running')
     parser.add_argument('--json', default=os.path.join(REPO, '.cache', 'bench', 'deploy_figures.json'))
@@ -270,9 +272,21 @@ def main(argv=None):
     try:
         sh([SANDBOX, 'destroy', args.name])
         started = time.time()
-        sh([SANDBOX, 'create', args.name, '--ssh-port', str(args.ssh_port), '--port', str(args.port)])
+        sh(
+            [
+                SANDBOX,
+                'create',
+                args.name,
+                '--ssh-port',
+                str(args.ssh_port),
+                '--port',
+                str(args.port),
+                '--port',
+                str(args.front_port),
+            ]
+        )
         figures['sandbox_boot_s'] = round(time.time() - started, 1)
-        host = write_inventory(inventory, args.name, args.ssh_port, args.port)
+        host = write_inventory(inventory, args.name, args.ssh_port, args.port, args.front_port)
         figures['first_deploy'] = deploy(inventory, args.name)
         figures['noop_rerun'] = deploy(inventory, args.name)
         figures['restarts'] = [restart_once(inventory, args.name, host, settings) for _ in range(args.restarts)]

@@ -6,6 +6,7 @@ DEMO_SANDBOX := sandbox
 # inventories/sandbox/hosts.yml reaches the demo sandbox on these ports.
 DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
+DEMO_FRONT_PORT := 8443
 
 .PHONY: models fakehub-up sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
 
@@ -42,7 +43,7 @@ fakehub-up: models
 # Builds the Debian tree once (.cache/sandbox/rootfs-*), then boots in seconds;
 # a sandbox that is up is left as it is.
 sandbox-up: models fakehub-up
-	$(SANDBOX_TOOL) create $(DEMO_SANDBOX) --ssh-port $(DEMO_SSH_PORT) --port $(DEMO_VLLM_PORT) >/dev/null
+	$(SANDBOX_TOOL) create $(DEMO_SANDBOX) --ssh-port $(DEMO_SSH_PORT) --port $(DEMO_VLLM_PORT) --port $(DEMO_FRONT_PORT) >/dev/null
 
 # Powers it off and checks that no process, mount or listening port is left.
 sandbox-down:
