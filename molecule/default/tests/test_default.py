@@ -214,3 +214,47 @@ def test_last_good_deployment_is_recorded_root_only_without_the_key(host, hostva
     for name in ('unit', 'environment'):
         snapshot = host.file(last_good.path + '/' + name)
         assert (snapshot.user, snapshot.mode) == ('root', 0o600)
+
+
+def model_dir(hostvars):
+    return '%s/%s' % (hostvars['vllm_kimi_model_path'], hostvars['vllm_kimi_model_revision'])
+
+
+def test_the_checkpoint_is_roots_and_read_only_to_the_service(host, hostvars):
+    """The fetch wrote it as a user of its own; sealed before its check, nothing in it is the service's to change."""
+    checkpoint = model_dir(hostvars)
+    owners = host.check_output("find %s ! -type l -printf '%%u:%%g %%m\\n' | sort | uniq -c", checkpoint)
+    assert {line.split()[1] for line in owners.splitlines()} == {'root:%s' % hostvars['vllm_kimi_group']}, owners
+    assert host.check_output('find %s ! -type l -perm /022', checkpoint) == ''
+    user = hostvars['vllm_kimi_user']
+    for attempt in (
+        'touch %s/planted' % checkpoint,
+        'sh -c "echo >> %s/config.json"' % checkpoint,
+        'mv %s %s.moved' % (checkpoint, checkpoint),
+    ):
+        refused = host.run('runuser -u %s -- %s', user, attempt)
+        assert refused.rc != 0, (attempt, refused.stdout)
+    assert not host.file(checkpoint + '/planted').exists and host.file(checkpoint + '/config.json').exists
+
+
+def test_the_release_is_not_writable_by_the_service(host, hostvars, unit):
+    exec_start = host.check_output('systemctl show -p ExecStart --value %s', unit)
+    release = re.search(r'path=(%s/[0-9a-f]{12})/bin/' % re.escape(hostvars['vllm_kimi_venv_root']), exec_start).group(
+        1
+    )
+    user = hostvars['vllm_kimi_user']
+    for attempt in ('touch %s/planted' % release, 'touch %s/bin/planted' % release):
+        assert host.run('runuser -u %s -- %s', user, attempt).rc != 0, attempt
+    site = host.check_output('ls -d %s/lib/python3*/site-packages', release)
+    assert host.run('runuser -u %s -- touch %s/llmserve-planted.pth', user, site).rc != 0
+
+
+def test_the_fetch_ran_as_a_user_of_its_own(host, hostvars):
+    fetch_user = host.user(
+        hostvars['vllm_kimi_fetch_user'].replace('{{ vllm_kimi_service_name }}', hostvars['vllm_kimi_service_name'])
+    )
+    assert fetch_user.exists and fetch_user.shell == '/usr/sbin/nologin'
+    assert hostvars['vllm_kimi_group'] not in fetch_user.groups
+    # The Hub token's file is root's; the fetch's unit read it, the fetch user never can.
+    hub_env = host.file('/etc/%s/hub.environment' % hostvars['vllm_kimi_service_name'])
+    assert (hub_env.user, hub_env.mode) == ('root', 0o600)
