@@ -26,17 +26,29 @@ def free_port():
 
 @pytest.fixture
 def fake_openai():
-    """fake_openai(routes, port=0) -> a FakeOpenAI server (tests/fake_openai.py) for this test, closed when it
-    ends."""
+    """fake_openai(routes, port=0, tls=None) -> a FakeOpenAI server (tests/fake_openai.py) for this test, closed when
+    it ends; over HTTPS with a LocalCA's server certificate when tls is one."""
     started = []
 
-    def start(routes, port=0):
-        started.append(FakeOpenAI(routes, port))
+    def start(routes, port=0, tls=None):
+        started.append(FakeOpenAI(routes, port, tls))
         return started[-1]
 
     yield start
     for server in started:
         server.close()
+
+
+@pytest.fixture(scope='session')
+def local_ca(tmp_path_factory):
+    """A LocalCA (tests/support.py): a CA of the tests' own and a certificate it signed for 127.0.0.1."""
+    return support.LocalCA(str(tmp_path_factory.mktemp('local-ca')))
+
+
+@pytest.fixture(scope='session')
+def other_ca(tmp_path_factory):
+    """Another LocalCA, which did not sign local_ca's server certificate."""
+    return support.LocalCA(str(tmp_path_factory.mktemp('other-ca')), name='llmserve other CA')
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ It emulates the protocol only; the sandbox tests run the modules against a real 
 """
 
 import json
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -103,19 +104,44 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    """An http.server that speaks TLS when given a server-side context: each connection's handshake runs in that
+    connection's thread, so a client that refuses the certificate stops only its own."""
+
+    daemon_threads = True
+    tls = None
+
+    def finish_request(self, request, client_address):
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            request = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):  # the client refused the certificate, as it must without its CA
+            return
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            request.close()
+
+
 class FakeOpenAI:
     """The server of one case, listening on port (0: any free one) from construction to close(); url is its
-    base URL."""
+    base URL. With tls (a tests/support.py LocalCA) it serves HTTPS with the CA's certificate for 127.0.0.1."""
 
-    def __init__(self, routes, port=0):
+    def __init__(self, routes, port=0, tls=None):
         self.routes = dict(routes)
         self.requests = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.httpd = ThreadingHTTPServer(('127.0.0.1', port), _Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(('127.0.0.1', port), _Handler)
         self.httpd.fake = self
-        self.url = 'http://127.0.0.1:%d' % self.httpd.server_address[1]
+        scheme = 'http'
+        if tls is not None:
+            self.httpd.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self.httpd.tls.load_cert_chain(tls.server_cert, tls.server_key)
+            scheme = 'https'
+        self.url = '%s://127.0.0.1:%d' % (scheme, self.httpd.server_address[1])
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True)
         self.thread.start()
 

@@ -188,6 +188,41 @@ def named_listener(name):
         proc.stdout.close()
 
 
+class LocalCA:
+    """A certificate authority of the tests' own, made with the openssl CLI, and a server certificate it signed for
+    127.0.0.1 (the fake servers' address): ca and server_cert are PEM files, server_key the certificate's key.
+
+    Made as the sandbox's CA is (tools/sandbox.py), with what Python 3.13's VERIFY_X509_STRICT asks of a chain: a
+    critical basicConstraints CA:TRUE and keyCertSign on the CA, a subjectAltName and both key identifiers on the
+    certificate.
+    """
+
+    def __init__(self, directory, name='llmserve test CA'):
+        self.ca = os.path.join(directory, 'ca.pem')
+        self.ca_key = os.path.join(directory, 'ca.key')
+        self.server_cert = os.path.join(directory, 'server.pem')
+        self.server_key = os.path.join(directory, 'server.key')
+        csr = os.path.join(directory, 'server.csr')
+        extensions = os.path.join(directory, 'server.ext')
+        ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes']
+        _openssl('req', '-x509', *ec, '-days', '2', '-subj', '/CN=' + name, '-keyout', self.ca_key,
+                 '-out', self.ca, '-addext', 'basicConstraints=critical,CA:TRUE',
+                 '-addext', 'keyUsage=critical,keyCertSign,cRLSign')  # fmt: skip
+        with open(extensions, 'w') as f:
+            f.write(
+                'subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n'
+                'keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n'
+                'subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n'
+            )
+        _openssl('req', *ec, '-subj', '/CN=127.0.0.1', '-keyout', self.server_key, '-out', csr)
+        _openssl('x509', '-req', '-in', csr, '-CA', self.ca, '-CAkey', self.ca_key, '-set_serial', '1', '-days', '2',
+                 '-extfile', extensions, '-out', self.server_cert)  # fmt: skip
+
+
+def _openssl(*argv):
+    subprocess.run(['openssl'] + list(argv), capture_output=True, check=True, timeout=60)
+
+
 class Run:
     """One module run: rc, the parsed result (None when the output was no JSON), raw output, hung."""
 

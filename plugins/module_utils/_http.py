@@ -13,7 +13,11 @@ _hub_headers).
 """
 
 import json
+import os
+import re
 import socket
+import ssl
+import stat
 import unicodedata
 from http.client import BadStatusLine, HTTPException, IncompleteRead
 from typing import Any, Callable, Optional
@@ -109,11 +113,53 @@ def hide_url_password(module: Any) -> None:
         module.no_log_values.add(password)
 
 
-def endpoint_context(validate_certs: bool) -> Any:
+def ca_path_problem(ca_path: Optional[str], validate_certs: bool = True) -> Optional[str]:
+    """Why ca_path cannot be the CA certificates (PEM) that an https server's certificate must chain to, or None.
+
+    Checked before the first request: ssl raises the same at every request otherwise, and a wait would poll until its
+    timeout as if the endpoint were down. Without validate_certs, ca_path is not used, so not checked either.
+    """
+    ca_path = _cafile(validate_certs, ca_path)
+    if not ca_path:
+        return None
+    try:
+        # Opened without blocking and asked what it is: ssl would wait on a FIFO for ever, read /dev/zero without end.
+        descriptor = os.open(ca_path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            mode = os.fstat(descriptor).st_mode
+        finally:
+            os.close(descriptor)
+    except FileNotFoundError:
+        return "ca_path '%s' does not exist" % ca_path
+    except OSError as exc:
+        return "ca_path '%s' cannot be read: %s" % (ca_path, exc.strerror or exc)
+    if stat.S_ISDIR(mode):
+        return "ca_path '%s' is a directory; give a file of PEM CA certificates" % ca_path
+    if not stat.S_ISREG(mode):
+        return "ca_path '%s' is not a regular file; give a file of PEM CA certificates" % ca_path
+    try:
+        ssl.create_default_context(cafile=ca_path)
+    except (ssl.SSLError, ValueError) as exc:
+        # The place in CPython's C source ssl names says nothing to the user.
+        reason = re.sub(r' \(_ssl\.c:\d+\)$', '', to_text(exc))
+        return "ca_path '%s' holds no certificate that Python's ssl can load (PEM expected): %s" % (ca_path, reason)
+    return None
+
+
+def _cafile(validate_certs: bool, ca_path: Optional[str]) -> Optional[str]:
+    """The CA file to verify with: none when certificates are not verified (ca_path is then not even read)."""
+    return ca_path if validate_certs else None
+
+
+def endpoint_context(validate_certs: bool, ca_path: Optional[str] = None) -> Any:
     """The TLS context of open_endpoint, for a caller that sends many requests: open_url builds one for every
     request, even for http, reading and parsing every CA certificate of the host (tens of milliseconds of CPU,
-    most of them with the GIL held, which stalls the caller's other threads)."""
-    return make_context(validate_certs=validate_certs)
+    most of them with the GIL held, which stalls the caller's other threads).
+
+    ca_path: a PEM file of the CA certificates to trust instead of the host's (see ca_path_problem); ignored
+    when validate_certs is false.
+    """
+    return make_context(cafile=_cafile(validate_certs, ca_path), validate_certs=validate_certs)
 
 
 def open_endpoint(
@@ -125,11 +171,13 @@ def open_endpoint(
     validate_certs: bool,
     use_proxy: bool,
     context: Any = None,
+    ca_path: Optional[str] = None,
 ) -> Any:
     """open_url as every request to vLLM goes: safe redirects only, and no unpacking of a body nobody asked
     to be compressed (a gzip body would escape the byte limits, and a broken one raise zlib.error).
 
-    context: an endpoint_context(validate_certs) to reuse, or None to build one for this request.
+    context: an endpoint_context(validate_certs, ca_path) to reuse, or None to build one for this request.
+    ca_path: as endpoint_context's, for the context built here; a given context already holds its CA.
     """
     return Request().open(
         method,
@@ -142,6 +190,7 @@ def open_endpoint(
         follow_redirects='safe',
         decompress=False,
         context=context,
+        ca_path=_cafile(validate_certs, ca_path),
     )
 
 
@@ -199,9 +248,16 @@ def format_seconds(value: float) -> str:
 
 
 def make_transport(
-    base_url: str, api_key: Optional[str] = None, validate_certs: bool = True, use_proxy: bool = True
+    base_url: str,
+    api_key: Optional[str] = None,
+    validate_certs: bool = True,
+    use_proxy: bool = True,
+    ca_path: Optional[str] = None,
 ) -> Http:
     """Return http(method, path, payload, timeout, limit) -> (status, text) through open_url.
+
+    ca_path: a PEM file of the CA certificates that an https server's certificate must chain to, instead of
+    the host's; ignored when validate_certs is false.
 
     Any HTTP status comes back as a value. The whole exchange, the body included, ends
     within timeout seconds, or raises Unreachable as a missing answer does; a body of more
@@ -227,7 +283,9 @@ def make_transport(
         try:
             with deadline(timeout):
                 try:
-                    response = open_endpoint(base_url + path, data, headers, method, timeout, validate_certs, use_proxy)
+                    response = open_endpoint(
+                        base_url + path, data, headers, method, timeout, validate_certs, use_proxy, ca_path=ca_path
+                    )
                 except HTTPError as exc:
                     response = exc  # an HTTP status is an answer: read its body as well
                 try:

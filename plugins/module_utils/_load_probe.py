@@ -306,7 +306,11 @@ def _daemon_thread(target: Callable[[], None]) -> threading.Thread:
 
 
 def make_stream(
-    base_url: str, api_key: Optional[str] = None, validate_certs: bool = True, use_proxy: bool = True
+    base_url: str,
+    api_key: Optional[str] = None,
+    validate_certs: bool = True,
+    use_proxy: bool = True,
+    ca_path: Optional[str] = None,
 ) -> Stream:
     """Return stream(payload, timeout): POST /v1/chat/completions and yield the answer's lines.
 
@@ -318,12 +322,15 @@ def make_stream(
     does, it cost each request tens of milliseconds of CPU with the GIL held, before the
     request was sent: the clients that started together waited on each other, the server
     sat idle meanwhile, and the other clients' tokens piled up unread.
+
+    ca_path: a PEM file of the CA certificates that an https server's certificate must chain to, instead of
+    the host's; ignored when validate_certs is false.
     """
     url = base_url.rstrip('/') + '/v1/chat/completions'
     headers = {'Accept': 'text/event-stream', 'Content-Type': 'application/json'}
     if api_key:
         headers['Authorization'] = 'Bearer %s' % api_key
-    context = endpoint_context(validate_certs)
+    context = endpoint_context(validate_certs, ca_path)
 
     def stream(payload: dict[str, Any], timeout: float) -> Iterator[bytes]:
         try:

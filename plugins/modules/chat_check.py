@@ -207,8 +207,22 @@ options:
   validate_certs:
     description:
       - Whether to verify the server's TLS certificate for an C(https) O(url).
+      - V(false) also turns O(ca_path) off.
     type: bool
     default: true
+  ca_path:
+    description:
+      - A file of PEM CA certificates that the server's certificate must chain to, for an C(https) O(url), instead
+        of the host's trust store; for example the private CA that signed a front door's certificate (nginx
+        terminating TLS before vLLM). The host's CA certificates are then not trusted for this check.
+      - The certificate must still name the host of O(url) (C(subjectAltName)), as with the host's trust store.
+      - It is checked before the first request; a path that does not exist, is not a regular file, cannot be
+        read, or holds no certificate fails at once with a message that names it.
+      - A server certificate that does not chain to it fails each poll as a server that does not answer, so the
+        wait fails at O(timeout), with Python's certificate error (C(CERTIFICATE_VERIFY_FAILED) ...) as
+        the last state seen.
+      - Ignored (not even read) when O(validate_certs) is V(false).
+    type: path
   use_proxy:
     description:
       - Whether to go through the proxy that the environment names (C(https_proxy), C(http_proxy)).
@@ -281,6 +295,13 @@ EXAMPLES = r"""
         thinking: false
     expect_reasoning: false
     timeout: 3600
+
+- name: Ensure the front door answers, its certificate signed by the deployment's own CA
+  llmserve.vllm.chat_check:
+    url: https://llm.example.com:8443
+    api_key: "{{ vault_vllm_api_key }}"
+    ca_path: /etc/ssl/certs/llmserve-ca.pem
+    unit: vllm.service
 
 - name: Ensure Kimi-K2.5 thinks, then answers in the content
   llmserve.vllm.chat_check:
@@ -525,6 +546,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
     api_key_problem,
+    ca_path_problem,
     hide_url_password,
     make_transport,
     url_problem,
@@ -548,6 +570,7 @@ def validate(module):
         or extra_body_problem(p['extra_body'])
         or markup_problem(p['forbidden_markup'])
         or tool_call_problem(p['tool_call'])
+        or ca_path_problem(p['ca_path'], p['validate_certs'])
     )
     if problem:
         return problem
@@ -596,6 +619,7 @@ def main():
             interval=dict(type='float', default=DEFAULT_INTERVAL),
             request_timeout=dict(type='int', default=DEFAULT_REQUEST_TIMEOUT),
             validate_certs=dict(type='bool', default=True),
+            ca_path=dict(type='path'),
             use_proxy=dict(type='bool', default=True),
             unit=dict(type='str'),
             max_restarts=dict(type='int', default=DEFAULT_MAX_RESTARTS),
@@ -613,7 +637,13 @@ def main():
     unit = p['unit']
     api_key = p['api_key']
     check = ChatCheck(
-        http=make_transport(p['url'], api_key=api_key, validate_certs=p['validate_certs'], use_proxy=p['use_proxy']),
+        http=make_transport(
+            p['url'],
+            api_key=api_key,
+            validate_certs=p['validate_certs'],
+            use_proxy=p['use_proxy'],
+            ca_path=p['ca_path'],
+        ),
         url=p['url'],
         model=p['model'],
         prompt=p['prompt'],

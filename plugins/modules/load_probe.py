@@ -98,8 +98,19 @@ options:
   validate_certs:
     description:
       - Whether to verify the server's TLS certificate for an C(https) O(url).
+      - V(false) also turns O(ca_path) off.
     type: bool
     default: true
+  ca_path:
+    description:
+      - A file of PEM CA certificates that the server's certificate must chain to, for an C(https) O(url), instead
+        of the host's trust store; for example the private CA that signed a front door's certificate (nginx
+        terminating TLS before vLLM). The host's CA certificates are then not trusted for this probe.
+      - The certificate must still name the host of O(url) (C(subjectAltName)), as with the host's trust store.
+      - It is checked before the first request; a path that does not exist, is not a regular file, cannot be
+        read, or holds no certificate fails at once with a message that names it.
+      - Ignored (not even read) when O(validate_certs) is V(false).
+    type: path
   use_proxy:
     description:
       - Whether to go through the proxy that the environment names.
@@ -128,6 +139,13 @@ EXAMPLES = r"""
     duration: 60
     min_tokens_per_second: 400
   register: __vllm_load_probe
+
+- name: Measure through the front door, its certificate signed by the deployment's own CA
+  llmserve.vllm.load_probe:
+    url: https://llm.example.com:8443
+    model: kimi-k2.5
+    api_key: "{{ vault_vllm_api_key }}"
+    ca_path: /etc/ssl/certs/llmserve-ca.pem
 
 - name: Fail when a change made the endpoint more than 20 % slower than the release before it
   llmserve.vllm.load_probe:
@@ -252,6 +270,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MA
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
     api_key_problem,
+    ca_path_problem,
     hide_url_password,
     url_problem,
 )
@@ -271,7 +290,11 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
 
 def validate(p):
     """What argument_spec cannot express; returns the first problem or None."""
-    problem = url_problem(p['url']) or api_key_problem(p['api_key'] or '')
+    problem = (
+        url_problem(p['url'])
+        or api_key_problem(p['api_key'] or '')
+        or ca_path_problem(p['ca_path'], p['validate_certs'])
+    )
     if problem:
         return problem
     if not p['model'].strip():
@@ -323,6 +346,7 @@ def main():
             baseline_tokens_per_second=dict(type='float', no_log=False),
             max_regression_percent=dict(type='float', default=DEFAULT_MAX_REGRESSION_PERCENT),
             validate_certs=dict(type='bool', default=True),
+            ca_path=dict(type='path'),
             use_proxy=dict(type='bool', default=True),
         ),
         supports_check_mode=True,
@@ -336,7 +360,13 @@ def main():
     extra_body = {'ignore_eos': p['ignore_eos']}
     extra_body.update(p['extra_body'])
     probe = LoadProbe(
-        make_stream(p['url'], api_key=p['api_key'], validate_certs=p['validate_certs'], use_proxy=p['use_proxy']),
+        make_stream(
+            p['url'],
+            api_key=p['api_key'],
+            validate_certs=p['validate_certs'],
+            use_proxy=p['use_proxy'],
+            ca_path=p['ca_path'],
+        ),
         model=p['model'],
         prompt=p['prompt'],
         max_tokens=p['max_tokens'],

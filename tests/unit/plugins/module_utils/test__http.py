@@ -4,18 +4,24 @@
 """Unit tests of _http: the endpoint's URL and key checked before the first request, what a missing answer was,
 and secrets masked in every text that comes back."""
 
+import os
+import shutil
 import socket
 from http.client import BadStatusLine, IncompleteRead, RemoteDisconnected
 
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+    Unreachable,
     api_key_problem,
+    ca_path_problem,
     describe_unreachable,
+    make_transport,
     mask,
     read_limited,
     url_problem,
 )
+from ansible_collections.llmserve.vllm.tests.fake_openai import reply
 
 
 class _Reason(Exception):
@@ -159,3 +165,91 @@ class Chunks:
 )
 def test_read_limited_reads_as_it_comes_and_stops_above_the_limit(chunks, limit, expected):
     assert read_limited(Chunks(*chunks), limit) == expected
+
+
+# ---------------------------------------------------------------- https with a CA of the deployment's own
+
+NOT_PEM = "holds no certificate that Python's ssl can load (PEM expected): "
+
+
+@pytest.mark.parametrize(
+    'name, content, expected',
+    [
+        ('missing.pem', None, "ca_path '{path}' does not exist"),
+        ('dir', 'directory', "ca_path '{path}' is a directory; give a file of PEM CA certificates"),
+        ('fifo', 'fifo', "ca_path '{path}' is not a regular file; give a file of PEM CA certificates"),
+        (
+            'empty.pem',
+            b'',
+            "ca_path '{path}' " + NOT_PEM + '[X509: NO_CERTIFICATE_OR_CRL_FOUND] no certificate or crl found',
+        ),
+        (
+            'key.pem',
+            'key',
+            "ca_path '{path}' " + NOT_PEM + '[X509: NO_CERTIFICATE_OR_CRL_FOUND] no certificate or crl found',
+        ),
+        (
+            'broken.pem',
+            b'-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n',
+            "ca_path '{path}' " + NOT_PEM + '[X509] PEM lib',
+        ),
+        ('file/ca.pem', 'under-a-file', "ca_path '{path}' cannot be read: Not a directory"),
+        ('ca.pem', 'ca', None),
+    ],
+    ids=['missing', 'directory', 'fifo', 'empty', 'a-key-only', 'broken-pem', 'under-a-file', 'the-ca'],
+)
+def test_ca_path_problem(tmp_path, local_ca, name, content, expected):
+    path = tmp_path / name
+    if content == 'directory':
+        path.mkdir()
+    elif content == 'fifo':
+        os.mkfifo(str(path))  # opened for reading, it would block until a writer came
+    elif content == 'under-a-file':
+        path.parent.write_bytes(b'')
+    elif content == 'key':
+        shutil.copyfile(local_ca.server_key, str(path))
+    elif content == 'ca':
+        shutil.copyfile(local_ca.ca, str(path))
+    elif content is not None:
+        path.write_bytes(content)
+    assert ca_path_problem(str(path)) == (expected.format(path=path) if expected else None)
+
+
+@pytest.mark.parametrize('ca_path', [None, '', '/no/such/ca.pem'], ids=['none', 'empty', 'missing'])
+def test_ca_path_problem_without_validate_certs_checks_nothing(ca_path):
+    assert ca_path_problem(ca_path, validate_certs=False) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason='root reads a file of mode 0')
+def test_ca_path_problem_of_a_file_that_cannot_be_read(tmp_path, local_ca):
+    path = tmp_path / 'ca.pem'
+    shutil.copyfile(local_ca.ca, str(path))
+    path.chmod(0)
+    assert ca_path_problem(str(path)) == "ca_path '%s' cannot be read: Permission denied" % path
+
+
+@pytest.fixture
+def https_server(fake_openai, local_ca):
+    """A server on 127.0.0.1 that presents local_ca's certificate and answers /health 200."""
+    return fake_openai({'/health': reply(200, '{}')}, tls=local_ca)
+
+
+def test_https_through_the_ca_of_ca_path(https_server, local_ca):
+    http = make_transport(https_server.url, ca_path=local_ca.ca)
+    assert http('GET', '/health', None, 10, 100) == (200, '{}')
+
+
+@pytest.mark.parametrize('trust', ['host', 'other-ca'])
+def test_https_refuses_a_certificate_that_does_not_chain_to_the_trusted_cas(https_server, other_ca, trust):
+    http = make_transport(https_server.url, ca_path=other_ca.ca if trust == 'other-ca' else None)
+    with pytest.raises(Unreachable) as caught:
+        http('GET', '/health', None, 10, 100)
+    assert caught.value.reason.startswith(
+        '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate'
+    )
+    assert https_server.requests == []
+
+
+def test_without_validate_certs_ca_path_is_not_read(https_server, tmp_path):
+    http = make_transport(https_server.url, validate_certs=False, ca_path=str(tmp_path / 'missing.pem'))
+    assert http('GET', '/health', None, 10, 100) == (200, '{}')

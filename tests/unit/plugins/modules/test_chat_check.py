@@ -15,6 +15,7 @@ recorded answers: this host has no systemd as PID 1. The sandbox tests use the r
 """
 
 import json
+import os
 import threading
 import time
 
@@ -75,8 +76,10 @@ class FakeVllm:
 
 @pytest.fixture
 def serve(fake_openai):
-    def start(fake, port=0):
-        return fake_openai(dict.fromkeys(('/health', '/v1/models', '/v1/chat/completions'), fake.behave), port)
+    """serve(fake, port=0, tls=None): fake on 127.0.0.1, over HTTPS with a LocalCA's certificate when tls is one."""
+
+    def start(fake, port=0, tls=None):
+        return fake_openai(dict.fromkeys(('/health', '/v1/models', '/v1/chat/completions'), fake.behave), port, tls)
 
     return start
 
@@ -237,6 +240,59 @@ def test_invalid_options(tmp_path, args, expected_msg, module_result):
     rc, result = module_result('chat_check', dict({'timeout': 1}, **args))
     assert (rc, result['msg']) == (1, expected_msg)
     assert 'sk-secret' not in json.dumps(result)
+
+
+# ---------------------------------------------------------------- https with a CA of the deployment's own
+
+
+def test_https_passes_with_the_ca_that_signed_the_servers_certificate(tmp_path, serve, module_result, local_ca):
+    fake = FakeVllm()
+    server = serve(fake, tls=local_ca)
+    rc, result = module_result('chat_check', dict(FAST, url=server.url, ca_path=local_ca.ca))
+    assert (rc, result['answer'], result['url']) == (0, PARIS, server.url)
+    assert server.url.startswith('https://')
+    assert [r['path'] for r in fake.requests] == ['/health', '/v1/models', '/v1/chat/completions']
+
+
+@pytest.mark.parametrize('trust', ['host', 'other-ca'], ids=['the-hosts-trust-store', 'another-ca'])
+def test_https_fails_on_a_certificate_that_does_not_chain_to_the_trusted_cas(
+    tmp_path, serve, module_result, local_ca, other_ca, trust
+):
+    fake = FakeVllm()
+    server = serve(fake, tls=local_ca)
+    args = dict(url=server.url, timeout=1, interval=0.2)
+    if trust == 'other-ca':
+        args['ca_path'] = other_ca.ca
+    rc, result = module_result('chat_check', args)
+    assert rc == 1
+    unverified = '[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate'
+    assert result['msg'].startswith(
+        'Timed out after 1 s waiting for /health to answer 200 at %s; last seen: %s' % (server.url, unverified)
+    )
+    assert result['last_state'].startswith(unverified) and result['last_state'].endswith(' (/health)')
+    # No request got past the handshake.
+    assert fake.requests == []
+
+
+def test_a_ca_path_that_does_not_exist_fails_before_any_request(tmp_path, serve, module_result, local_ca):
+    fake = FakeVllm()
+    server = serve(fake, tls=local_ca)
+    missing = str(tmp_path / 'no-such-ca.pem')
+    rc, result = module_result('chat_check', dict(FAST, url=server.url, ca_path=missing))
+    assert (rc, result['msg']) == (1, "ca_path '%s' does not exist" % missing)
+    assert fake.requests == []
+
+
+def test_a_ca_path_is_a_path_with_the_home_directory_expanded(tmp_path, module_result):
+    rc, result = module_result('chat_check', dict(FAST, ca_path='~/no-such-ca.pem'))
+    assert (rc, result['msg']) == (1, "ca_path '%s' does not exist" % os.path.expanduser('~/no-such-ca.pem'))
+
+
+def test_without_validate_certs_ca_path_is_ignored(tmp_path, serve, module_result, local_ca):
+    server = serve(FakeVllm(), tls=local_ca)
+    missing = str(tmp_path / 'no-such-ca.pem')
+    rc, result = module_result('chat_check', dict(FAST, url=server.url, validate_certs=False, ca_path=missing))
+    assert (rc, result['answer']) == (0, PARIS)
 
 
 # ---------------------------------------------------------------- the gates of a thinking, tool-calling model

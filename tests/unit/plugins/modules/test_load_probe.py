@@ -42,6 +42,14 @@ def server(fake_openai):
     return fake
 
 
+@pytest.fixture
+def https_server(fake_openai, local_ca):
+    """The fake server over HTTPS, with a certificate for 127.0.0.1 that local_ca signed."""
+    fake = fake_openai({'/v1/chat/completions': chat_completions}, tls=local_ca)
+    fake.api_key = None
+    return fake
+
+
 def bodies(server):
     return [request.json() for request in server.requests]
 
@@ -116,3 +124,40 @@ def test_a_password_in_the_url_never_shows(server, module_result):
     assert rc == 1
     assert 'pw-zq7-secret' not in json.dumps(result)
     assert result['msg'].startswith('The load probe of http://probe:********@127.0.0.1')
+
+
+def test_https_through_the_ca_of_ca_path(https_server, module_result, local_ca):
+    rc, result = module_result('load_probe', dict(url=https_server.url, model='tiny', duration=1, ca_path=local_ca.ca))
+    assert rc == 0, result
+    assert result['failed_requests'] == 0 and result['requests'] >= 1
+
+
+@pytest.mark.parametrize('trust', ['host', 'other-ca'], ids=['the-hosts-trust-store', 'another-ca'])
+def test_https_fails_on_a_certificate_that_does_not_chain_to_the_trusted_cas(
+    https_server, module_result, other_ca, trust
+):
+    args = dict(url=https_server.url, model='tiny', duration=1, concurrency=1)
+    if trust == 'other-ca':
+        args['ca_path'] = other_ca.ca
+    rc, result = module_result('load_probe', args)
+    assert rc == 1
+    assert result['msg'].startswith(
+        'The load probe of %s failed: 1 of 1 requests of the load probe failed: [SSL: CERTIFICATE_VERIFY_FAILED] '
+        'certificate verify failed: unable to get local issuer certificate' % https_server.url
+    )
+    assert bodies(https_server) == []
+
+
+def test_a_ca_path_that_does_not_exist_fails_before_any_request(https_server, module_result, tmp_path):
+    missing = str(tmp_path / 'no-such-ca.pem')
+    rc, result = module_result('load_probe', dict(url=https_server.url, model='tiny', ca_path=missing))
+    assert (rc, result['msg']) == (1, "ca_path '%s' does not exist" % missing)
+    assert bodies(https_server) == []
+
+
+def test_without_validate_certs_ca_path_is_ignored(https_server, module_result, tmp_path):
+    missing = str(tmp_path / 'no-such-ca.pem')
+    rc, result = module_result(
+        'load_probe', dict(url=https_server.url, model='tiny', duration=1, validate_certs=False, ca_path=missing)
+    )
+    assert rc == 0, result
