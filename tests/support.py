@@ -10,11 +10,13 @@ no_log masking.
 """
 
 import contextlib
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from unittest import mock
 
 from ansible.module_utils import basic
@@ -483,3 +485,31 @@ def weights_error(log, sized=True):
     """(predicted − logged) / logged weights per GPU of a start-up log (predict_weights against "Model loading took")."""
     logged = log['logged']['weights_gib'] * 1024**3
     return (predict_weights(log, sized) - logged) / logged
+
+
+class Canary:
+    """A loopback HTTP server that counts its hits; with `to`, it answers each with a redirect there. Where a test
+    must show that a request never left for a place it must not reach."""
+
+    def __init__(self, to=None):
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(302 if to else 404)
+                if to:
+                    self.send_header('Location', to)
+                self.send_header('Content-Length', '0')
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = 'http://127.0.0.1:%d/cat.png' % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -11,6 +11,8 @@ import subprocess
 
 import pytest
 
+from ansible_collections.llmserve.vllm.tests.support import Canary
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'playbooks', 'render_unit.yml')
 ANSIBLE_PLAYBOOK = os.path.join(REPO, '.venv', 'bin', 'ansible-playbook')
@@ -392,36 +394,6 @@ try:
 except Exception as exc:
     print(json.dumps({'refused': '%s: %s' % (type(exc).__name__, exc)}))
 """
-
-
-class Canary:
-    """A loopback HTTP server that counts its hits; with `to`, each answer redirects there."""
-
-    def __init__(self, to=None):
-        import http.server
-        import threading
-
-        hits = self.hits = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                hits.append(self.path)
-                self.send_response(302 if to else 404)
-                if to:
-                    self.send_header('Location', to)
-                self.send_header('Content-Length', '0')
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        self.url = 'http://127.0.0.1:%d/cat.png' % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def media_flags(argv):

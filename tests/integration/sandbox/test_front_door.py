@@ -14,16 +14,16 @@
 """
 
 import http.client
-import http.server
 import json
 import os
 import ssl
-import threading
 
 import httpx2
 import openai
 import pytest
 from sandbox_helpers import REPO, task_results
+
+from ansible_collections.llmserve.vllm.tests.support import Canary
 
 CA = os.path.join(REPO, '.cache', 'sandbox', 'ca', 'ca.pem')
 QUESTION = 'What is the capital of France?'
@@ -163,33 +163,6 @@ def test_the_units_ip_fences_are_set(sandbox):
     fences = sandbox.show('IPAddressDeny', 'IPAddressAllow')
     assert fences['IPAddressDeny'] == '0.0.0.0/0 ::/0'
     assert set(fences['IPAddressAllow'].split()) == {'127.0.0.0/8', '::1/128'}
-
-
-class Canary:
-    """A loopback HTTP server that counts its hits; with `to`, it answers each with a redirect there."""
-
-    def __init__(self, to=None):
-        hits = self.hits = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                hits.append(self.path)
-                self.send_response(302 if to else 404)
-                if to:
-                    self.send_header('Location', to)
-                self.send_header('Content-Length', '0')
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        self.url = 'http://127.0.0.1:%d/cat.png' % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_an_image_url_at_a_loopback_canary_is_refused_unreached(sandbox, front):
