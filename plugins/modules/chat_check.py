@@ -44,6 +44,7 @@ author:
 extends_documentation_fragment:
   - llmserve.vllm.attributes
   - llmserve.vllm.attributes.READ_ONLY
+  - llmserve.vllm.endpoint
 options:
   url:
     description:
@@ -204,30 +205,6 @@ options:
         a load can be slow.
     type: int
     default: 30
-  validate_certs:
-    description:
-      - Whether to verify the server's TLS certificate for an C(https) O(url).
-      - V(false) also turns O(ca_path) off.
-    type: bool
-    default: true
-  ca_path:
-    description:
-      - A file of PEM CA certificates that the server's certificate must chain to, for an C(https) O(url), instead
-        of the host's trust store; for example the private CA that signed a front door's certificate (nginx
-        terminating TLS before vLLM). The host's CA certificates are then not trusted for this check.
-      - The certificate must still name the host of O(url) (C(subjectAltName)), as with the host's trust store.
-      - It is checked before the first request; a path that does not exist, is not a regular file, cannot be
-        read, or holds no certificate fails at once with a message that names it.
-      - A server certificate that does not chain to it fails each poll as a server that does not answer, so the
-        wait fails at O(timeout), with Python's certificate error (C(CERTIFICATE_VERIFY_FAILED) ...) as
-        the last state seen.
-      - Ignored (not even read) when O(validate_certs) is V(false).
-    type: path
-  use_proxy:
-    description:
-      - Whether to go through the proxy that the environment names (C(https_proxy), C(http_proxy)).
-    type: bool
-    default: true
   unit:
     description:
       - The systemd unit that runs the server. When set, each poll reads its state with
@@ -262,6 +239,9 @@ options:
     type: int
     default: 900
 notes:
+  - A server certificate that does not chain to O(ca_path) fails each poll as a server that does not answer, so
+    the wait fails at O(timeout), with Python's certificate error (C(CERTIFICATE_VERIFY_FAILED) ...) as the last
+    state seen.
   - The check request runs at temperature 0, so a healthy model answers the same way every time, unless
     O(extra_body) sets another C(temperature).
   - The module reads at most 64 KiB of a C(/health) answer, 1 MiB of a C(/v1/models) answer and 4 MiB of a

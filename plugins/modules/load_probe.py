@@ -25,6 +25,7 @@ author:
 extends_documentation_fragment:
   - llmserve.vllm.attributes
   - llmserve.vllm.attributes.READ_ONLY
+  - llmserve.vllm.endpoint
 options:
   url:
     description:
@@ -95,27 +96,6 @@ options:
       - How many percent below O(baseline_tokens_per_second) the throughput may be; from 0 to 100.
     type: float
     default: 20
-  validate_certs:
-    description:
-      - Whether to verify the server's TLS certificate for an C(https) O(url).
-      - V(false) also turns O(ca_path) off.
-    type: bool
-    default: true
-  ca_path:
-    description:
-      - A file of PEM CA certificates that the server's certificate must chain to, for an C(https) O(url), instead
-        of the host's trust store; for example the private CA that signed a front door's certificate (nginx
-        terminating TLS before vLLM). The host's CA certificates are then not trusted for this probe.
-      - The certificate must still name the host of O(url) (C(subjectAltName)), as with the host's trust store.
-      - It is checked before the first request; a path that does not exist, is not a regular file, cannot be
-        read, or holds no certificate fails at once with a message that names it.
-      - Ignored (not even read) when O(validate_certs) is V(false).
-    type: path
-  use_proxy:
-    description:
-      - Whether to go through the proxy that the environment names.
-    type: bool
-    default: true
 notes:
   - Every request asks for C(stream_options.include_usage), so the output tokens are those vLLM counted.
     Requests run at temperature 0.
