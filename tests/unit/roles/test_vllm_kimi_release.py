@@ -138,7 +138,7 @@ def test_the_release_check_runs_as_the_service_user(tmp_path):
         'env', 'HOME=/srv/st', 'XDG_CACHE_HOME=/srv/st/cache', 'PYTHONDONTWRITEBYTECODE=1', 'VLLM_NO_USAGE_STATS=1',
         path + '/bin/python', '/usr/local/libexec/llmserve-check-release', 'vllm==0.33.0', '--', path + '/bin/vllm', 'serve',
     ]  # fmt: skip
-    assert release['check_chdir'] == '/srv/st'
+    assert release['check_chdir'] == '/'
 
 
 PREFLIGHT = _tasks('preflight.yml')
