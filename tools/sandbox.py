@@ -57,6 +57,11 @@ PACKAGES = [
     # The front door's server (the role installs it where it is missing) and the apt module's bindings.
     'nginx',
     'python3-apt',
+    # What the role's toolchain step installs (vllm_kimi_toolchain_packages), in the tree so that each sandbox's
+    # deploy finds it there rather than fetching it: Triton's launcher build and the pre-load smoke need them.
+    'gcc',
+    'libc6-dev',
+    'python3-dev',
 ]
 # Bump when the recipe of the base tree changes in a way PACKAGES does not show.
 ROOTFS_RECIPE = 1
@@ -65,6 +70,14 @@ HOST_WHEELS = '/opt/wheels'
 HOST_PIP_SITE = '/etc/xdg/pip'
 TORCH_CPU_INDEX = 'https://download.pytorch.org/whl/cpu'
 BOOT_TIMEOUT = 120
+# A sandbox's host name resolves to an address of a network this tool makes on this machine (a bridge with no ports), as a
+# data-centre image's resolves to its LAN address: what binds to "the host's address" (Gloo, NCCL's bootstrap) then
+# meets the unit's IP fence as on a real host. 198.51.100.0/24 is TEST-NET-2 (RFC 5737): routed nowhere.
+SITE_LINK = 'llmsbx0'
+SITE_ADDRESS = '198.51.100.1'
+SITE_PREFIX = 24
+# Seconds a connection the IP fence drops is given before the probe calls it dropped.
+FENCE_PROBE_TIMEOUT = 2
 STOP_TIMEOUT = 60
 
 
@@ -265,7 +278,7 @@ def pip_conf():
 def configure_tree(name, root, ssh_port, models):
     sdir = sandbox_dir(name)
     write(os.path.join(root, 'etc', 'hostname'), name + '\n')
-    hosts = '127.0.0.1 localhost\n127.0.1.1 %s\n::1 localhost ip6-localhost ip6-loopback\n' % name
+    hosts = '127.0.0.1 localhost\n%s %s\n::1 localhost ip6-localhost ip6-loopback\n' % (SITE_ADDRESS, name)
     write(os.path.join(root, 'etc', 'hosts'), hosts)
 
     # SSH: on the shared network only loopback, only keys, host key pinned.
@@ -324,6 +337,53 @@ def configure_tree(name, root, ssh_port, models):
 
 
 # --- processes, ports, mounts ---------------------------------------------
+
+
+def ensure_site_link():
+    """The bridge (no ports: nothing leaves through it) that carries the sandboxes' host address (SITE_ADDRESS), made once for all of them."""
+    if subprocess.run(['ip', 'link', 'show', SITE_LINK], capture_output=True, check=False).returncode == 0:
+        return
+    made = subprocess.run(['ip', 'link', 'add', SITE_LINK, 'type', 'bridge'], capture_output=True, check=False)
+    # Another create made it meanwhile: that one is as good.
+    if made.returncode != 0 and b'File exists' not in made.stderr:
+        raise SandboxError('cannot add the bridge %s: %s' % (SITE_LINK, made.stderr.decode(errors='replace').strip()))
+    subprocess.run(
+        ['ip', 'addr', 'replace', '%s/%d' % (SITE_ADDRESS, SITE_PREFIX), 'dev', SITE_LINK], check=True, capture_output=True
+    )
+    subprocess.run(['ip', 'link', 'set', SITE_LINK, 'up'], check=True, capture_output=True)
+
+
+def remove_site_link_if_unused():
+    """Removes the bridge once no sandbox of this checkout is left."""
+    if os.path.isdir(CACHE) and any(os.path.exists(os.path.join(CACHE, entry, 'state.json')) for entry in os.listdir(CACHE)):
+        return
+    subprocess.run(['ip', 'link', 'del', SITE_LINK], capture_output=True, check=False)
+
+
+def check_fences_enforced(name, init_pid, port):
+    """A unit's IPAddressDeny= must drop its connections, as on a cgroup-v2 host; else the sandbox hides what a real
+    host enforces."""
+    hierarchy = nsenter(init_pid, ['stat', '-f', '-c', '%T', '/sys/fs/cgroup'], stdout=subprocess.PIPE, check=False)
+    if hierarchy.stdout.decode().strip() != 'cgroup2fs':
+        raise SandboxError(
+            'sandbox %s runs systemd on %r, not the unified cgroup hierarchy (cgroup2fs): its units\' IP fences '
+            'would not be enforced' % (name, hierarchy.stdout.decode().strip())
+        )
+    probe = (
+        'import socket; socket.create_connection(("127.0.0.1", %d), timeout=%d)' % (port, FENCE_PROBE_TIMEOUT)
+    )
+    fenced = nsenter(
+        init_pid,
+        ['systemd-run', '--wait', '--pipe', '--quiet', '--property=IPAddressDeny=any', 'python3', '-c', probe],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
+    if fenced.returncode == 0:
+        raise SandboxError(
+            'sandbox %s does not enforce IP fences: a unit with IPAddressDeny=any reached 127.0.0.1:%d '
+            '(needs cgroup2 with BPF: CONFIG_CGROUP_BPF and bpf(2) allowed to the container)' % (name, port)
+        )
 
 
 def pid_alive(pid):
@@ -471,6 +531,7 @@ def create(args):
         },
     )
     run(['cp', '-a', '--reflink=auto', base, root])
+    ensure_site_link()
     configure_tree(name, root, args.ssh_port, args.models)
     os.makedirs(PIP_CACHE, exist_ok=True)
 
@@ -487,6 +548,11 @@ def create(args):
         '-b',
         '--resolv-conf=copy-host',
         '--bind=%s:/var/cache/pip' % PIP_CACHE,
+        # systemd attaches a unit's IP fences (IPAddressDeny=) and device policy as BPF programs to its cgroup: the
+        # unified hierarchy and bpf(2) are what a current distribution gives it. The capabilities let the
+        # container's systemd load them.
+        '--system-call-filter=bpf',
+        '--capability=all',
     ]
     if os.path.isdir(HOST_WHEELS):
         argv.append('--bind-ro=%s' % HOST_WHEELS)
@@ -494,6 +560,7 @@ def create(args):
     with open(os.path.join(sdir, 'console.log'), 'wb') as logf:
         proc = subprocess.Popen(
             argv,
+            env=dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY='1'),
             stdin=subprocess.DEVNULL,
             stdout=logf,
             stderr=subprocess.STDOUT,
@@ -540,6 +607,7 @@ def create(args):
         log('%s booted degraded; failed units: %s' % (name, failed.replace('\n', '; ')))
     if not ssh_ready(args.ssh_port, max(5, deadline - time.time())):
         raise SandboxError('sshd of sandbox %s does not answer on 127.0.0.1:%d' % (name, args.ssh_port))
+    check_fences_enforced(name, init_pid, args.ssh_port)
     log(
         '%s is up in %.1f s: ssh -p %d -i %s root@127.0.0.1'
         % (name, time.time() - started, args.ssh_port, os.path.join(sdir, 'id_ed25519'))
@@ -590,6 +658,7 @@ def destroy_sandbox(name):
             raise SandboxError('port %d of sandbox %s is still listening after teardown' % (port, name))
     if os.path.exists(sdir):
         shutil.rmtree(sdir)
+    remove_site_link_if_unused()
 
 
 def destroy(args):

@@ -358,9 +358,13 @@ def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
         assert 'NCCL_SOCKET_IFNAME="ens5f1"' in environment
 
 
-def test_a_single_node_sets_no_cluster_environment(gpu_unit):
+def test_a_single_node_keeps_its_ranks_on_loopback(gpu_unit):
     environment = gpu_unit[1].splitlines()
-    assert not [line for line in environment if line.split('=')[0] in ('VLLM_HOST_IP', 'GLOO_SOCKET_IFNAME')]
+    # Its ranks' Gloo and NCCL sockets stay inside the unit's IP fence (IPAddressAllow=localhost).
+    assert [line for line in environment if line.split('=')[0] in ('VLLM_HOST_IP', 'GLOO_SOCKET_IFNAME', 'NCCL_SOCKET_IFNAME')] == [
+        'GLOO_SOCKET_IFNAME=lo',
+        'NCCL_SOCKET_IFNAME=lo',
+    ]
 
 
 def test_service_settings_land_in_the_service_section(tmp_path):
