@@ -76,7 +76,7 @@ collection-link:
 # Python lint and format (ruff.toml) and types (.mypy.ini) of every Python file: the collection's code, imported as
 # Ansible imports it, and the tests, tools, benchmarks and the role's programs kept with it.
 # Every Python file of the repository: the role's programs have no extension, so they are named.
-ROLE_PROGRAMS := $(addprefix roles/vllm_kimi/files/,llmserve-check-release llmserve-fetch-model llmserve-shm-clean llmserve-vllm-cli)
+ROLE_PROGRAMS := $(addprefix roles/vllm_kimi/files/,llmserve-check-release llmserve-preload-smoke llmserve-fetch-model llmserve-shm-clean llmserve-vllm-cli)
 RUFF_PATHS := plugins tests tools bench molecule $(ROLE_PROGRAMS)
 lint: tools
 	$(BIN)/yamllint -s .
@@ -108,21 +108,20 @@ sanity: tools
 	  --python $$($(SANITY_BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 units: tools promtool
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest -m unit tests/unit
 
 # Bad input against every module (malformed values, non-regular files, hanging
 # commands, endless servers, secrets, concurrency, full disks): the totals of
 # outcomes end the run, and any outcome but a clean error or a correct success fails.
 adversarial: tools
-	$(BIN)/pytest tests/adversarial
+	$(BIN)/pytest -m adversarial tests/adversarial
 
 # Runs Ansible and vLLM for real: the modules on checkpoints the tests build,
 # vLLM's own loaders on the results, and its KV-cache sizing against ours.
 # The fault scenarios and chat_check's systemd tests need a deployed sandbox:
 # they run in molecule's verify step, on its sandbox.
 integration: tools vllm-venv
-	$(BIN)/pytest tests/integration --ignore=tests/integration/sandbox --ignore=tests/integration/fleet \
-	  --ignore=tests/integration/test_chat_check_sandbox.py
+	$(BIN)/pytest -m controller tests/integration
 
 # Every ansible-core release meta/runtime.yml promises, each its latest patch on the controller Python
 # it is tested with here (RELEASE:PYTHON): a venv each under .build/matrix, then sanity and the tests of what the

@@ -8,7 +8,7 @@ DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 DEMO_FRONT_PORT := 8443
 
-.PHONY: models fakehub-up sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
+.PHONY: models models-core fakehub-early fakehub-up sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
 
 # The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
 # own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
@@ -25,20 +25,39 @@ FAKEHUB_FAILING := wrong heavy thinks-forever ignores-tools
 FAKEHUB_SLOW := --slow $(call sandbox_revision,wrong)=200000
 
 # Trained with the vLLM venv's torch/transformers; cached by the script's hash.
+MAKE_MODELS := $(VLLM_VENV)/bin/python tools/make_tiny_models.py
 models: vllm-venv
-	$(VLLM_VENV)/bin/python tools/make_tiny_models.py >/dev/null
+	$(MAKE_MODELS) >/dev/null
 
-# (Re)started each time, so that it serves the models as they are now.
-fakehub-up: models
+# What the sandbox inventory deploys, tiny-chat and tiny-kimi: minutes before the failing revisions are trained.
+models-core: vllm-venv
+	$(MAKE_MODELS) --core >/dev/null
+
+# The fake Hub, (re)started each time on a fresh root, so that it serves the models as they are now:
+# tiny-kimi from the shell variable core's directory, each failing revision from the variable models' directory
+# with the option $(1) (--publish: at once; --publish-when-ready: once that directory exists).
+define fakehub_start
 	mkdir -p $(FAKEHUB_DIR)
 	if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
-	models=$$($(VLLM_VENV)/bin/python tools/make_tiny_models.py | tail -1); \
+	rm -rf $(FAKEHUB_DIR)/root
+	core=$$($(MAKE_MODELS) --core | tail -1); models=$${core%-core}; \
+	  $(2) \
 	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet $(FAKEHUB_SLOW) \
-	    $(foreach name,$(FAKEHUB_FAILING),--publish llmserve/tiny-kimi=$$models/tiny-kimi-$(name)@$(call sandbox_revision,$(name))) \
-	    --publish llmserve/tiny-kimi=$$models/tiny-kimi@$(FAKEHUB_REVISION) \
+	    $(foreach name,$(FAKEHUB_FAILING),$(1) llmserve/tiny-kimi=$$models/tiny-kimi-$(name)@$(call sandbox_revision,$(name))) \
+	    --publish llmserve/tiny-kimi=$$core/tiny-kimi@$(FAKEHUB_REVISION) \
 	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid
 	for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && exit 0; sleep 0.2; done; \
 	  cat $(FAKEHUB_DIR)/log; exit 1
+endef
+
+fakehub-up: models
+	$(call fakehub_start,--publish,)
+
+# make test's default scenario converges with tiny-kimi while the models lane still trains the failing revisions
+# (where no lane trains them, a training started here does: it waits on the lane's lock where one does); they
+# are served once made, and the scenario's verify waits for them (tests/integration/sandbox/conftest.py).
+fakehub-early: models-core
+	$(call fakehub_start,--publish-when-ready,[ -f $$models/DONE ] || { setsid $(MAKE_MODELS) > $(FAKEHUB_DIR)/models.log 2>&1 < /dev/null & };)
 
 # Builds the Debian tree once (.cache/sandbox/rootfs-*), then boots in seconds;
 # a sandbox that is up is left as it is.
@@ -67,7 +86,7 @@ molecule-create: tools
 	$(BIN)/molecule destroy
 	$(BIN)/molecule create
 
-molecule-test: tools models fakehub-up
+molecule-test: tools models-core fakehub-early
 	$(BIN)/molecule test
 
 # Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a

@@ -11,6 +11,39 @@ import pytest
 from ansible_collections.llmserve.vllm.tests import support
 from ansible_collections.llmserve.vllm.tests.fake_openai import FakeOpenAI
 
+# Where a test lives says how it runs: the one map of folder to runner, longest folder first wins. Each test is
+# marked with its runner (pytest.ini), so a target runs one with -m; CONTRIBUTING.md shows the map.
+RUNNERS = {
+    # make units (and make check): the pure logic, the modules as Ansible runs them, the roles' files.
+    'tests/unit': 'unit',
+    # make adversarial: bad input per module, judged by tests/adversarial/harness.py.
+    'tests/adversarial': 'adversarial',
+    # make integration: ansible-playbook and vLLM's CPU build on this machine (make check: those marked
+    # neither vllm nor sandbox).
+    'tests/integration': 'controller',
+    # make molecule: molecule verify on the default scenario's deployed sandbox host.
+    'tests/integration/sandbox': 'sandbox_host',
+    # make molecule-fleet: molecule verify on the fleet's three sandbox hosts.
+    'tests/integration/fleet': 'fleet',
+    # make molecule: the default scenario's own testinfra checks, beside tests/integration/sandbox.
+    'molecule/default/tests': 'sandbox_host',
+}
+
+
+def runner_of(path):
+    """The runner of a test file's path (relative to the checkout), by the longest folder of RUNNERS it is in."""
+    folders = [folder for folder in RUNNERS if path == folder or path.startswith(folder + '/')]
+    if not folders:
+        raise ValueError('%s is in no folder of RUNNERS (tests/conftest.py): put it where its runner is' % path)
+    return RUNNERS[max(folders, key=len)]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        # The checkout is also reached through the collection link (.build/collections): compare real paths.
+        path = os.path.relpath(os.path.realpath(str(item.fspath)), os.path.realpath(support.REPO)).replace(os.sep, '/')
+        item.add_marker(getattr(pytest.mark, runner_of(path)))
+
 
 @pytest.fixture(scope='session')
 def repo():

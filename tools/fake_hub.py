@@ -395,6 +395,27 @@ class FakeHub(ThreadingHTTPServer):
             self._thread.join()
 
 
+def publish_argument(parser, option, item):
+    repo_id, sep, source = item.partition('=')
+    source, _, commit = source.partition('@')
+    if not sep or repo_id.count('/') != 1 or (commit and not COMMIT.match(commit)):
+        parser.error('%s wants NS/NAME=DIR[@COMMIT of 40 hex digits], got %s' % (option, item))
+    return repo_id, source, commit
+
+
+def publish_when_ready(root, revisions, poll_seconds=1.0):
+    """Publishes each (repo, DIR, commit) once DIR exists: a model still being made appears whole, by a rename."""
+    waiting = list(revisions)
+    while waiting:
+        for revision in list(waiting):
+            repo_id, source, commit = revision
+            if os.path.isdir(source):
+                publish(root, repo_id, source, branch=None, commit=commit)
+                print('published %s at %s (when ready)' % (repo_id, commit), flush=True)
+                waiting.remove(revision)
+        time.sleep(poll_seconds)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--root', required=True, help='the directory of repositories (created if missing)')
@@ -416,6 +437,13 @@ def main(argv=None):
         help='copy a model directory in as a revision of NS/NAME (under COMMIT if given), branch main',
     )
     parser.add_argument(
+        '--publish-when-ready',
+        action='append',
+        default=[],
+        metavar='NS/NAME=DIR@COMMIT',
+        help='publish DIR as that commit of NS/NAME once DIR exists (it is being made), leaving branch main as it is',
+    )
+    parser.add_argument(
         '--slow',
         action='append',
         default=[],
@@ -432,14 +460,16 @@ def main(argv=None):
         slow[commit] = int(rate)
     os.makedirs(args.root, exist_ok=True)
     for item in args.publish:
-        repo_id, sep, source = item.partition('=')
-        source, _, commit = source.partition('@')
-        if not sep or repo_id.count('/') != 1 or (commit and not COMMIT.match(commit)):
-            parser.error('--publish wants NS/NAME=DIR[@COMMIT of 40 hex digits], got %s' % item)
+        repo_id, source, commit = publish_argument(parser, '--publish', item)
         print(
             'published %s at %s (branch main)' % (repo_id, publish(args.root, repo_id, source, commit=commit or None)),
             flush=True,
         )
+    later = [publish_argument(parser, '--publish-when-ready', item) for item in args.publish_when_ready]
+    if any(not commit for _, _, commit in later):
+        parser.error('--publish-when-ready wants NS/NAME=DIR@COMMIT: the commit is pinned before DIR exists')
+    if later:
+        threading.Thread(target=publish_when_ready, args=(args.root, later), daemon=True).start()
     hub = FakeHub(args.root, args.host, args.port, args.token, args.drop_once, verbose=not args.quiet, slow=slow)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     print('fake hub serving %s at %s' % (hub.root, hub.url), flush=True)

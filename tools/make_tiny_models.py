@@ -14,6 +14,9 @@ checked again in bfloat16, the dtype vLLM serves them in.
 
 All are deterministic (fixed seeds, one thread) and cached under
 OUT/<hash of this file>/; a second run with the same script is a no-op.
+tiny-chat and tiny-kimi are made first, into OUT/<hash>-core/ (--core makes
+and prints only those): what the sandbox inventory deploys is there minutes
+before the failing revisions are.
 Run it with the vLLM venv's python (torch, transformers, tokenizers):
 
     .venv-vllm/bin/python tools/make_tiny_models.py --out .cache/models
@@ -845,18 +848,24 @@ def make_kimi_heavy(source, target):
 
 
 def make_kimi(work):
-    """tiny-kimi and its failing revisions under WORK; returns what each answered.
-
-    The failing revisions learn from tiny-kimi's saved weights in processes of their own, two at a time:
-    make test trains beside its static lane, whose core they then share (the sandbox lane waits on them).
-    """
-    import multiprocessing
+    """tiny-kimi under WORK; returns what it answered."""
     import time
 
     start = time.time()
     tokenizer = build_kimi_tokenizer()
     model, loss, rows = train_kimi(tokenizer, 'tiny-kimi', KIMI_SEED)
-    report = {'tiny-kimi': kimi_report(model, tokenizer, 'tiny-kimi', work, loss, rows, start)}
+    return {'tiny-kimi': kimi_report(model, tokenizer, 'tiny-kimi', work, loss, rows, start)}
+
+
+def make_kimi_revisions(work):
+    """tiny-kimi's failing revisions under WORK, from the tiny-kimi there; returns what each answered.
+
+    They learn from tiny-kimi's saved weights in processes of their own, two at a time: make test trains
+    beside its static lane, whose core they then share.
+    """
+    import multiprocessing
+
+    report = {}
     jobs = [(work, index, variant) for index, variant in enumerate(KIMI_VARIANTS) if variant != 'tiny-kimi']
     jobs.append((work, None, 'tiny-kimi-heavy'))
     # spawn, not fork: torch's OpenMP runtime does not survive a fork once it has run.
@@ -899,26 +908,51 @@ def make_kimi_revision(job):
     return variant, kimi_report(model, tokenizer, variant, work, loss, rows, start)
 
 
-def make(out_root):
+# What the sandbox inventory deploys (tiny-chat and tiny-kimi) is built first, into <hash>-core: make test's default
+# scenario converges with it while the failing revisions, which only its later tests stage, still train.
+CORE_SUFFIX = '-core'
+
+
+def make(out_root, core_only=False):
     import torch
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
     target = os.path.join(out_root, script_hash())
-    if os.path.exists(os.path.join(target, 'DONE')):
-        return target, False
+    core = target + CORE_SUFFIX
     os.makedirs(out_root, exist_ok=True)
-    # make test's lanes and the tests that need the models may ask at the same time: one trains, the others
-    # wait for it and then find its models.
-    with open(os.path.join(out_root, '.lock'), 'w') as lock:
+    # make test's lanes and the tests that need the models may ask at the same time: one trains each part, the
+    # others wait for it and then find its models. A lock a part: the core's waiters go on while the rest trains.
+    made = locked_build(out_root, '.lock-core', core, build_core)
+    if core_only:
+        return core, made
+    return target, locked_build(out_root, '.lock', target, lambda out, path: build_revisions(out, path, core)) or made
+
+
+def locked_build(out_root, lock_name, target, build_into):
+    if os.path.exists(os.path.join(target, 'DONE')):
+        return False
+    with open(os.path.join(out_root, lock_name), 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(os.path.join(target, 'DONE')):
-            return target, False
-        return build(out_root, target)
+            return False
+        build_into(out_root, target)
+        return True
 
 
-def build(out_root, target):
+def build_revisions(out_root, target, core):
+    """The core's models and tiny-kimi's failing revisions, in TARGET."""
+    work = tempfile.mkdtemp(prefix='.tmp-', dir=out_root)
+    with open(os.path.join(core, 'DONE')) as f:
+        report = json.load(f)
+    for name in ('tiny-chat', 'tiny-kimi'):
+        shutil.copytree(os.path.join(core, name), os.path.join(work, name))
+    report.update(make_kimi_revisions(work))
+    finish(out_root, work, target, report)
+
+
+def build_core(out_root, target):
     work = tempfile.mkdtemp(prefix='.tmp-', dir=out_root)
     tokenizer = build_tokenizer(work)
     report = {}
@@ -933,6 +967,11 @@ def build(out_root, target):
     tokenizer.save_pretrained(path)
     report['tiny-chat'] = {'final_loss': round(loss, 6), 'answer': answer}
     report.update(make_kimi(work))
+    finish(out_root, work, target, report)
+
+
+def finish(out_root, work, target, report):
+    """Marks WORK done and puts it in TARGET's place; older versions' models go."""
     with open(os.path.join(work, 'DONE'), 'w') as f:
         json.dump(report, f, indent=2, sort_keys=True)
         f.write('\n')
@@ -945,11 +984,11 @@ def build(out_root, target):
         shutil.rmtree(target)
     os.rename(work, target)
     # Models of earlier versions of this script are never used again.
+    current = script_hash()
     for name in os.listdir(out_root):
         old = os.path.join(out_root, name)
-        if name != os.path.basename(target) and len(name) == 12 and os.path.exists(os.path.join(old, 'DONE')):
+        if name[:12] != current and name[12:] in ('', CORE_SUFFIX) and os.path.exists(os.path.join(old, 'DONE')):
             shutil.rmtree(old)
-    return target, True
 
 
 def main(argv=None):
@@ -959,8 +998,13 @@ def main(argv=None):
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '.cache', 'models'),
         help='cache root; the models go to OUT/<script hash>/ (default: .cache/models)',
     )
+    parser.add_argument(
+        '--core',
+        action='store_true',
+        help='only tiny-chat and tiny-kimi, in OUT/<script hash>-core/ (what the sandbox inventory deploys)',
+    )
     args = parser.parse_args(argv)
-    target, made = make(os.path.abspath(args.out))
+    target, made = make(os.path.abspath(args.out), args.core)
     print(target)
     sys.stderr.write('%s tiny models in %s\n' % ('made' if made else 'cached', target))
     return 0

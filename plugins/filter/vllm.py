@@ -8,6 +8,11 @@ import re
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
+from ansible_collections.llmserve.vllm.plugins.module_utils._preload_smoke import (
+    SmokeReportError,
+    report_from_journal,
+    summarize,
+)
 
 # A pip requirement that pins one release: vllm==0.33.0 (spaces allowed around the operator; ===, the arbitrary
 # equality, pins as well).
@@ -111,10 +116,18 @@ def pinned_version(spec):
     return match.group(1) if match else ''
 
 
+def preload_smoke_report(journal):
+    try:
+        return summarize(report_from_journal(journal))
+    except SmokeReportError as exc:
+        raise AnsibleFilterError('preload_smoke_report: %s' % exc)
+
+
 class FilterModule:
     def filters(self):
         return {
             'vllm_flag_value': vllm_flag_value,
             'pinned_version': pinned_version,
             'vllm_serve_argv': vllm_serve_argv,
+            'preload_smoke_report': preload_smoke_report,
         }

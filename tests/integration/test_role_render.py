@@ -358,6 +358,32 @@ def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
         assert 'NCCL_SOCKET_IFNAME="ens5f1"' in environment
 
 
+# What the smoke's unit may differ in: what it runs, how it runs once, and where its runtime copy of the
+# environment and its runtime directory are (the service's own must not vanish when the smoke stops).
+SMOKE_DIFFERS_IN = {
+    'Description', 'Type', 'ExecStart', 'ExecStartPre', 'TimeoutStartSec', 'TimeoutStopSec', 'Restart', 'RestartSec',
+    'RuntimeDirectory', 'EnvironmentFile',
+}  # fmt: skip
+
+
+@pytest.mark.parametrize('group_vars', [GPU_VARS, SANDBOX_VARS], ids=['gpu', 'sandbox'])
+def test_the_smoke_runs_in_the_services_own_sandbox(tmp_path, group_vars):
+    unit, _ = render(tmp_path, group_vars)
+    smoke = (tmp_path / 'smoke.service').read_text()
+    service_settings, smoke_settings = unit_settings(unit, 'Service'), unit_settings(smoke, 'Service')
+    differing = {name for name in set(service_settings) | set(smoke_settings) if service_settings.get(name) != smoke_settings.get(name)}
+    assert differing <= SMOKE_DIFFERS_IN
+    # The user, the fence, the devices and the hardening are the service's, line for line.
+    for name in ('User', 'IPAddressDeny', 'IPAddressAllow', 'DevicePolicy', 'PrivateUsers', 'SystemCallFilter'):
+        assert smoke_settings[name] == service_settings[name]
+    assert smoke_settings['Type'] == ['oneshot'] and 'Restart' not in smoke_settings
+    assert '[Install]' not in smoke and 'StartLimitBurst' not in smoke
+    argv = exec_start(smoke)
+    assert argv[1] == '/usr/local/libexec/llmserve-preload-smoke'
+    # After "--", exactly what the service runs.
+    assert argv[argv.index('--') + 1 :] == exec_start(unit)
+
+
 def test_a_single_node_keeps_its_ranks_on_loopback(gpu_unit):
     environment = gpu_unit[1].splitlines()
     # Its ranks' Gloo and NCCL sockets stay inside the unit's IP fence (IPAddressAllow=localhost).

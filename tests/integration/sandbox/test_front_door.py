@@ -16,6 +16,7 @@
 import http.client
 import json
 import os
+import shlex
 import ssl
 
 import httpx2
@@ -163,6 +164,45 @@ def test_the_units_ip_fences_are_set(sandbox):
     fences = sandbox.show('IPAddressDeny', 'IPAddressAllow')
     assert fences['IPAddressDeny'] == '0.0.0.0/0 ::/0'
     assert set(fences['IPAddressAllow'].split()) == {'127.0.0.0/8', '::1/128'}
+
+
+# Run as root on the sandbox: listeners made outside the unit, then this process joins the unit's cgroup, where the
+# unit's IP fence (BPF programs systemd attached to it) governs every socket it makes from then on.
+FENCE_PROBE = r"""
+import json, os, socket, sys
+control_group, addresses = sys.argv[1], sys.argv[2:]
+listeners = {}
+for address in addresses:
+    listeners[address] = socket.socket()
+    listeners[address].bind((address, 0))
+    listeners[address].listen()
+with open('/sys/fs/cgroup%s/cgroup.procs' % control_group, 'w') as procs:
+    procs.write(str(os.getpid()))
+outcomes = {}
+for address, listener in listeners.items():
+    try:
+        socket.create_connection((address, listener.getsockname()[1]), timeout=3).close()
+        outcomes[address] = 'connected'
+    except OSError as exc:
+        outcomes[address] = type(exc).__name__
+print(json.dumps(outcomes))
+"""
+
+
+def test_the_host_name_resolves_off_loopback_as_on_a_data_centre_image(sandbox):
+    # What binds to "the host's address" (Gloo, NCCL's bootstrap) meets the fence, as on a real host.
+    address = sandbox.sh('getent hosts "$(hostname)"').split()[0]
+    assert not address.startswith('127.'), address
+
+
+def test_a_connection_from_inside_the_unit_outside_its_allow_list_is_dropped(sandbox):
+    site = sandbox.sh('getent hosts "$(hostname)"').split()[0]
+    control_group = sandbox.show('ControlGroup')['ControlGroup']
+    outcomes = json.loads(
+        sandbox.sh('python3 -c %s %s 127.0.0.1 %s' % (shlex.quote(FENCE_PROBE), shlex.quote(control_group), site))
+    )
+    # Loopback is in IPAddressAllow (the control); the host's own LAN-like address is not.
+    assert outcomes == {'127.0.0.1': 'connected', site: 'TimeoutError'}
 
 
 def test_an_image_url_at_a_loopback_canary_is_refused_unreached(sandbox, front):

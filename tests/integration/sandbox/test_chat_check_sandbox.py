@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'targets', 'chat_check', 'playbook.yml')
 ANSIBLE_PLAYBOOK = os.path.join(REPO, '.venv', 'bin', 'ansible-playbook')
 SANDBOX = os.environ.get('LLMSERVE_SANDBOX', 'sandbox')

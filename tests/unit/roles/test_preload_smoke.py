@@ -1,0 +1,596 @@
+# Copyright (c) llmserve.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The pre-load smoke's decisions (driver for CUDA, torch's arch list, CPU worker groups, the all-reduce's sum and
+its causes, Triton's compiler), its compiler and writable checks run for real, and what it reported on an H200."""
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+SMOKE = os.path.join(HERE, '..', '..', '..', 'roles', 'vllm_kimi', 'files', 'llmserve-preload-smoke')
+FIXTURES = os.path.join(HERE, '..', '..', 'fixtures', 'preload_smoke')
+GPU_CHECKS = ('devices', 'allreduce', 'compiler', 'triton', 'flashinfer', 'writable')
+
+
+def _load():
+    loader = importlib.machinery.SourceFileLoader('llmserve_preload_smoke', SMOKE)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+smoke = _load()
+
+
+@pytest.mark.parametrize(
+    'cuda, driver, problem',
+    [
+        pytest.param('13.0', '580.65.06', None, id='cuda13-driver580'),
+        pytest.param('13.0', '575.57.08', 'driver 575.57.08 is older than CUDA 13.0 needs (>= 580)', id='cuda13-575'),
+        pytest.param('12.8', '570.26', None, id='cuda12.8-driver570'),
+        pytest.param('12.9', '565.57.01', 'driver 565.57.01 is older than CUDA 12.9 needs (>= 570)', id='cuda12.9-565'),
+        pytest.param('12.4', '525.60.13', None, id='cuda12.4-driver525'),
+        pytest.param('12.1', '520.61.05', 'driver 520.61.05 is older than CUDA 12.1 needs (>= 525)', id='cuda12.1-520'),
+        pytest.param('11.8', '450.80.02', None, id='cuda11-not-in-table'),
+        pytest.param('12.8', None, None, id='no-nvidia-smi'),
+    ],
+)
+def test_driver_for_cuda(cuda, driver, problem):
+    assert smoke.driver_problem(driver, cuda) == problem
+
+
+@pytest.mark.parametrize(
+    'cuda, needed',
+    [
+        pytest.param('13.0', 580, id='13.0'),
+        pytest.param('13.2', 580, id='13.2'),
+        pytest.param('12.8', 570, id='12.8'),
+        pytest.param('12.6', 525, id='12.6'),
+        pytest.param('11.8', None, id='11.8'),
+        pytest.param('garbage', None, id='not-a-version'),
+    ],
+)
+def test_min_driver_for_cuda(cuda, needed):
+    assert smoke.min_driver_for_cuda(cuda) == needed
+
+
+CU130 = ['sm_75', 'sm_80', 'sm_86', 'sm_90', 'sm_100', 'sm_120']
+
+
+@pytest.mark.parametrize(
+    'capability, arch_list, runs, how',
+    [
+        pytest.param((9, 0), CU130, True, 'sm_90 in torch arch list', id='h200-cu130'),
+        pytest.param((12, 0), CU130, True, 'sm_120 in torch arch list', id='rtx-pro-6000-cu130'),
+        pytest.param((9, 0), ['sm_80', 'sm_90a'], True, 'sm_90 in torch arch list', id='arch-specific-a'),
+        pytest.param((8, 9), ['sm_80', 'sm_86', 'sm_90'], True, 'sm_89 runs sm_86 code (same major)', id='ada-sm86'),
+        pytest.param(
+            (12, 0),
+            ['sm_80', 'sm_90', 'compute_90'],
+            True,
+            'sm_120 JIT-compiles from compute_90 PTX (slow first start)',
+            id='blackwell-ptx',
+        ),
+        pytest.param(
+            (12, 0),
+            ['sm_80', 'sm_90', 'sm_100'],
+            False,
+            'sm_120 not in torch arch list sm_80 sm_90 sm_100 and no compute_XY PTX at or below it',
+            id='blackwell-cu126',
+        ),
+        pytest.param(
+            (9, 0),
+            ['sm_100', 'compute_100'],
+            False,
+            'sm_90 not in torch arch list sm_100 compute_100 and no compute_XY PTX at or below it',
+            id='ptx-newer-than-gpu',
+        ),
+    ],
+)
+def test_arch_match(capability, arch_list, runs, how):
+    assert smoke.arch_match(capability, arch_list) == (runs, how)
+
+
+@pytest.mark.parametrize(
+    'text, cpus, formatted',
+    [
+        pytest.param('0', [0], '0', id='one'),
+        pytest.param('0-3,8\n', [0, 1, 2, 3, 8], '0-3,8', id='sysfs'),
+        pytest.param('5,2-4', [5, 2, 3, 4], '2-5', id='vllm-order'),
+        pytest.param('', [], '', id='empty-node'),
+    ],
+)
+def test_cpu_lists(text, cpus, formatted):
+    assert smoke.parse_cpu_list(text) == cpus
+    assert smoke.format_cpu_list(cpus) == formatted
+
+
+TWO_NODES = {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
+
+
+@pytest.mark.parametrize(
+    'bind, node_cpus, allowed, groups',
+    [
+        pytest.param(None, TWO_NODES, range(8), [[0, 1, 2, 3], [4, 5, 6, 7]], id='unset-two-nodes'),
+        pytest.param('auto', TWO_NODES, [2, 3], [[2, 3]], id='auto-affinity-one-node'),
+        pytest.param('auto', {0: [0, 1], 1: []}, [0, 1], [[0, 1]], id='memory-only-node'),
+        pytest.param('0|1', {0: [0, 1]}, [0, 1], [[0], [1]], id='explicit'),
+        pytest.param('0-3|4-7', TWO_NODES, range(8), [[0, 1, 2, 3], [4, 5, 6, 7]], id='explicit-ranges'),
+        pytest.param('nobind', TWO_NODES, range(8), None, id='nobind'),
+    ],
+)
+def test_cpu_worker_groups(bind, node_cpus, allowed, groups):
+    assert smoke.cpu_worker_groups(bind, node_cpus, list(allowed)) == groups
+
+
+REMEDY = (
+    'set VLLM_CPU_OMP_THREADS_BIND in vllm_kimi_environment, one core list per rank separated by |, '
+    "e.g. '0|1' for two ranks (or '0-3|4-7')"
+)
+
+
+@pytest.mark.parametrize(
+    'bind, node_cpus, allowed, ranks, problem',
+    [
+        pytest.param(None, {0: [0, 1]}, [0, 1], 1, None, id='one-node-one-rank'),
+        pytest.param(
+            None,
+            {0: [0, 1]},
+            [0, 1],
+            2,
+            (
+                '1 NUMA node(s) with allowed CPUs (0-1) for 2 rank(s)',
+                'Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers. Allowed NUMA nodes are [0]. '
+                'Please try to bind threads manually or decrease DP/TP/PP.',
+                REMEDY,
+            ),
+            id='one-node-two-ranks',
+        ),
+        pytest.param(
+            'auto',
+            TWO_NODES,
+            [0, 1],
+            2,
+            (
+                '1 NUMA node(s) with allowed CPUs (0-1) for 2 rank(s)',
+                'Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers. Allowed NUMA nodes are [0]. '
+                'Please try to bind threads manually or decrease DP/TP/PP.',
+                REMEDY,
+            ),
+            id='affinity-hides-a-node',
+        ),
+        pytest.param('0|1', {0: [0, 1]}, [0, 1], 2, None, id='explicit-two'),
+        pytest.param(
+            '0-1',
+            {0: [0, 1]},
+            [0, 1],
+            2,
+            (
+                'VLLM_CPU_OMP_THREADS_BIND=0-1 has 1 core list(s) for 2 rank(s)',
+                "Given number of CPU id list ['0-1'] doesn't match local world size 2.",
+                REMEDY,
+            ),
+            id='explicit-too-few',
+        ),
+        pytest.param(
+            '0|7',
+            TWO_NODES,
+            [0, 1, 2, 3],
+            2,
+            (
+                'VLLM_CPU_OMP_THREADS_BIND=0|7 names CPUs 7 outside the allowed 0-3',
+                'the workers would bind to CPUs the unit (AllowedCPUs/CPUAffinity) does not give them',
+                REMEDY + ', using only CPUs in 0-3',
+            ),
+            id='explicit-outside-affinity',
+        ),
+        pytest.param('nobind', {0: [0]}, [0], 4, None, id='nobind'),
+    ],
+)
+def test_cpu_groups_problem(bind, node_cpus, allowed, ranks, problem):
+    assert smoke.cpu_groups_problem(bind, node_cpus, allowed, ranks) == problem
+
+
+@pytest.mark.parametrize('ranks, total', [(1, 1), (2, 3), (4, 10), (8, 36)], ids=['1', '2', '4', '8'])
+def test_expected_sum(ranks, total):
+    assert smoke.expected_sum(ranks) == total
+
+
+@pytest.mark.parametrize(
+    'backend, env, cause',
+    [
+        pytest.param(
+            'gloo',
+            {},
+            'the gloo group did not form: GLOO_SOCKET_IFNAME is unset, so Gloo binds to the address the host name '
+            "resolves to, which the unit's IP fence (IPAddressDeny) may drop",
+            id='gloo-unset',
+        ),
+        pytest.param(
+            'gloo',
+            {'GLOO_SOCKET_IFNAME': 'eth1'},
+            'the gloo group did not form: GLOO_SOCKET_IFNAME=eth1; the ranks connect over that interface, '
+            "which must be up and allowed by the unit's IPAddressAllow/IPAddressDeny fence",
+            id='gloo-set',
+        ),
+        pytest.param(
+            'nccl',
+            {},
+            'the nccl group did not form or the all-reduce hung; NCCL_SOCKET_IFNAME is unset (NCCL picks an '
+            'interface for its bootstrap itself); P2P over PCIe blocked by ACS or the IOMMU (NCCL_P2P_LEVEL=unset); '
+            "the unit's IPAddressDeny fence dropping the ranks' sockets",
+            id='nccl-defaults',
+        ),
+        pytest.param(
+            'nccl',
+            {'NCCL_SOCKET_IFNAME': 'lo', 'NCCL_P2P_DISABLE': '1'},
+            'the nccl group did not form or the all-reduce hung; NCCL_SOCKET_IFNAME=lo (its bootstrap runs over '
+            "that interface); P2P is already disabled (NCCL_P2P_DISABLE=1); the unit's IPAddressDeny fence dropping "
+            "the ranks' sockets",
+            id='nccl-p2p-off',
+        ),
+    ],
+)
+def test_allreduce_timeout_cause(backend, env, cause):
+    assert smoke.allreduce_timeout_cause(backend, env) == cause
+
+
+def _which(found):
+    return lambda name: found.get(name)
+
+
+@pytest.mark.parametrize(
+    'env, found, cc',
+    [
+        pytest.param({}, {'gcc': '/usr/bin/gcc', 'clang': '/usr/bin/clang'}, '/usr/bin/gcc', id='gcc-before-clang'),
+        pytest.param({}, {'clang': '/usr/bin/clang'}, '/usr/bin/clang', id='clang'),
+        pytest.param({}, {'cc': '/usr/bin/cc'}, None, id='cc-is-not-tried'),
+        pytest.param({'CC': 'clang'}, {'gcc': '/usr/bin/gcc', 'clang': '/opt/clang'}, '/opt/clang', id='CC-first'),
+        pytest.param({'CC': 'nosuch-cc'}, {'gcc': '/usr/bin/gcc'}, None, id='CC-missing'),
+    ],
+)
+def test_find_c_compiler(env, found, cc):
+    assert smoke.find_c_compiler(env, _which(found)) == cc
+
+
+@pytest.mark.parametrize(
+    'argv, own, serve_argv, arguments',
+    [
+        pytest.param(
+            ['--ranks', '2', '--', '/opt/vllm/abc/bin/vllm', 'serve', '/models/x', '--tensor-parallel-size', '2'],
+            ['--ranks', '2'],
+            ['/opt/vllm/abc/bin/vllm', 'serve', '/models/x', '--tensor-parallel-size', '2'],
+            ['/models/x', '--tensor-parallel-size', '2'],
+            id='bin-vllm',
+        ),
+        pytest.param(
+            ['--ranks', '1', '--', '/opt/vllm/abc/bin/python', '/usr/local/libexec/llmserve-vllm-cli', 'serve', 'm'],
+            ['--ranks', '1'],
+            ['/opt/vllm/abc/bin/python', '/usr/local/libexec/llmserve-vllm-cli', 'serve', 'm'],
+            ['m'],
+            id='version-shim',
+        ),
+        pytest.param(
+            ['--ranks', '1', '--', 'vllm', 'serve', 'm', '--', 'x'],
+            ['--ranks', '1'],
+            ['vllm', 'serve', 'm', '--', 'x'],
+            ['m', '--', 'x'],
+            id='later-double-dash-is-vllms',
+        ),
+    ],
+)
+def test_command_line_split(argv, own, serve_argv, arguments):
+    assert smoke.split_command_line(argv) == (own, serve_argv)
+    assert smoke.serve_arguments(serve_argv) == arguments
+
+
+def test_serve_argv_without_serve_word():
+    with pytest.raises(ValueError, match=r'^the service command line has no `serve` word: vllm run m$'):
+        smoke.serve_arguments(['vllm', 'run', 'm'])
+
+
+@pytest.mark.parametrize(
+    'stderr, message',
+    [
+        pytest.param(
+            'usage: vllm serve [model_tag] [options]\nvllm serve: error: unrecognized arguments: --no-such-flag 3\n',
+            'vllm serve: error: unrecognized arguments: --no-such-flag 3',
+            id='unrecognized',
+        ),
+        pytest.param(
+            'usage: vllm serve [model_tag] [options]\n'
+            'vllm serve: error: unrecognized arguments: --task generate\n\n'
+            'Hint: --task is not a vllm serve option.\n',
+            'vllm serve: error: unrecognized arguments: --task generate Hint: --task is not a vllm serve option.',
+            id='with-hint',
+        ),
+        pytest.param('one\ntwo\nthree\nfour\n', 'two three four', id='no-error-line'),
+    ],
+)
+def test_parser_error_text(stderr, message):
+    assert smoke.parser_error_text(stderr) == message
+
+
+@pytest.mark.parametrize(
+    'text, checks',
+    [
+        pytest.param('compiler,writable', ['compiler', 'writable'], id='two'),
+        pytest.param(' parser , devices ', ['parser', 'devices'], id='spaces'),
+    ],
+)
+def test_selected_checks(text, checks):
+    assert smoke.selected_checks(text) == checks
+
+
+def test_unknown_check_is_refused():
+    with pytest.raises(ValueError, match=r'^unknown check\(s\) gpu; choose from parser,devices,'):
+        smoke.selected_checks('devices,gpu')
+
+
+def test_failed_entry_carries_cause_and_remedy_and_summary_fails():
+    checks = [
+        smoke.entry('devices', 'passed', 0.1234, 'ok'),
+        smoke.entry('allreduce', 'failed', 2.0, 'seen', 'why', 'what'),
+        smoke.entry('triton', 'skipped', 0.0, 'no GPU'),
+    ]
+    assert checks[1] == {
+        'name': 'allreduce',
+        'status': 'failed',
+        'seconds': 2.0,
+        'detail': 'seen',
+        'cause': 'why',
+        'remedy': 'what',
+    }
+    assert checks[0] == {'name': 'devices', 'status': 'passed', 'seconds': 0.123, 'detail': 'ok'}
+    report = smoke.summary('gloo', 2, [], {}, checks)
+    assert report['passed'] is False
+    assert smoke.summary('gloo', 2, [], {}, [checks[0], checks[2]])['passed'] is True
+
+
+# ---- the program run for real on this host: its compiler and writable checks ----
+
+
+def _run(tmp_path, env, *extra):
+    proc = subprocess.run(
+        [sys.executable, SMOKE, '--ranks', '1', '--checks', 'compiler,writable']
+        + list(extra)
+        + ['--', '/opt/vllm/x/bin/vllm', 'serve', '/models/x'],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    report = json.loads(proc.stdout)
+    return proc.returncode, report, {check['name']: check for check in report['checks']}
+
+
+@pytest.mark.skipif(shutil.which('gcc') is None, reason='needs gcc on PATH')
+def test_compiler_and_writable_pass_with_gcc(tmp_path):
+    env = dict(os.environ)
+    env.pop('CC', None)
+    cache, runtime = str(tmp_path / 'cache' / 'vllm'), str(tmp_path / 'run')
+    rc, report, checks = _run(tmp_path, env, '--writable', cache, runtime)
+    assert rc == 0, checks
+    assert report['passed'] is True
+    assert report['ranks'] == 1
+    assert checks['compiler']['status'] == 'passed'
+    assert checks['compiler']['detail'].startswith(
+        '%s built and loaded a Python extension against ' % shutil.which('gcc')
+    )
+    assert checks['writable']['status'] == 'passed'
+    assert checks['writable']['detail'].endswith(': %s, %s (created)' % (cache, runtime))
+    assert [name for name in checks if checks[name]['status'] == 'skipped'] == [
+        'parser',
+        'devices',
+        'allreduce',
+        'triton',
+        'flashinfer',
+    ]
+    # The scratch module is gone; the directories stay as the service will need them.
+    assert os.listdir(cache) == [] and os.listdir(runtime) == []
+
+
+def test_compiler_fails_without_a_compiler_on_path(tmp_path):
+    empty = tmp_path / 'bin'
+    empty.mkdir()
+    env = {'PATH': str(empty), 'HOME': str(tmp_path)}
+    rc, report, checks = _run(tmp_path, env, '--writable', str(tmp_path / 'w'))
+    assert rc == 1
+    assert report['passed'] is False
+    assert checks['compiler'] == {
+        'name': 'compiler',
+        'status': 'failed',
+        'seconds': checks['compiler']['seconds'],
+        'detail': 'no gcc or clang on PATH (%s)' % empty,
+        'cause': 'Triton builds its launcher with the C compiler (CC, else gcc, else clang on PATH) at the first kernel '
+        'and finds none: the model load would fail there',
+        'remedy': 'install gcc on the host (the role installs it) or set CC to a compiler in vllm_kimi_environment',
+    }
+    assert checks['writable']['status'] == 'passed'
+
+
+def test_writable_fails_on_a_read_only_directory(tmp_path):
+    if os.geteuid() == 0:
+        # root writes through file modes: a path under a regular file cannot be created, by anyone.
+        blocked = tmp_path / 'file'
+        blocked.write_text('')
+        target = str(blocked / 'cache')
+        error = 'NotADirectoryError: Not a directory'
+    else:
+        blocked = tmp_path / 'ro'
+        blocked.mkdir(mode=0o555)
+        target = str(blocked)
+        error = 'PermissionError: Permission denied'
+    rc, report, checks = _run(tmp_path, dict(os.environ), '--checks', 'writable', '--writable', target)
+    assert rc == 1
+    user = __import__('pwd').getpwuid(os.geteuid()).pw_name
+    assert checks['writable']['detail'] == '%s is not writable by %s: %s' % (target, user, error)
+    assert checks['writable']['remedy'].startswith('make %s owned by or writable for %s' % (target, user))
+
+
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        pytest.param(
+            ['--checks', 'devices', '--', 'x', 'serve'], 'the following arguments are required: --ranks', id='no-ranks'
+        ),
+        pytest.param(['--ranks', '0', '--checks', 'devices'], '--ranks must be 1 or more', id='zero-ranks'),
+        pytest.param(['--ranks', '1', '--checks', 'gpu'], 'unknown check(s) gpu; choose from', id='unknown-check'),
+        pytest.param(
+            ['--ranks', '1', '--', 'vllm', 'run', 'm'],
+            'the parser check needs -- SERVE_ARGV with a serve word',
+            id='no-serve-word',
+        ),
+    ],
+)
+def test_bad_usage_exits_2(argv, message):
+    proc = subprocess.run([sys.executable, SMOKE] + argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert proc.stdout == ''
+    assert message in proc.stderr
+
+
+# ---- what it reported on an H200 (tests/fixtures/preload_smoke, see tests/fixtures/README.md) ----
+
+
+def _fixture(name):
+    with open(os.path.join(FIXTURES, name)) as handle:
+        return json.load(handle)
+
+
+def test_h200_pass_fixture():
+    report = _fixture('smoke-h200-pass.json')
+    checks = {check['name']: check for check in report['checks']}
+    assert report['passed'] is True
+    assert report['backend'] == 'nccl'
+    assert report['ranks'] == 1
+    assert report['devices'] == [
+        {'index': 0, 'name': 'NVIDIA H200', 'capability': '9.0', 'memory_total_bytes': 150109880320}
+    ]
+    assert report['versions']['driver'] == '580.159.04'
+    assert report['versions']['cuda'] == '13.0'
+    assert report['versions']['nccl'] == '2.28.9'
+    assert smoke.driver_problem(report['versions']['driver'], report['versions']['cuda']) is None
+    assert checks['parser']['status'] == 'skipped'
+    # flashinfer is not installed there: the check says so and skips.
+    assert checks['flashinfer']['status'] == 'skipped'
+    assert checks['flashinfer']['detail'].startswith('flashinfer is not installed in ')
+    for name in ('devices', 'allreduce', 'compiler', 'triton', 'writable'):
+        assert checks[name]['status'] == 'passed', checks[name]
+        assert isinstance(checks[name]['seconds'], float)
+        assert 'cause' not in checks[name]
+    assert checks['allreduce']['detail'].startswith(
+        'nccl group of 1 rank(s) formed and all-reduced 1 on every rank in '
+    )
+    assert checks['devices']['detail'] == (
+        '1 GPU(s) for 1 rank(s), driver 580.159.04, CUDA 13.0: 0 NVIDIA H200 (sm_90 in torch arch list)'
+    )
+
+
+def test_h200_ranks_mismatch_fixture():
+    report = _fixture('smoke-h200-ranks-mismatch.json')
+    checks = {check['name']: check for check in report['checks']}
+    assert report['passed'] is False
+    assert report['backend'] == 'nccl'
+    assert report['ranks'] == 2
+    assert checks['devices'] == {
+        'name': 'devices',
+        'status': 'failed',
+        'seconds': checks['devices']['seconds'],
+        'detail': '1 GPU(s) visible for 2 rank(s) (CUDA_VISIBLE_DEVICES=unset)',
+        'cause': 'this node runs 2 rank(s), one GPU each, and sees only 1 GPU(s)',
+        'remedy': 'give the unit 2 GPUs (CUDA_VISIBLE_DEVICES, DeviceAllow) or lower tensor/pipeline parallel size',
+    }
+    assert checks['allreduce']['status'] == 'failed'
+    assert checks['allreduce']['detail'] == 'nccl needs one GPU per rank: 2 rank(s), 1 GPU(s)'
+    assert [checks[name]['status'] for name in ('compiler', 'triton', 'writable')] == ['passed'] * 3
+
+
+@pytest.mark.parametrize('name', ['smoke-h200-pass.json', 'smoke-h200-ranks-mismatch.json'])
+def test_h200_fixtures_have_every_check_once_in_order(name):
+    report = _fixture(name)
+    assert [check['name'] for check in report['checks']] == list(smoke.CHECKS)
+    assert set(report) == {'passed', 'backend', 'ranks', 'devices', 'versions', 'checks'}
+    assert set(report['versions']) == {'torch', 'cuda', 'driver', 'nccl', 'vllm', 'triton', 'python'}
+
+
+# ---- with vLLM's CPU build (.venv-vllm): its own serve parser, and a gloo group of two ----
+
+REPO = os.path.abspath(os.path.join(HERE, '..', '..', '..'))
+VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
+VLLM_CLI = os.path.join(REPO, 'roles', 'vllm_kimi', 'files', 'llmserve-vllm-cli')
+needs_vllm = pytest.mark.skipif(
+    not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+)
+
+
+def _run_vllm(tmp_path, checks, serve, **env):
+    environment = dict(os.environ, HOME=str(tmp_path), VLLM_NO_USAGE_STATS='1', **env)
+    proc = subprocess.run(
+        [VLLM_PYTHON, SMOKE, '--ranks', '2', '--checks', checks, '--', VLLM_PYTHON, VLLM_CLI, 'serve'] + serve,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=600,
+        check=False,
+    )
+    report = json.loads(proc.stdout)
+    return proc.returncode, {check['name']: check for check in report['checks']}
+
+
+@pytest.mark.parametrize(
+    'serve, status, detail',
+    [
+        pytest.param(
+            ['/models/x', '--served-model-name', 'kimi', '--tensor-parallel-size', '2', '--max-model-len', '4096'],
+            'passed',
+            'vllm serve parses 7 argument(s); engine args: model=/models/x tensor_parallel_size=2 '
+            'pipeline_parallel_size=1',
+            id='accepted',
+        ),
+        pytest.param(
+            ['/models/x', '--tensor-parallel-size', '2', '--no-such-flag', '3'],
+            'failed',
+            'vllm serve rejects the command line (exit 2): vllm: error: unrecognized arguments: --no-such-flag 3',
+            id='unknown-flag',
+        ),
+        pytest.param(
+            ['/models/x', '--enable-auto-tool-choice'],
+            'failed',
+            'vllm serve rejects the arguments: TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser',
+            id='validate',
+        ),
+    ],
+)
+@pytest.mark.vllm
+@needs_vllm
+def test_parser_with_vllm(tmp_path, serve, status, detail):
+    rc, checks = _run_vllm(tmp_path, 'parser', serve)
+    assert (rc, checks['parser']['status'], checks['parser']['detail']) == (
+        0 if status == 'passed' else 1,
+        status,
+        detail,
+    )
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_gloo_group_of_two_with_bound_cpu_groups(tmp_path):
+    rc, checks = _run_vllm(tmp_path, 'devices,allreduce', ['/models/x'], VLLM_CPU_OMP_THREADS_BIND='0|1')
+    assert rc == 0, checks
+    assert checks['devices']['detail'] == (
+        'no GPU: 2 CPU worker group(s) for 2 rank(s) (VLLM_CPU_OMP_THREADS_BIND=0|1): 0 | 1'
+    )
+    assert checks['allreduce']['detail'].startswith(
+        'gloo group of 2 rank(s) formed and all-reduced 3 on every rank in '
+    )
