@@ -348,14 +348,18 @@ def ensure_site_link():
     if made.returncode != 0 and b'File exists' not in made.stderr:
         raise SandboxError('cannot add the bridge %s: %s' % (SITE_LINK, made.stderr.decode(errors='replace').strip()))
     subprocess.run(
-        ['ip', 'addr', 'replace', '%s/%d' % (SITE_ADDRESS, SITE_PREFIX), 'dev', SITE_LINK], check=True, capture_output=True
+        ['ip', 'addr', 'replace', '%s/%d' % (SITE_ADDRESS, SITE_PREFIX), 'dev', SITE_LINK],
+        check=True,
+        capture_output=True,
     )
     subprocess.run(['ip', 'link', 'set', SITE_LINK, 'up'], check=True, capture_output=True)
 
 
 def remove_site_link_if_unused():
     """Removes the bridge once no sandbox of this checkout is left."""
-    if os.path.isdir(CACHE) and any(os.path.exists(os.path.join(CACHE, entry, 'state.json')) for entry in os.listdir(CACHE)):
+    if os.path.isdir(CACHE) and any(
+        os.path.exists(os.path.join(CACHE, entry, 'state.json')) for entry in os.listdir(CACHE)
+    ):
         return
     subprocess.run(['ip', 'link', 'del', SITE_LINK], capture_output=True, check=False)
 
@@ -366,12 +370,10 @@ def check_fences_enforced(name, init_pid, port):
     hierarchy = nsenter(init_pid, ['stat', '-f', '-c', '%T', '/sys/fs/cgroup'], stdout=subprocess.PIPE, check=False)
     if hierarchy.stdout.decode().strip() != 'cgroup2fs':
         raise SandboxError(
-            'sandbox %s runs systemd on %r, not the unified cgroup hierarchy (cgroup2fs): its units\' IP fences '
+            "sandbox %s runs systemd on %r, not the unified cgroup hierarchy (cgroup2fs): its units' IP fences "
             'would not be enforced' % (name, hierarchy.stdout.decode().strip())
         )
-    probe = (
-        'import socket; socket.create_connection(("127.0.0.1", %d), timeout=%d)' % (port, FENCE_PROBE_TIMEOUT)
-    )
+    probe = 'import socket; socket.create_connection(("127.0.0.1", %d), timeout=%d)' % (port, FENCE_PROBE_TIMEOUT)
     fenced = nsenter(
         init_pid,
         ['systemd-run', '--wait', '--pipe', '--quiet', '--property=IPAddressDeny=any', 'python3', '-c', probe],

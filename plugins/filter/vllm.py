@@ -8,6 +8,7 @@ import re
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
+
 from ansible_collections.llmserve.vllm.plugins.module_utils._preload_smoke import (
     SmokeReportError,
     report_from_journal,
@@ -120,7 +121,7 @@ def preload_smoke_report(journal):
     try:
         return summarize(report_from_journal(journal))
     except SmokeReportError as exc:
-        raise AnsibleFilterError('preload_smoke_report: %s' % exc)
+        raise AnsibleFilterError('preload_smoke_report: %s' % exc) from None
 
 
 class FilterModule:

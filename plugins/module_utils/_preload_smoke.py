@@ -9,7 +9,7 @@ where a check failed, the message the play stops with.
 """
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 CHECK_STATUSES = ('passed', 'failed', 'skipped')
 # The journal's last lines quoted when the smoke printed no report (its interpreter did not start, it was killed).
@@ -20,10 +20,10 @@ class SmokeReportError(ValueError):
     """The smoke's output holds no report, or one of the wrong shape."""
 
 
-def report_from_journal(text: str) -> Dict[str, Any]:
+def report_from_journal(text: str) -> dict[str, Any]:
     """The last line of the journal's text that is a JSON object with a list of checks."""
     if not isinstance(text, str):
-        raise SmokeReportError('the smoke\'s journal must be text, got %s' % type(text).__name__)
+        raise SmokeReportError("the smoke's journal must be text, got %s" % type(text).__name__)
     lines = text.splitlines()
     for line in reversed(lines):
         line = line.strip()
@@ -39,28 +39,28 @@ def report_from_journal(text: str) -> Dict[str, Any]:
     raise SmokeReportError('the pre-load smoke printed no report; its journal ends:\n%s' % tail)
 
 
-def _check_line(check: Dict[str, Any]) -> str:
+def _check_line(check: dict[str, Any]) -> str:
     seconds = check.get('seconds')
     timing = ' in %.1f s' % seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else ''
     detail = check.get('detail') or ''
     return '%s: %s%s%s' % (check['name'], check['status'], timing, ' (%s)' % detail if detail else '')
 
 
-def _validated_checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _validated_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     checks = []
     for index, check in enumerate(report['checks']):
         if not isinstance(check, dict) or not isinstance(check.get('name'), str):
-            raise SmokeReportError('check %d of the smoke\'s report has no name: %r' % (index, check))
+            raise SmokeReportError("check %d of the smoke's report has no name: %r" % (index, check))
         if check.get('status') not in CHECK_STATUSES:
             raise SmokeReportError(
-                'check %s of the smoke\'s report has status %r, not one of %s'
+                "check %s of the smoke's report has status %r, not one of %s"
                 % (check['name'], check.get('status'), ', '.join(CHECK_STATUSES))
             )
         checks.append(check)
     return checks
 
 
-def _device_line(report: Dict[str, Any]) -> Optional[str]:
+def _device_line(report: dict[str, Any]) -> Optional[str]:
     devices = report.get('devices')
     if not isinstance(devices, list) or not devices:
         return None
@@ -75,14 +75,19 @@ def _device_line(report: Dict[str, Any]) -> Optional[str]:
     return 'devices: %s' % '; '.join(names)
 
 
-def summarize(report: Dict[str, Any]) -> Dict[str, Any]:
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """passed (every check passed or was skipped), figures (lines for the play) and failure (the message, or '')."""
     if not isinstance(report, dict) or not isinstance(report.get('checks'), list):
-        raise SmokeReportError('the smoke\'s report must be an object with a list of checks, got %r' % (report,))
+        raise SmokeReportError("the smoke's report must be an object with a list of checks, got %r" % (report,))
     checks = _validated_checks(report)
-    versions = report.get('versions') if isinstance(report.get('versions'), dict) else {}
+    versions = report.get('versions')
+    if not isinstance(versions, dict):
+        versions = {}
     known = ', '.join('%s %s' % (name, versions[name]) for name in sorted(versions) if versions[name])
-    figures = ['backend %s, %s rank(s)%s' % (report.get('backend', '?'), report.get('ranks', '?'), '; ' + known if known else '')]
+    figures = [
+        'backend %s, %s rank(s)%s'
+        % (report.get('backend', '?'), report.get('ranks', '?'), '; ' + known if known else '')
+    ]
     device_line = _device_line(report)
     if device_line:
         figures.append(device_line)

@@ -371,7 +371,11 @@ def test_the_smoke_runs_in_the_services_own_sandbox(tmp_path, group_vars):
     unit, _ = render(tmp_path, group_vars)
     smoke = (tmp_path / 'smoke.service').read_text()
     service_settings, smoke_settings = unit_settings(unit, 'Service'), unit_settings(smoke, 'Service')
-    differing = {name for name in set(service_settings) | set(smoke_settings) if service_settings.get(name) != smoke_settings.get(name)}
+    differing = {
+        name
+        for name in set(service_settings) | set(smoke_settings)
+        if service_settings.get(name) != smoke_settings.get(name)
+    }
     assert differing <= SMOKE_DIFFERS_IN
     # The user, the fence, the devices and the hardening are the service's, line for line.
     for name in ('User', 'IPAddressDeny', 'IPAddressAllow', 'DevicePolicy', 'PrivateUsers', 'SystemCallFilter'):
@@ -387,7 +391,11 @@ def test_the_smoke_runs_in_the_services_own_sandbox(tmp_path, group_vars):
 def test_a_single_node_keeps_its_ranks_on_loopback(gpu_unit):
     environment = gpu_unit[1].splitlines()
     # Its ranks' Gloo and NCCL sockets stay inside the unit's IP fence (IPAddressAllow=localhost).
-    assert [line for line in environment if line.split('=')[0] in ('VLLM_HOST_IP', 'GLOO_SOCKET_IFNAME', 'NCCL_SOCKET_IFNAME')] == [
+    assert [
+        line
+        for line in environment
+        if line.split('=')[0] in ('VLLM_HOST_IP', 'GLOO_SOCKET_IFNAME', 'NCCL_SOCKET_IFNAME')
+    ] == [
         'GLOO_SOCKET_IFNAME=lo',
         'NCCL_SOCKET_IFNAME=lo',
     ]

@@ -55,7 +55,6 @@ def served(sandbox):
     }
 
 
-
 def ansible_env(**extra):
     env = dict(os.environ)
     env.setdefault('ANSIBLE_COLLECTIONS_PATH', os.path.join(REPO, '.build', 'collections'))

@@ -70,7 +70,9 @@ def test_each_failed_check_is_named_with_its_cause_and_remedy():
 
 def test_a_report_that_says_failed_without_a_failed_check_still_fails():
     result = summarize(dict(PASSED_ON_CPU, passed=False))
-    assert result == dict(result, passed=False, failure='the smoke reported a failure without naming the check that failed.')
+    assert result == dict(
+        result, passed=False, failure='the smoke reported a failure without naming the check that failed.'
+    )
 
 
 def test_gpu_devices_are_named_with_their_capability():
@@ -95,7 +97,7 @@ def test_the_report_is_the_last_json_line_of_the_journal():
 @pytest.mark.parametrize(
     ('journal', 'message'),
     [
-        ('', "the pre-load smoke printed no report; its journal ends:\n(the journal is empty)"),
+        ('', 'the pre-load smoke printed no report; its journal ends:\n(the journal is empty)'),
         (
             'python: can\'t open file\n{"checks": "not a list"}',
             'the pre-load smoke printed no report; its journal ends:\npython: can\'t open file\n{"checks": "not a list"}',
