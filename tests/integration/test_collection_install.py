@@ -13,6 +13,9 @@ import tarfile
 
 import pytest
 
+# Builds the tarball and installs it with ansible-galaxy, then runs each tag's phase: make test's, not make check's
+pytestmark = pytest.mark.slow
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 BIN = os.path.join(REPO, '.venv', 'bin')
 

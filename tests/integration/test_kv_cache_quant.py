@@ -17,6 +17,9 @@ import pytest
 
 from ansible_collections.llmserve.vllm.tests.support import REPO, recorded
 
+# Each case runs its playbook four ways (check, check and diff, real, repeat): make test's, not make check's
+pytestmark = pytest.mark.slow
+
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'targets', 'kv_cache_quant', 'playbook.yml')
 # The ansible-core beside this interpreter: make matrix runs this file on each release it tests.
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
