@@ -356,11 +356,14 @@ def ensure_site_link():
 
 
 def remove_site_link_if_unused():
-    """Removes the bridge once no sandbox of this checkout is left."""
-    if os.path.isdir(CACHE) and any(
-        os.path.exists(os.path.join(CACHE, entry, 'state.json')) for entry in os.listdir(CACHE)
-    ):
-        return
+    """Removes the bridge once no sandbox is left on this machine, of this checkout or of another one."""
+    for entry in os.listdir('/proc'):
+        try:
+            with open('/proc/%s/comm' % entry) as comm:
+                if comm.read().strip() == 'systemd-nspawn':
+                    return
+        except OSError:
+            continue
     subprocess.run(['ip', 'link', 'del', SITE_LINK], capture_output=True, check=False)
 
 
