@@ -368,7 +368,7 @@ SMOKE_DIFFERS_IN = {
 
 @pytest.mark.parametrize('group_vars', [GPU_VARS, SANDBOX_VARS], ids=['gpu', 'sandbox'])
 def test_the_smoke_runs_in_the_services_own_sandbox(tmp_path, group_vars):
-    unit, _ = render(tmp_path, group_vars)
+    unit = render(tmp_path, group_vars)[0]
     smoke = (tmp_path / 'smoke.service').read_text()
     service_settings, smoke_settings = unit_settings(unit, 'Service'), unit_settings(smoke, 'Service')
     differing = {

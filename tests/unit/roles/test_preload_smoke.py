@@ -245,7 +245,7 @@ def test_allreduce_timeout_cause(backend, env, cause):
 
 
 def _which(found):
-    return lambda name: found.get(name)
+    return found.get
 
 
 @pytest.mark.parametrize(
