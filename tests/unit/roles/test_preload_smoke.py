@@ -586,10 +586,14 @@ def test_parser_with_vllm(tmp_path, serve, status, detail):
 @pytest.mark.vllm
 @needs_vllm
 def test_gloo_group_of_two_with_bound_cpu_groups(tmp_path):
-    rc, checks = _run_vllm(tmp_path, 'devices,allreduce', ['/models/x'], VLLM_CPU_OMP_THREADS_BIND='0|1')
+    # Cores this test may use (make test pins its lane to one): the first and the last, the same one where one is all.
+    cores = sorted(os.sched_getaffinity(0))
+    bind = '%d|%d' % (cores[0], cores[-1])
+    rc, checks = _run_vllm(tmp_path, 'devices,allreduce', ['/models/x'], VLLM_CPU_OMP_THREADS_BIND=bind)
     assert rc == 0, checks
     assert checks['devices']['detail'] == (
-        'no GPU: 2 CPU worker group(s) for 2 rank(s) (VLLM_CPU_OMP_THREADS_BIND=0|1): 0 | 1'
+        'no GPU: 2 CPU worker group(s) for 2 rank(s) (VLLM_CPU_OMP_THREADS_BIND=%s): %d | %d'
+        % (bind, cores[0], cores[-1])
     )
     assert checks['allreduce']['detail'].startswith(
         'gloo group of 2 rank(s) formed and all-reduced 3 on every rank in '
