@@ -211,7 +211,14 @@ def rejected_argument(sandbox):
     sandbox.sh('runuser -u %s -- ln -sfn planted %s/deployments/last-good' % (sandbox.vars['vllm_kimi_user'], state))
     try:
         before = served(sandbox)
-        extra = json.dumps({'vllm_kimi_extra_args': sandbox.vars['vllm_kimi_extra_args'] + ['--no-such-flag']})
+        # The pre-load smoke refuses this flag before any restart (test_preload_smoke.py); without it, the argument
+        # stands for what vLLM refuses only once started, and the gate's own path is what is judged here.
+        extra = json.dumps(
+            {
+                'vllm_kimi_extra_args': sandbox.vars['vllm_kimi_extra_args'] + ['--no-such-flag'],
+                'vllm_kimi_preload_smoke': False,
+            }
+        )
         rc, output, report = sandbox.deploy('-e', extra)
         canaries = sandbox.sh('ls %s* 2>/dev/null || true' % PTH_CANARY).split()
         yield before, served(sandbox), rc, output, report, canaries
@@ -261,7 +268,14 @@ STALL_TIMEOUT = 20
 @pytest.fixture(scope='module')
 def stalled_start(sandbox):
     before = served(sandbox)
-    extra = json.dumps({'vllm_kimi_entrypoint': STALLING_ENGINE, 'vllm_kimi_stall_timeout': STALL_TIMEOUT})
+    # The smoke would refuse an entry point without vLLM's serve before any restart: the stall is the gate's to see.
+    extra = json.dumps(
+        {
+            'vllm_kimi_entrypoint': STALLING_ENGINE,
+            'vllm_kimi_stall_timeout': STALL_TIMEOUT,
+            'vllm_kimi_preload_smoke': False,
+        }
+    )
     rc, output, report = sandbox.deploy('-e', extra)
     return before, served(sandbox), rc, output, report
 
