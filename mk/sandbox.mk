@@ -8,7 +8,7 @@ DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 DEMO_FRONT_PORT := 8443
 
-.PHONY: models models-core fakehub-early fakehub-up sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
+.PHONY: cache-report models models-core fakehub-early fakehub-up sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
 
 # The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
 # own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
@@ -24,10 +24,20 @@ FAKEHUB_FAILING := wrong heavy thinks-forever ignores-tools
 # fetch's progress lines (tests/integration/sandbox/test_changes.py) sees it come in.
 FAKEHUB_SLOW := --slow $(call sandbox_revision,wrong)=200000
 
-# Trained with the vLLM venv's torch/transformers; cached by the script's hash.
+# Trained with the vLLM venv's torch/transformers; cached in $(LLMSERVE_CACHE)/models, keyed by the script and
+# the versions of those libraries.
 MAKE_MODELS := $(VLLM_VENV)/bin/python tools/make_tiny_models.py
 models: vllm-venv
 	$(MAKE_MODELS) >/dev/null
+
+# Which of make test's caches (LLMSERVE_CACHE, the Makefile) this run finds, before any stage builds one. The tiny
+# models' key holds the vLLM venv's torch and transformers: without that venv, the models stage says (hit or miss).
+cache-report:
+	@echo "caches under $(LLMSERVE_CACHE) (a miss is built by the stage that needs it):"
+	@echo "  sandbox base tree: $$($(SANDBOX_TOOL) rootfs --cached)"
+	@echo "  tiny models: $$(if [ -x $(VLLM_VENV)/bin/python ]; then $(MAKE_MODELS) --cached; \
+	  else echo 'told by the models stage, once the vLLM venv is built'; fi)"
+	@echo "  pip downloads for the sandboxes' releases: $$(du -sh $(LLMSERVE_CACHE)/pip 2>/dev/null | cut -f1 || echo none)"
 
 # What the sandbox inventory deploys, tiny-chat and tiny-kimi: minutes before the failing revisions are trained.
 models-core: vllm-venv
@@ -59,7 +69,7 @@ fakehub-up: models
 fakehub-early: models-core
 	$(call fakehub_start,--publish-when-ready,[ -f $$models/DONE ] || { setsid $(MAKE_MODELS) > $(FAKEHUB_DIR)/models.log 2>&1 < /dev/null & };)
 
-# Builds the Debian tree once (.cache/sandbox/rootfs-*), then boots in seconds;
+# Builds the Debian tree once ($(LLMSERVE_CACHE)/sandbox/rootfs-*), then boots in seconds;
 # a sandbox that is up is left as it is.
 sandbox-up: models fakehub-up
 	$(SANDBOX_TOOL) create $(DEMO_SANDBOX) --ssh-port $(DEMO_SSH_PORT) --port $(DEMO_VLLM_PORT) --port $(DEMO_FRONT_PORT) >/dev/null

@@ -38,14 +38,12 @@ TRAILING_COMMA_ERROR = (
 
 
 def tiny_models():
-    """The directory of the tiny models tools/make_tiny_models.py trains (under .cache/models, cached by the script's
-    hash; a second caller waits for the first one's training)."""
+    """The directory of the tiny models tools/make_tiny_models.py trains (under $LLMSERVE_CACHE/models, keyed by the
+    script and the libraries that train them; a second caller waits for the first one's training)."""
     made = subprocess.run(
         [
             os.path.join(REPO, '.venv-vllm', 'bin', 'python'),
             os.path.join(REPO, 'tools', 'make_tiny_models.py'),
-            '--out',
-            os.path.join(REPO, '.cache', 'models'),
         ],
         cwd=REPO,
         stdout=subprocess.PIPE,

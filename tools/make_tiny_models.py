@@ -13,13 +13,16 @@ Training runs in float32; the saved weights are bfloat16 and the answer is
 checked again in bfloat16, the dtype vLLM serves them in.
 
 All are deterministic (fixed seeds, one thread) and cached under
-OUT/<hash of this file>/; a second run with the same script is a no-op.
-tiny-chat and tiny-kimi are made first, into OUT/<hash>-core/ (--core makes
+OUT/<key>/, the key a hash of this file and of the versions of the libraries
+that train them; a second run with the same key is a no-op. OUT is
+$LLMSERVE_CACHE/models, outside the checkout, so that a fresh clone on the
+same machine finds them (--cached says whether it would).
+tiny-chat and tiny-kimi are made first, into OUT/<key>-core/ (--core makes
 and prints only those): what the sandbox inventory deploys is there minutes
 before the failing revisions are.
 Run it with the vLLM venv's python (torch, transformers, tokenizers):
 
-    .venv-vllm/bin/python tools/make_tiny_models.py --out .cache/models
+    .venv-vllm/bin/python tools/make_tiny_models.py
 
 It prints the directory that holds tiny-chat/ and the tiny-kimi
 models: ``tiny-kimi``, a miniature of Kimi-K2.5 (KimiK25ForConditionalGeneration around a DeepSeek-V3
@@ -36,6 +39,7 @@ with --language-model-only (see the tiny-kimi section below).
 import argparse
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -90,9 +94,19 @@ LR = 3e-3
 MAX_POSITION_EMBEDDINGS = 8192
 
 
+# What the models depend on besides this script: the same script under another torch or transformers may train
+# other weights, and the cache outside the checkout (LLMSERVE_CACHE) outlives both venvs.
+TRAINING_LIBRARIES = ('torch', 'transformers', 'safetensors', 'tokenizers')
+
+
 def script_hash():
+    """The models' cache key: this script and the versions of the libraries that train and save them."""
+    digest = hashlib.sha256()
     with open(os.path.abspath(__file__), 'rb') as f:
-        return hashlib.sha256(f.read()).hexdigest()[:12]
+        digest.update(f.read())
+    for library in TRAINING_LIBRARIES:
+        digest.update(('\n%s==%s' % (library, importlib.metadata.version(library))).encode())
+    return digest.hexdigest()[:12]
 
 
 def conversations(answers):
@@ -991,22 +1005,36 @@ def finish(out_root, work, target, report):
             shutil.rmtree(old)
 
 
+def cache_root():
+    """Where make test's caches keyed by their inputs live, outside the checkout (the Makefile's LLMSERVE_CACHE)."""
+    return os.environ.get('LLMSERVE_CACHE') or os.path.join(
+        os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'llmserve'
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument(
         '--out',
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '.cache', 'models'),
-        help='cache root; the models go to OUT/<script hash>/ (default: .cache/models)',
+        default=os.path.join(cache_root(), 'models'),
+        help='cache root; the models go to OUT/<cache key>/ (default: $LLMSERVE_CACHE/models)',
     )
     parser.add_argument(
         '--core',
         action='store_true',
-        help='only tiny-chat and tiny-kimi, in OUT/<script hash>-core/ (what the sandbox inventory deploys)',
+        help='only tiny-chat and tiny-kimi, in OUT/<key>-core/ (what the sandbox inventory deploys)',
+    )
+    parser.add_argument(
+        '--cached', action='store_true', help='train nothing: print hit or miss, then the directory the models go to'
     )
     args = parser.parse_args(argv)
+    if args.cached:
+        target = os.path.join(os.path.abspath(args.out), script_hash())
+        print('%s %s' % ('hit' if os.path.exists(os.path.join(target, 'DONE')) else 'miss', target))
+        return 0
     target, made = make(os.path.abspath(args.out), args.core)
     print(target)
-    sys.stderr.write('%s tiny models in %s\n' % ('made' if made else 'cached', target))
+    sys.stderr.write('tiny models: %s %s\n' % ('cache miss, trained into' if made else 'cache hit,', target))
     return 0
 
 

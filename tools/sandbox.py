@@ -7,10 +7,10 @@
     tools/sandbox destroy NAME
     tools/sandbox status NAME
     tools/sandbox exec NAME -- COMMAND ...
-    tools/sandbox rootfs
+    tools/sandbox rootfs [--cached]
 
 `create` builds a Debian tree once (debootstrap, cached under
-.cache/sandbox/rootfs-<hash of its recipe>), copies it for NAME, gives it its own
+$LLMSERVE_CACHE/sandbox/rootfs-<hash of its recipe>, outside the checkout), copies it for NAME, gives it its own
 SSH host key and client key, the host's CA bundle and pip settings (and the
 models of --models, if given), and boots it with systemd as PID 1 (systemd-nspawn).  The sandbox
 shares the host's network, so sshd listens on 127.0.0.1:PORT only and the
@@ -38,8 +38,15 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Each sandbox's state, keys and certificate authority: this checkout's.
 CACHE = os.path.join(REPO, '.cache', 'sandbox')
-PIP_CACHE = os.path.join(REPO, '.cache', 'pip')
+# What does not change between runs, keyed by its inputs, outside the checkout (the Makefile's LLMSERVE_CACHE), so
+# that a fresh clone on the same machine reuses it: the Debian base tree and pip's downloads.
+SHARED_CACHE = os.environ.get('LLMSERVE_CACHE') or os.path.join(
+    os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'llmserve'
+)
+ROOTFS_CACHE = os.path.join(SHARED_CACHE, 'sandbox')
+PIP_CACHE = os.path.join(SHARED_CACHE, 'pip')
 SUITE = 'bookworm'
 PACKAGES = [
     'systemd',
@@ -124,7 +131,7 @@ def write_state(name, state):
 
 def rootfs_path():
     recipe = json.dumps({'suite': SUITE, 'packages': sorted(PACKAGES), 'recipe': ROOTFS_RECIPE})
-    return os.path.join(CACHE, 'rootfs-' + hashlib.sha256(recipe.encode()).hexdigest()[:12])
+    return os.path.join(ROOTFS_CACHE, 'rootfs-' + hashlib.sha256(recipe.encode()).hexdigest()[:12])
 
 
 def ensure_rootfs():
@@ -136,7 +143,7 @@ def ensure_rootfs():
             raise SandboxError(
                 '%s is not installed: apt-get install debootstrap systemd-container openssh-client util-linux' % tool
             )
-    os.makedirs(CACHE, exist_ok=True)
+    os.makedirs(ROOTFS_CACHE, exist_ok=True)
     tmp = path + '.tmp'
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
@@ -689,6 +696,10 @@ def exec_(args):
 
 
 def rootfs(args):
+    if args.cached:
+        path = rootfs_path()
+        print('%s %s' % ('hit' if os.path.exists(os.path.join(path, '.complete')) else 'miss', path))
+        return 0
     print(ensure_rootfs())
     return 0
 
@@ -725,6 +736,7 @@ def main(argv=None):
     p.add_argument('command', nargs=argparse.REMAINDER)
     p.set_defaults(func=exec_)
     p = sub.add_parser('rootfs', help='build the cached base tree and print its path')
+    p.add_argument('--cached', action='store_true', help='build nothing: print hit or miss, then the path')
     p.set_defaults(func=rootfs)
     args = parser.parse_args(argv)
     if os.geteuid() != 0:

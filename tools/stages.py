@@ -15,6 +15,10 @@ runs cannot take the cores another lane's measurements rely on.
 
 --nice LANE:N runs that lane's makes under `nice -n N`: a lane with time to spare yields its core to the
 lanes that are waited for (the models' training and the sandbox scenarios in make test).
+
+Under the table, how busy the machine's cores were, over the run and in each 5-minute slice (from /proc/stat, so the
+sandboxes' processes count too): where the cores are busy throughout, only less work shortens the run; where they
+idle, another order can.
 """
 
 import argparse
@@ -25,6 +29,43 @@ import threading
 import time
 
 LOG_DIR = os.path.join('.build', 'stages')
+CPU_SLICE = 300
+
+
+def cpu_ticks() -> tuple:
+    """(busy, total) clock ticks of all cores since boot, from /proc/stat's first line."""
+    with open('/proc/stat') as f:
+        fields = [int(value) for value in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuSampler:
+    """The machine's CPU ticks at the start of the run and at each CPU_SLICE seconds after it."""
+
+    def __init__(self):
+        self.samples = [cpu_ticks()]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(CPU_SLICE):
+            self.samples.append(cpu_ticks())
+
+    def report(self) -> str:
+        samples = self.samples + [cpu_ticks()]
+
+        def busy(first, last):
+            total = last[1] - first[1]
+            return 100.0 * (last[0] - first[0]) / total if total else 0.0
+
+        slices = ' '.join('%.0f' % busy(a, b) for a, b in zip(samples, samples[1:]))
+        return 'CPU busy (%% of %d cores): %.0f over the run; by %d-minute slice: %s\n' % (
+            os.cpu_count() or 1,
+            busy(samples[0], samples[-1]),
+            CPU_SLICE // 60,
+            slices,
+        )
 
 
 class Stage:
@@ -130,6 +171,8 @@ def main(argv=None) -> int:
     stages = first + [stage for lane in lanes for stage in lane]
     make = [args.make, '--no-print-directory']
     started = time.time()
+    cpu = CpuSampler()
+    cpu.thread.start()
     threads = [threading.Thread(target=run_lane, args=(lane, make), daemon=True) for lane in lanes]
     try:
         run_lane(first, make)
@@ -142,7 +185,7 @@ def main(argv=None) -> int:
                 thread.join(1)
     finally:
         with PRINT_LOCK:
-            sys.stdout.write(table(stages, started))
+            sys.stdout.write(table(stages, started) + cpu.report())
             sys.stdout.flush()
     return 0 if all(stage.returncode == 0 for stage in stages) else 1
 

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.support import REPO, free_port, module_result
+from ansible_collections.llmserve.vllm.tests.support import REPO, free_port, module_result, tiny_models
 
 VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
 API_KEY = 'chat-check-test-key'
@@ -34,19 +34,7 @@ def run_module(tmp_path, args):
 
 @pytest.fixture(scope='module')
 def vllm(tmp_path_factory):
-    models = subprocess.run(
-        [
-            VLLM_PYTHON,
-            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
-            '--out',
-            os.path.join(REPO, '.cache', 'models'),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        check=True,
-        timeout=600,
-    )
-    model_dir = os.path.join(models.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-chat')
+    model_dir = os.path.join(tiny_models(), 'tiny-chat')
     port = free_port()
     log_path = tmp_path_factory.mktemp('vllm') / 'vllm.log'
     with open(str(log_path), 'wb') as log:

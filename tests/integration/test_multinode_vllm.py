@@ -25,7 +25,8 @@ import time
 import pytest
 import yaml
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
+from ansible_collections.llmserve.vllm.tests.support import REPO, tiny_models
+
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'playbooks', 'render_unit.yml')
 ANSIBLE_PLAYBOOK = os.path.join(REPO, '.venv', 'bin', 'ansible-playbook')
 LOCAL_PYTHON = os.path.join(REPO, '.venv', 'bin', 'python')
@@ -302,19 +303,7 @@ def tail(path, lines=40):
 
 def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_path):
     started = time.monotonic()
-    models = subprocess.run(
-        [
-            VLLM_PYTHON,
-            os.path.join(REPO, 'tools', 'make_tiny_models.py'),
-            '--out',
-            os.path.join(REPO, '.cache', 'models'),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        check=True,
-        timeout=600,
-    )
-    model_dir = os.path.join(models.stdout.decode('utf-8').strip().splitlines()[-1], 'tiny-kimi')
+    model_dir = os.path.join(tiny_models(), 'tiny-kimi')
     rendered = render_cluster(tmp_path, model_dir)
     head_node, worker_node = NODES
 

@@ -19,14 +19,12 @@ import time
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.support import REPO
+from ansible_collections.llmserve.vllm.tests.support import REPO, tiny_models
 
 openai = pytest.importorskip('openai')
 
 VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
 VLLM_CLI = os.path.join(REPO, 'roles', 'vllm_kimi', 'files', 'llmserve-vllm-cli')
-# The models' cache; another root keeps a development build away from the cache other checkouts share.
-MODELS_ROOT = os.environ.get('LLMSERVE_TINY_MODELS', os.path.join(REPO, '.cache', 'models'))
 API_KEY = 'tiny-kimi-test-key'
 SERVED = 'tiny-kimi'
 QUESTION = 'What is the capital of France?'
@@ -80,17 +78,6 @@ pytestmark = [
 ]
 
 
-def models_dir():
-    proc = subprocess.run(
-        [VLLM_PYTHON, os.path.join(REPO, 'tools', 'make_tiny_models.py'), '--out', MODELS_ROOT],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        check=True,
-        timeout=1800,
-    )
-    return proc.stdout.decode('utf-8').strip().splitlines()[-1]
-
-
 def port_in_range():
     for port in PORTS:
         with socket.socket() as sock:
@@ -104,7 +91,7 @@ def port_in_range():
 
 def serve(model, tmp_path_factory):
     """vLLM serving MODEL (a directory of make_tiny_models' output), ready; yields the client and the log."""
-    path = os.path.join(models_dir(), model)
+    path = os.path.join(tiny_models(), model)
     port = port_in_range()
     log_path = tmp_path_factory.mktemp(model) / 'vllm.log'
     with open(str(log_path), 'wb') as log:

@@ -14,13 +14,15 @@ type: aggregate
 short_description: Write each task's result per host to the JSON file named by E(LLMSERVE_RECORD)
 description:
   - Test helper of the sandbox fault scenarios.
-  - Writes a JSON object with C(tasks), a list of task name, host, status and result, and C(stats), the recap per host.
+  - Writes a JSON object with C(tasks), a list of task name, host, status, result and C(seconds) (since the run began,
+    when the result came in), and C(stats), the recap per host.
 requirements:
   - E(LLMSERVE_RECORD) names the output file.
 """
 
 import json
 import os
+import time
 
 from ansible.plugins.callback import CallbackBase
 
@@ -34,6 +36,7 @@ class CallbackModule(CallbackBase):
     def __init__(self):
         super().__init__()
         self.tasks = []
+        self.began = time.monotonic()
 
     def _record(self, result, status):
         self.tasks.append(
@@ -42,6 +45,7 @@ class CallbackModule(CallbackBase):
                 'host': result._host.get_name(),
                 'status': status,
                 'result': self._clean_result(result._result),
+                'seconds': round(time.monotonic() - self.began, 3),
             }
         )
 
