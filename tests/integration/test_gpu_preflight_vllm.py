@@ -57,8 +57,11 @@ import sys
 def main():
     from vllm import LLM
     path, kv_bytes, mml, kv_dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    # One process (the engine in-process, VLLM_ENABLE_V1_MULTIPROCESSING=0, and its worker with it): the KV cache is
+    # sized by the same worker and engine code, without two more processes each importing vLLM (some 30 s here).
     LLM(model=path, skip_tokenizer_init=True, kv_cache_memory_bytes=kv_bytes, enforce_eager=True,
-        max_model_len=mml, kv_cache_dtype=kv_dtype, max_num_seqs=4, max_num_batched_tokens=mml)
+        max_model_len=mml, kv_cache_dtype=kv_dtype, max_num_seqs=4, max_num_batched_tokens=mml,
+        distributed_executor_backend='uni')
     print('ENGINE-READY', flush=True)
 
 
@@ -72,7 +75,7 @@ KV_SIZE = re.compile(r'CPU KV cache size: ([\d,]+) tokens')
 def vllm_kv_tokens(model, kv_bytes, max_model_len, kv_dtype, tmp_path):
     script = tmp_path / 'serve.py'
     script.write_text(SERVE)
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND='nobind', HF_HUB_OFFLINE='1')
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND='nobind', HF_HUB_OFFLINE='1', VLLM_ENABLE_V1_MULTIPROCESSING='0')
     proc = subprocess.run(
         [VLLM_PY, str(script), str(model), str(kv_bytes), str(max_model_len), kv_dtype],
         stdout=subprocess.PIPE,
