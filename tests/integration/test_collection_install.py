@@ -34,6 +34,7 @@ WIDER_PLAYBOOK = """---
         vllm_kimi_kv_cache_memory_bytes: 1048576
         vllm_kimi_max_model_len: auto
         vllm_kimi_port: {port}
+        vllm_kimi_api_key: wider-playbook-key
 
     - name: Keep the plan for the report
       ansible.builtin.copy:
