@@ -222,12 +222,20 @@ def plan(
         'max_model_len_fit': fit,
         'max_model_len': chosen,
         'fits': bool(requested_fits and memory.budget > 0 and not found.problems),
+        'unified_vision_chunk': unified_vision_chunk(config),
         'strip_fp8_kv_cache': bool(strip),
         'fp8_kv_cache_stripped': bool(stripped),
         'problems': found.problems,
         'remedies': found.remedies,
         'warnings': found.warnings,
     }
+
+
+def unified_vision_chunk(config: Config) -> bool:
+    """Whether vLLM's processor takes this checkpoint's images and videos as one modality, vision_chunk (Kimi-K2.5's
+    use_unified_vision_chunk): --limit-mm-per-prompt must then name vision_chunk, as a limit on image or video binds
+    nothing."""
+    return isinstance(config.get('vision_config'), dict) and config.get('use_unified_vision_chunk') is True
 
 
 def kv_cache_dtype(

@@ -27,6 +27,10 @@ def render(tmp_path, group_vars_file, **extra_vars):
         'ansible_python_interpreter': LOCAL_PYTHON,
         'max_model_len': 131072,
     }
+    if group_vars_file == GPU_VARS:
+        # What the preflight finds in Kimi-K2.5's config (use_unified_vision_chunk: tests/fixtures/checkpoints/
+        # kimi-k2.5-nvfp4), which the render does not run, and the key the inventory reads from the vault.
+        extra.update(__vllm_kimi_preflight={'unified_vision_chunk': True}, vault_vllm_kimi_api_key='sk-vault-key')
     extra.update(extra_vars)
     subprocess.run(
         [ANSIBLE_PLAYBOOK, '-i', 'localhost,', '-c', 'local', PLAYBOOK, '-e', json.dumps(extra)],
@@ -160,12 +164,12 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         '--allowed-media-domains',
         'media.invalid',
         '--limit-mm-per-prompt',
-        '{"image": 8, "video": 0}',
+        '{"vision_chunk": 8}',
     ]
     assert '--disable-log-requests' not in unit
 
 
-MEDIA_LIMITS = ['--allowed-media-domains', 'media.invalid', '--limit-mm-per-prompt', '{"image": 8, "video": 0}']
+MEDIA_LIMITS = ['--allowed-media-domains', 'media.invalid', '--limit-mm-per-prompt', '{"vision_chunk": 8}']
 
 
 @pytest.mark.parametrize(
@@ -522,3 +526,41 @@ def test_code_and_caches_stay_out_of_what_the_service_user_keeps(gpu_unit):
     assert unit_settings(unit, 'Service')['RuntimeDirectory'] == ['vllm-kimi']
     release = re.search(r'/opt/vllm-kimi/([0-9a-f]{12})/bin/', unit).group(1)
     assert env['VLLM_CACHE_ROOT'] == '/var/lib/vllm-kimi/cache/vllm/' + release
+
+
+# Run by .venv-vllm's python: vLLM's parser reads the command line's flags into its MultiModalConfig, which gives each
+# modality's limit per prompt.
+LIMITS_AS_VLLM = r"""
+import json, sys
+from vllm.config.multimodal import MultiModalConfig
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
+config = MultiModalConfig(limit_per_prompt=args.limit_mm_per_prompt)
+print(json.dumps({modality: config.get_limit_per_prompt(modality) for modality in ('vision_chunk', 'image', 'video')}))
+"""
+
+
+def limits_as_vllm(argv):
+    start = argv.index('--limit-mm-per-prompt')
+    proc = subprocess.run(
+        [VLLM_PYTHON, '-c', LIMITS_AS_VLLM, json.dumps(argv[start : start + 2])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not os.path.exists(VLLM_PYTHON), reason='needs the CPU build of vLLM in .venv-vllm (make vllm-venv)'
+)
+def test_kimis_media_limit_binds_its_vision_chunks(tmp_path, gpu_unit):
+    """Kimi-K2.5 takes images and videos as one modality, vision_chunk: vLLM holds a prompt to the inventory's 8
+    media items only where the limit names it. Under the names the inventory uses, it would allow vLLM's 999."""
+    assert limits_as_vllm(exec_start(gpu_unit[0]))['vision_chunk'] == 8
+    without_the_preflight = exec_start(render(tmp_path, GPU_VARS, __vllm_kimi_preflight={})[0])
+    assert limits_as_vllm(without_the_preflight) == {'vision_chunk': 999, 'image': 8, 'video': 0}

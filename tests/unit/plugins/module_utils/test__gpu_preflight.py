@@ -13,7 +13,12 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     read_hf_quant_config,
     resolve_kv_cache_dtype,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import Findings, check_nvidia_devices, plan
+from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
+    Findings,
+    check_nvidia_devices,
+    plan,
+    unified_vision_chunk,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import device_node_exists
 from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import parse_apps, parse_gpus, parse_persistence
 from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
@@ -415,6 +420,25 @@ def test_kimi_text_only_profiles_no_encoder(kimi):
     # --language-model-only never builds the tower: its weights are not loaded either.
     with_images = kimi_plan(kimi, gpu_memory_utilization=0.9, max_model_len=131072, reserve_bytes_per_gpu=None)
     assert with_images['weights_bytes_per_gpu'] - text_only['weights_bytes_per_gpu'] == KIMI_VISION_BYTES
+    assert with_images['unified_vision_chunk'] is True
+
+
+@pytest.mark.parametrize(
+    'config, unified',
+    [
+        pytest.param(checkpoint_config('kimi-k2.5-nvfp4'), True, id='kimi-k2.5'),
+        pytest.param(
+            dict(checkpoint_config('kimi-k2.5-nvfp4'), use_unified_vision_chunk=False), False, id='chunks-not-unified'
+        ),
+        pytest.param(
+            dict((k, v) for k, v in checkpoint_config('kimi-k2.5-nvfp4').items() if k != 'vision_config'),
+            False,
+            id='no-vision-tower',
+        ),
+    ],
+)
+def test_the_plan_says_whether_images_and_videos_are_vision_chunks(config, unified):
+    assert unified_vision_chunk(config) is unified
 
 
 # ---------------------------------------------------------------- the NVIDIA devices
