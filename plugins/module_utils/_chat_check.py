@@ -586,10 +586,10 @@ class ChatCheck:
         """The tool gate's verdict; the coherence result with the tool_call result, or CheckFailed."""
         name = tool_call.get('name') or tool_call['tool']['function']['name']
         expected = tool_call.get('arguments') or {}
-        exact = tool_call.get('arguments_match', 'subset') == 'exact'
+        match = tool_call.get('arguments_match', 'subset')
         source = 'The tool-call answer from %s at %s' % (model, self.url)
         content = reply['content'] or ''
-        arguments, msg = judge_tool_calls(reply['tool_calls'], name, expected, exact)
+        arguments, msg = judge_tool_calls(reply['tool_calls'], name, expected, match)
         if msg:
             # Raw tool-call tokens in the content say more than a missing call: no parser took them out.
             markup = self._markup_problem(source, content)

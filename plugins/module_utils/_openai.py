@@ -54,7 +54,7 @@ RESERVED_REQUEST_KEYS = (
     'include_reasoning',
     'echo',
 )
-ARGUMENTS_MATCHES = ('subset', 'exact')
+ARGUMENTS_MATCHES = ('subset', 'exact', 'pattern')
 
 
 def expect_problem(expect: str) -> Optional[str]:
@@ -122,6 +122,17 @@ def tool_call_problem(tool_call: Optional[dict[str, Any]]) -> Optional[str]:
             ', '.join(ARGUMENTS_MATCHES),
             tool_call['arguments_match'],
         )
+    if tool_call.get('arguments_match') == 'pattern':
+        for key, pattern in sorted((tool_call.get('arguments') or {}).items()):
+            if not isinstance(pattern, str):
+                return 'tool_call.arguments.%s must be a regular expression with arguments_match pattern, got %s' % (
+                    key,
+                    quote(_json(pattern), 200),
+                )
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                return 'tool_call.arguments.%s is not a regular expression (%s): %s' % (key, exc, quote(pattern, 200))
     return None
 
 
@@ -260,9 +271,11 @@ def answer_matches(expect: str, answer: Optional[str]) -> bool:
 
 
 def judge_tool_calls(
-    calls: list[dict[str, Any]], name: str, expected: dict[str, Any], exact: bool
+    calls: list[dict[str, Any]], name: str, expected: dict[str, Any], match: str
 ) -> tuple[Optional[dict[str, Any]], Optional[str]]:
-    """(the arguments of the first call of name that match, None) or (None, what is wrong, after 'The answer ...')."""
+    """(the arguments of the first call of name that match, None) or (None, what is wrong, after 'The answer ...').
+
+    match is one of ARGUMENTS_MATCHES (arguments_match says how each compares)."""
     if not calls:
         return None, 'has no tool call, where it should call %s' % name
     named = [call for call in calls if call['name'] == name]
@@ -280,21 +293,39 @@ def judge_tool_calls(
             continue
         if not isinstance(arguments, dict):
             problems.append("with arguments that are not a JSON object: '%s'" % quote(call['arguments']))
-        elif not arguments_match(arguments, expected, exact):
+        elif not arguments_match(arguments, expected, match):
             problems.append(
                 "with arguments '%s', which %s %s"
-                % (quote(call['arguments']), 'are not exactly' if exact else 'do not contain', quote(_json(expected)))
+                % (quote(call['arguments']), _MATCH_WORDS[match], quote(_json(expected)))
             )
         else:
             return arguments, None
     return None, 'called %s %s' % (name, problems[0])
 
 
-def arguments_match(arguments: dict[str, Any], expected: dict[str, Any], exact: bool) -> bool:
-    """Whether the call's arguments hold every expected key with an equal value (and no other key when exact)."""
-    if exact and set(arguments) != set(expected):
+_MATCH_WORDS = {
+    'subset': 'do not contain',
+    'exact': 'are not exactly',
+    'pattern': 'do not match, per argument and ignoring case,',
+}
+
+
+def arguments_match(arguments: dict[str, Any], expected: dict[str, Any], match: str) -> bool:
+    """Whether the call's arguments hold every expected key: with an equal value (subset; exact also allows no other
+    key), or with a string, number or boolean whose JSON text the expected regular expression finds, ignoring case
+    (pattern: a model may answer "Paris, France" or "paris" for Paris)."""
+    if match == 'exact' and set(arguments) != set(expected):
         return False
+    if match == 'pattern':
+        return all(key in arguments and _pattern_finds(pattern, arguments[key]) for key, pattern in expected.items())
     return all(key in arguments and same_json(arguments[key], value) for key, value in expected.items())
+
+
+def _pattern_finds(pattern: str, value: Any) -> bool:
+    if isinstance(value, (dict, list)) or value is None:
+        return False
+    text = value if isinstance(value, str) else json.dumps(value)
+    return re.search(pattern, text, re.IGNORECASE) is not None
 
 
 def same_json(a: Any, b: Any) -> bool:

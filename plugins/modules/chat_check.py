@@ -163,14 +163,19 @@ options:
         description:
           - The arguments the call must carry, as a JSON object. Values compare as JSON does (V(true) is not
             V(1)); objects and arrays compare whole.
+          - With O(tool_call.arguments_match=pattern), each value is a Python regular expression instead.
         type: dict
         default: {}
       arguments_match:
         description:
           - V(subset) passes when every key of O(tool_call.arguments) is in the call's arguments with an equal
             value, other keys allowed (a model may add optional arguments). V(exact) also allows no other key.
+          - V(pattern) passes when every key of O(tool_call.arguments) is in the call's arguments with a string,
+            number or boolean whose JSON text its regular expression finds, ignoring case, other keys allowed: a
+            healthy model may answer V(Paris, France) or V(paris) where the gate asks for Paris. A value that is
+            not a regular expression is refused before the first request.
         type: str
-        choices: [subset, exact]
+        choices: [subset, exact, pattern]
         default: subset
   api_key:
     description:

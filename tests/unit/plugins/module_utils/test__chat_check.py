@@ -654,6 +654,8 @@ WEATHER_TOOL = {
     },
 }
 WEATHER = {'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'arguments': {'city': 'Paris'}}
+# The role's tool gate (vllm_kimi_tool_gate): each argument a regular expression, found ignoring case.
+BY_PATTERN = dict(WEATHER, arguments={'city': '\\bparis\\b'}, arguments_match='pattern')
 # Kimi-K2.5's raw output for that call, as it reaches the content when no tool parser takes it out.
 RAW_CALL = (
     '<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
@@ -901,8 +903,30 @@ def test_the_tool_gate_passes_on_the_call_and_returns_it():
         ),
         # Text before the calls, as Kimi's parser keeps it.
         (vllm_tool_calls(('get_weather', '{"city": "Paris"}'), content='Let me look.'), WEATHER, {'city': 'Paris'}),
+        # The role's tool gate: a healthy model names the city its own way.
+        (
+            vllm_tool_calls(('get_weather', '{"city": "Paris, France"}')),
+            BY_PATTERN,
+            {'city': 'Paris, France'},
+        ),
+        (vllm_tool_calls(('get_weather', '{"city": "paris"}')), BY_PATTERN, {'city': 'paris'}),
+        (
+            vllm_tool_calls(('get_weather', '{"days": 3}')),
+            dict(BY_PATTERN, arguments={'days': '^[1-7]$'}),
+            {'days': 3},
+        ),
     ],
-    ids=['subset-extra-key', 'exact', 'any-arguments', 'number-as-json', 'several-calls', 'text-before'],
+    ids=[
+        'subset-extra-key',
+        'exact',
+        'any-arguments',
+        'number-as-json',
+        'several-calls',
+        'text-before',
+        'pattern-city-and-country',
+        'pattern-lower-case',
+        'pattern-number',
+    ],
 )
 def test_the_tool_gate_matches_the_arguments(tool_reply, tool_call, arguments):
     result = World(chat=[vllm_body(PARIS), tool_reply]).check(tool_call=tool_call).run()
@@ -944,6 +968,18 @@ def test_the_tool_gate_matches_the_arguments(tool_reply, tool_call, arguments):
             vllm_tool_calls(('get_weather', '{"days": 1}')),
             dict(WEATHER, arguments={'days': True}),
             TOOL_FROM + ' called get_weather with arguments \'{"days": 1}\', which do not contain {"days": true}',
+        ),
+        (
+            vllm_tool_calls(('get_weather', '{"city": "Parisian Riviera"}')),
+            BY_PATTERN,
+            TOOL_FROM + ' called get_weather with arguments \'{"city": "Parisian Riviera"}\', which do not match, per '
+            'argument and ignoring case, {"city": "\\\\bparis\\\\b"}',
+        ),
+        (
+            vllm_tool_calls(('get_weather', '{"city": ["Paris"]}')),
+            BY_PATTERN,
+            TOOL_FROM + ' called get_weather with arguments \'{"city": ["Paris"]}\', which do not match, per '
+            'argument and ignoring case, {"city": "\\\\bparis\\\\b"}',
         ),
         # Of several calls of that name, the first tells what was wrong.
         (
@@ -1014,6 +1050,8 @@ def test_the_tool_gate_matches_the_arguments(tool_reply, tool_call, arguments):
         'arguments-differ',
         'exact-extra-key',
         'true-is-not-1',
+        'pattern-not-found',
+        'pattern-on-a-list',
         'first-of-several',
         'answered-instead',
         'thought-forever',
@@ -1150,7 +1188,16 @@ RESERVED = (
         ),
         (
             {'tool_call': dict(WEATHER, arguments_match='loose')},
-            'tool_call.arguments_match must be one of subset, exact, got loose',
+            'tool_call.arguments_match must be one of subset, exact, pattern, got loose',
+        ),
+        (
+            {'tool_call': dict(BY_PATTERN, arguments={'city': 'Paris', 'days': 1})},
+            'tool_call.arguments.days must be a regular expression with arguments_match pattern, got 1',
+        ),
+        (
+            {'tool_call': dict(BY_PATTERN, arguments={'city': '(Paris'})},
+            'tool_call.arguments.city is not a regular expression (missing ), unterminated subpattern at position 0): '
+            '(Paris',
         ),
     ],
     ids=[
@@ -1168,6 +1215,8 @@ RESERVED = (
         'tool-prompt-blank',
         'tool-arguments-list',
         'tool-match-unknown',
+        'tool-pattern-not-text',
+        'tool-pattern-invalid',
     ],
 )
 def test_arguments_of_the_gates_are_refused_before_any_request(kwargs, expected_msg):
