@@ -62,6 +62,7 @@ _SERVE_SETTINGS = frozenset(
         'multimodal',
         'allowed_media_domains',
         'limit_mm_per_prompt',
+        'shutdown_timeout',
         'cluster_args',
         'extra_args',
     )
@@ -109,6 +110,8 @@ def vllm_serve_argv(settings):
     # --language-model-only takes no media at all.
     if s['limit_mm_per_prompt'] and s['multimodal'] != 'text_only':
         argv += ['--limit-mm-per-prompt', json.dumps(dict(s['limit_mm_per_prompt']), sort_keys=True)]
+    if s['shutdown_timeout']:
+        argv += ['--shutdown-timeout', to_text(s['shutdown_timeout'])]
     return argv + [to_text(word) for word in list(s['cluster_args']) + list(s['extra_args'])]
 
 

@@ -83,8 +83,8 @@ def starts_allowed(starts, interval, burst):
 @pytest.mark.parametrize(
     'group_vars, start_timeout, interval',
     [
-        (GPU_VARS, 3600, 3 * (300 + 3600 + 120 + 10)),
-        (SANDBOX_VARS, 600, 3 * (300 + 600 + 120 + 10)),
+        (GPU_VARS, 3600, 3 * (300 + 3600 + 240 + 10)),
+        (SANDBOX_VARS, 600, 3 * (300 + 600 + 240 + 10)),
     ],
     ids=['gpu-an-hour', 'sandbox-600s'],
 )
@@ -165,20 +165,23 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         'media.invalid',
         '--limit-mm-per-prompt',
         '{"vision_chunk": 8}',
+        '--shutdown-timeout',
+        '120',
     ]
     assert '--disable-log-requests' not in unit
 
 
 MEDIA_LIMITS = ['--allowed-media-domains', 'media.invalid', '--limit-mm-per-prompt', '{"vision_chunk": 8}']
+DRAIN = ['--shutdown-timeout', '120']
 
 
 @pytest.mark.parametrize(
     ('mode', 'flags'),
     [
-        ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights'] + MEDIA_LIMITS),
+        ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights'] + MEDIA_LIMITS + DRAIN),
         # A language model alone takes no media: no per-prompt limit, and still no media host.
-        ('text_only', ['--language-model-only', '--allowed-media-domains', 'media.invalid']),
-        ('', MEDIA_LIMITS),
+        ('text_only', ['--language-model-only', '--allowed-media-domains', 'media.invalid'] + DRAIN),
+        ('', MEDIA_LIMITS + DRAIN),
     ],
     ids=['tensor-parallel', 'text-only', 'no-encoder'],
 )
@@ -227,7 +230,7 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
     for expected in (
         'User=vllm',
         'Group=vllm',
-        'KillMode=control-group',
+        'KillMode=mixed',
         'Restart=always',
         'TimeoutStartSec=300',
         'LimitNOFILE=1048576',
@@ -364,9 +367,10 @@ def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
 
 # What the smoke's unit may differ in: what it runs, how it runs once, and where its runtime copy of the
 # environment and its runtime directory are (the service's own must not vanish when the smoke stops).
+# How a stop ends (KillMode) too: the service drains its requests in flight, the smoke has none.
 SMOKE_DIFFERS_IN = {
     'Description', 'Type', 'ExecStart', 'ExecStartPre', 'TimeoutStartSec', 'TimeoutStopSec', 'Restart', 'RestartSec',
-    'RuntimeDirectory', 'EnvironmentFile',
+    'RuntimeDirectory', 'EnvironmentFile', 'KillMode',
 }  # fmt: skip
 
 

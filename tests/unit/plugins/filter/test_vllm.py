@@ -74,6 +74,7 @@ SERVE_SETTINGS = {
     'multimodal': 'encoder_data_parallel',
     'allowed_media_domains': [],
     'limit_mm_per_prompt': {'video': 0, 'image': 8},
+    'shutdown_timeout': 120,
     'cluster_args': [],
     'extra_args': ['--max-num-seqs', '64'],
 }
@@ -107,6 +108,8 @@ REAL_CASE_ARGV = [
     'media.invalid',
     '--limit-mm-per-prompt',
     '{"image": 8, "video": 0}',
+    '--shutdown-timeout',
+    '120',
     '--max-num-seqs',
     '64',
 ]
@@ -130,13 +133,15 @@ def test_vllm_serve_argv_of_the_real_case():
         ({'reasoning_parser': '', 'multimodal': '', 'trust_remote_code': False, 'extra_args': []}, ['kimi_k2']),
         (
             {'cluster_args': ['--nnodes', '2', '--node-rank', '1', '--headless'], 'extra_args': ['--enforce-eager']},
-            ['{"image": 8, "video": 0}', '--nnodes', '2', '--node-rank', '1', '--headless', '--enforce-eager'],
+            ['120', '--nnodes', '2', '--node-rank', '1', '--headless', '--enforce-eager'],
         ),
         (
             {'allowed_media_domains': ['images.example.org', 'cdn.example.org']},
             ['--allowed-media-domains', 'images.example.org', 'cdn.example.org', '--limit-mm-per-prompt'],
         ),
-        ({'limit_mm_per_prompt': {}}, ['--allowed-media-domains', 'media.invalid', '--max-num-seqs']),
+        ({'limit_mm_per_prompt': {}}, ['--allowed-media-domains', 'media.invalid', '--shutdown-timeout']),
+        # vLLM's own 0 aborts the requests in flight at a stop: no flag.
+        ({'shutdown_timeout': 0}, ['{"image": 8, "video": 0}', '--max-num-seqs', '64']),
     ],
 )
 def test_vllm_serve_argv_follows_each_setting(changes, expected_run):
