@@ -294,9 +294,11 @@ def render_cluster(tmp_path, hosts, **extra_vars):
             'out_dir': str(out),
             'vllm_kimi_cluster_group': 'kimi',
             'vllm_kimi_pipeline_parallel_size': 2,
-            'group_vars_file': os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+            'group_vars_file': GPU_VARS,
             'max_model_len': 131072,
             'ansible_python_interpreter': LOCAL_PYTHON,
+            # The key the gpu inventory reads from the vault.
+            'vault_vllm_kimi_api_key': 'sk-vault-key',
         }
         extra.update(extra_vars)
         subprocess.run(
