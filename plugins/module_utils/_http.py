@@ -162,6 +162,16 @@ def endpoint_context(validate_certs: bool, ca_path: Optional[str] = None) -> Any
     return make_context(cafile=_cafile(validate_certs, ca_path), validate_certs=validate_certs)
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether the URL's host is this host's loopback: localhost, 127.0.0.0/8 or ::1."""
+    host = (urlsplit(url).hostname or '').lower()
+    return (
+        host in ('localhost', '::1')
+        or host.endswith('.localhost')
+        or re.match(r'^127\.\d+\.\d+\.\d+$', host) is not None
+    )
+
+
 def open_endpoint(
     url: str,
     data: Optional[str],
@@ -178,6 +188,8 @@ def open_endpoint(
 
     context: an endpoint_context(validate_certs, ca_path) to reuse, or None to build one for this request.
     ca_path: as endpoint_context's, for the context built here; a given context already holds its CA.
+    use_proxy: whether the environment's proxy carries the request; never for a loopback URL, which a proxy would
+    resolve on its own host (and which would read the request's key on the way).
     """
     return Request().open(
         method,
@@ -186,7 +198,7 @@ def open_endpoint(
         headers=headers,
         timeout=timeout,
         validate_certs=validate_certs,
-        use_proxy=use_proxy,
+        use_proxy=use_proxy and not is_loopback_url(url),
         follow_redirects='safe',
         decompress=False,
         context=context,

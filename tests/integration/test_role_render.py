@@ -231,6 +231,7 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
         'User=vllm',
         'Group=vllm',
         'KillMode=mixed',
+        'LimitCORE=0',
         'Restart=always',
         'TimeoutStartSec=300',
         'LimitNOFILE=1048576',
@@ -267,6 +268,8 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
     assert 'NCCL_PROTO="LL"' in environment.splitlines()
     assert 'NCCL_P2P_LEVEL="SYS"' in environment.splitlines()
     assert 'VLLM_ENGINE_READY_TIMEOUT_S="3600"' in environment.splitlines()
+    # One request asks for 16 completions at most, not vLLM's 16384.
+    assert 'VLLM_MAX_N_SEQUENCES=16' in environment.splitlines()
 
 
 def test_extra_arguments_reach_vllm_unchanged(tmp_path):

@@ -16,12 +16,14 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     api_key_problem,
     ca_path_problem,
     describe_unreachable,
+    is_loopback_url,
     make_transport,
     mask,
     read_limited,
     url_problem,
 )
 from ansible_collections.llmserve.vllm.tests.fake_openai import reply
+from ansible_collections.llmserve.vllm.tests.support import Canary
 
 
 class _Reason(Exception):
@@ -253,3 +255,45 @@ def test_https_refuses_a_certificate_that_does_not_chain_to_the_trusted_cas(http
 def test_without_validate_certs_ca_path_is_not_read(https_server, tmp_path):
     http = make_transport(https_server.url, validate_certs=False, ca_path=str(tmp_path / 'missing.pem'))
     assert http('GET', '/health', None, 10, 100) == (200, '{}')
+
+
+@pytest.mark.parametrize(
+    'url, loopback',
+    [
+        ('http://127.0.0.1:8000', True),
+        ('http://127.3.2.1/v1', True),
+        ('http://localhost:8000', True),
+        ('http://LOCALHOST:8000', True),
+        ('http://api.localhost:8000', True),
+        ('http://[::1]:8000', True),
+        ('http://10.0.0.5:8000', False),
+        ('https://kimi.example.org:8443/v1', False),
+        ('http://127.0.0.1.example.org', False),
+        ('http://[::ffff:10.0.0.5]:8000', False),
+    ],
+)
+def test_is_loopback_url(url, loopback):
+    assert is_loopback_url(url) is loopback
+
+
+@pytest.fixture
+def proxy(monkeypatch):
+    """A proxy the environment names, which counts what it was asked for."""
+    canary = Canary()
+    address = canary.url.rsplit('/', 1)[0]
+    for name in ('no_proxy', 'NO_PROXY'):
+        monkeypatch.delenv(name, raising=False)
+    for name in ('http_proxy', 'HTTP_PROXY'):
+        monkeypatch.setenv(name, address)
+    yield canary
+    canary.close()
+
+
+def test_a_loopback_url_never_goes_through_the_proxy(fake_openai, proxy):
+    """The gates ask vLLM on 127.0.0.1 with its key: a proxy would read the key and ask its own host."""
+    server = fake_openai({'/health': reply(200, '{}')})
+    assert make_transport(server.url, api_key='sk-k3y')('GET', '/health', None, 10, 100) == (200, '{}')
+    assert proxy.hits == [] and len(server.requests) == 1
+    # Any other host does, as use_proxy says: the proxy above is the environment's.
+    assert make_transport('http://llmserve-proxied.invalid')('GET', '/health', None, 10, 100)[0] == 404
+    assert proxy.hits == ['http://llmserve-proxied.invalid/health']
