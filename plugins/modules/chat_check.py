@@ -538,6 +538,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._journal import DEFAULT_JOURNAL_LINES
 from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
+    ARGUMENTS_MATCHES,
     DEFAULT_FORBIDDEN_MARKUP,
     extra_body_problem,
     markup_problem,
@@ -596,7 +597,7 @@ def main():
                     prompt=dict(type='str', required=True),
                     name=dict(type='str'),
                     arguments=dict(type='dict', default={}),
-                    arguments_match=dict(type='str', choices=['subset', 'exact'], default='subset'),
+                    arguments_match=dict(type='str', choices=list(ARGUMENTS_MATCHES), default='subset'),
                 ),
             ),
             api_key=dict(type='str', no_log=True),

@@ -318,6 +318,26 @@ def tool_answer(name, arguments, finish='tool_calls'):
     return doc
 
 
+def test_the_role_s_tool_gate_takes_a_city_named_its_own_way(serve, module_result):
+    """The role's tool gate (vllm_kimi_tool_gate): arguments by pattern, so a healthy model's "Paris, France" passes."""
+    fake = FakeVllm(tool_answer=tool_answer('get_weather', '{"city": "Paris, France"}'))
+    server = serve(fake)
+    tool_call = {
+        'tool': WEATHER_TOOL,
+        'prompt': 'What is the weather in Paris?',
+        'arguments': {'city': '\\bparis\\b'},
+        'arguments_match': 'pattern',
+    }
+    args = dict(FAST, url=server.url, extra_body={'chat_template_kwargs': {'thinking': False}}, expect_reasoning=False)
+    rc, result = module_result('chat_check', dict(args, tool_call=tool_call))
+    assert rc == 0, result
+    assert result['tool_call']['arguments'] == {'city': 'Paris, France'}
+    # The same answer, compared as JSON values (subset, the module's default), fails.
+    as_values = dict(tool_call, arguments={'city': 'Paris'}, arguments_match='subset')
+    rc, result = module_result('chat_check', dict(args, tool_call=as_values))
+    assert rc == 1 and 'which do not contain {"city": "Paris"}' in result['msg'], result
+
+
 def test_the_tool_gate_passes_through_the_module(tmp_path, serve, module_result):
     fake = FakeVllm(tool_answer=tool_answer('get_weather', '{"city": "Paris"}'))
     server = serve(fake)
@@ -397,7 +417,7 @@ def test_the_gates_fail_through_the_module(tmp_path, serve, module_result, fake_
         ),
         (
             {'tool_call': {'tool': WEATHER_TOOL, 'prompt': 'Weather?', 'arguments_match': 'loose'}},
-            'value of arguments_match must be one of: subset, exact, got: loose found in tool_call',
+            'value of arguments_match must be one of: subset, exact, pattern, got: loose found in tool_call',
         ),
         ({'tool_call': {'tool': WEATHER_TOOL}}, 'missing required arguments: prompt found in tool_call'),
     ],
