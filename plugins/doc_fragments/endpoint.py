@@ -26,7 +26,7 @@ options:
   use_proxy:
     description:
       - Whether to go through the proxy that the environment names (C(https_proxy), C(http_proxy)).
-      - A loopback URL (C(localhost), C(127.0.0.0/8), C(::1)) never does: a proxy would reach its own host, and
+      - A loopback URL (C(localhost), C(127.0.0.0/8), C(::1)) never does. A proxy would reach its own host, and
         would read the API key on the way.
     type: bool
     default: true

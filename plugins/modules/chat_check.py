@@ -171,7 +171,7 @@ options:
           - V(subset) passes when every key of O(tool_call.arguments) is in the call's arguments with an equal
             value, other keys allowed (a model may add optional arguments). V(exact) also allows no other key.
           - V(pattern) passes when every key of O(tool_call.arguments) is in the call's arguments with a string,
-            number or boolean whose JSON text its regular expression finds, ignoring case, other keys allowed: a
+            number or boolean whose JSON text its regular expression finds, ignoring case, other keys allowed. A
             healthy model may answer V(Paris, France) or V(paris) where the gate asks for Paris. A value that is
             not a regular expression is refused before the first request.
         type: str

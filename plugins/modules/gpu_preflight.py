@@ -602,9 +602,8 @@ fp8_kv_cache_stripped:
 unified_vision_chunk:
   description:
     - Whether vLLM takes the checkpoint's images and videos as one modality, C(vision_chunk) (a vision tower and
-      C(use_unified_vision_chunk) in C(config.json), as Kimi-K2.5 has): a C(--limit-mm-per-prompt) must then name
-      C(vision_chunk), since a limit on C(image) or C(video) binds nothing (P(llmserve.vllm.vllm_serve_argv#filter)
-      maps them).
+      C(use_unified_vision_chunk) in C(config.json), as Kimi-K2.5 has). A C(--limit-mm-per-prompt) must then name
+      C(vision_chunk), since a limit on C(image) or C(video) binds nothing; the role maps them.
   returned: always
   type: bool
   sample: true

@@ -26,9 +26,11 @@ def preflight_refusal():
         return [task for task in yaml.safe_load(handle) if task.get('name') == REFUSAL_TASK]
 
 
-def refusal(tmp_path, extra_vars, tasks=LOAD_VARS):
-    """The preflight's message for these settings, or None where it lets them through."""
-    rc, output = run_local_play(tmp_path, tasks + preflight_refusal(), extra_vars)
+def refusal(tmp_path, extra_vars, more_vars=()):
+    """The preflight's message for these settings (the role's variables, then more_vars's files), or None where it
+    lets them through."""
+    loads = LOAD_VARS + [{'ansible.builtin.include_vars': path} for path in more_vars]
+    rc, output = run_local_play(tmp_path, loads + preflight_refusal(), extra_vars)
     if rc == 0:
         return None
     assert 'TASK [%s]' % REFUSAL_TASK in output and 'fatal: [localhost]' in output, output
@@ -64,7 +66,7 @@ def test_a_service_other_hosts_reach_needs_a_key(tmp_path, extra_vars, refused_a
 
 
 def test_the_gpu_inventory_takes_its_key_from_the_vault_and_stops_without_it(tmp_path):
-    with_gpu_vars = LOAD_VARS + [{'ansible.builtin.include_vars': GPU_VARS}]
+    with_gpu_vars = [GPU_VARS]
     assert refusal(tmp_path, {'vault_vllm_kimi_api_key': KEY}, with_gpu_vars) is None
     output = refusal(tmp_path, {}, with_gpu_vars)
     assert "'vault_vllm_kimi_api_key' is undefined" in output, output
