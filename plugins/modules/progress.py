@@ -32,6 +32,10 @@ options:
   results_file:
     description:
       - The C(results_file) that the async task returned, where Ansible's async wrapper writes the job's state.
+      - A file longer than 1 MiB is taken for the job's result, unread (a running job's record is a few dozen
+        bytes), so RV(finished) is V(true).
+      - A link, a directory, a FIFO or a device in its place, or a file that cannot be read, fails the report with
+        a message that names the path and the cause.
     type: path
     required: true
   wait:
@@ -47,29 +51,38 @@ options:
     type: dict
     suboptions:
       path:
-        description: The directory the files are downloaded into.
+        description:
+          - The directory the files are downloaded into; one not there yet holds nothing.
+          - Links under it are not followed. A path that is no directory, or a directory under it that cannot be
+            read, fails the report with a message that names it and the cause.
         type: path
         required: true
       total_bytes:
-        description: The size of the whole checkpoint in bytes, for the estimate (M(llmserve.vllm.checkpoint_verify)'s C(bytes)).
+        description:
+          - The size of the whole checkpoint in bytes, for the estimate (M(llmserve.vllm.checkpoint_verify)'s C(bytes)).
+          - From 0 to 2^63 - 1; 0 is taken for unknown.
         type: int
       total_files:
-        description: How many files the whole checkpoint has (M(llmserve.vllm.checkpoint_verify)'s C(files)).
+        description:
+          - How many files the whole checkpoint has (M(llmserve.vllm.checkpoint_verify)'s C(files)).
+          - From 0 to 2^63 - 1; 0 is taken for unknown.
         type: int
   unit:
     description:
       - Report the start of the vLLM server that runs as this systemd unit, from its journal.
+      - The name of one unit, as systemd allows it - ASCII letters, digits and C(:_.@\-), at most 255 characters.
       - Mutually exclusive with O(download).
     type: str
   previous:
     description:
       - The RV(sample) of the previous report in the same loop, for the rate and the phase's duration.
-      - Omitted or empty for the first report.
+      - Omitted or empty for the first report. A value that is not a finite number where one belongs is ignored.
     type: dict
     default: {}
 notes:
   - The journal is read with C(journalctl), which needs root or membership in C(systemd-journal). A journal that
-    cannot be read leaves the phase unknown; it never fails the report.
+    cannot be read leaves the phase unknown; it never fails the report. Only the first 1024 characters of each
+    journal line are read for the phase, and RV(start.line) is cut to as many.
   - Files that are fetched again in place are counted once they are whole, so while such a file is rewritten the
     bytes done may run ahead of what was fetched; they never exceed O(download.total_bytes).
 seealso:
@@ -166,7 +179,7 @@ start:
       returned: always
       sample: 'loading weights: shard 52 of 119'
     line:
-      description: The journal line that tells the phase; V(null) when the journal shows none.
+      description: The journal line that tells the phase, cut to 1024 characters; V(null) when the journal shows none.
       type: str
       returned: always
     phase_seconds:
@@ -179,6 +192,7 @@ sample:
   type: dict
 """
 
+import errno
 import os
 import stat
 import time
@@ -188,10 +202,13 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
 from ansible_collections.llmserve.vllm.plugins.module_utils._journal import JOURNAL_SCAN_LINES, journal_lines
 from ansible_collections.llmserve.vllm.plugins.module_utils._progress import (
+    MAX_RESULTS_BYTES,
     download_report,
+    finite_number,
     format_duration,
     job_finished,
     start_report,
+    unit_name,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
     UNIT_PROBE_SECONDS,
@@ -201,36 +218,90 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
 )
 
 MAX_WAIT = 3600
+# The most bytes or files O(download.total_bytes) and O(download.total_files) may say: what an int64 holds.
+MAX_TOTAL = 2**63 - 1
 # How often the results file is read while waiting.
 POLL_SECONDS = 1.0
 # The downloader's own files (huggingface_hub: <dir>/.cache/huggingface/), of which only the parts of files
 # still downloading (download/<file>.<etag>.incomplete) are checkpoint bytes.
 DOWNLOAD_CACHE = '.cache'
 PART_SUFFIX = '.incomplete'
+# The async wrapper writes a regular file and renames it into place: a link is not followed, and a FIFO in its
+# place is opened without waiting for a writer (then refused as no regular file).
+RESULTS_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+# What a results file that is no regular file is, for the message.
+FILE_KINDS = (
+    (stat.S_ISDIR, 'a directory'),
+    (stat.S_ISFIFO, 'a FIFO'),
+    (stat.S_ISSOCK, 'a socket'),
+    (stat.S_ISCHR, 'a character device'),
+    (stat.S_ISBLK, 'a block device'),
+)
+
+
+class ResultsUnreadable(Exception):
+    """The results file is there but is no regular file, or cannot be read; the message names it and the cause."""
 
 
 def read_job(path):
-    """(finished, the file's mtime) or (None, None) when there is no results file."""
+    """(finished, the file's mtime) or (None, None) when there is no results file; ResultsUnreadable otherwise."""
     try:
-        with open(path, 'rb') as f:
-            text = f.read(1024 * 1024).decode('utf-8', 'replace')
-        return job_finished(text), os.stat(path).st_mtime
+        fd = os.open(path, RESULTS_OPEN_FLAGS)
     except FileNotFoundError:
         return None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise ResultsUnreadable(
+                'the async job results file %s is a symbolic link, not the file the async wrapper writes' % path
+            ) from None
+        raise ResultsUnreadable('cannot read the async job results file %s: %s' % (path, exc.strerror)) from None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            kind = next((name for is_kind, name in FILE_KINDS if is_kind(status.st_mode)), 'no regular file')
+            raise ResultsUnreadable(
+                'the async job results file %s is %s, not the file the async wrapper writes' % (path, kind)
+            )
+        # One byte past the limit tells job_finished that the file is longer than any running job's record.
+        chunks = []
+        left = MAX_RESULTS_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ResultsUnreadable('cannot read the async job results file %s: %s' % (path, exc.strerror)) from None
+    finally:
+        os.close(fd)
+    return job_finished(b''.join(chunks)), status.st_mtime
 
 
 def on_disk(directory):
-    """(bytes, files) under directory: the regular files in place, and the bytes of the downloader's parts."""
+    """(bytes, files) under directory: the regular files in place, and the bytes of the downloader's parts.
+
+    A directory that is not there (yet) holds nothing; OSError, with the path that failed, where one cannot be
+    read. Links are not followed; the walk keeps its own stack, so a tree of any depth is walked.
+    """
     total = files = 0
-    for root, _subdirectories, names in os.walk(directory):
-        relative = os.path.relpath(root, directory)
-        in_cache = relative == DOWNLOAD_CACHE or relative.startswith(DOWNLOAD_CACHE + os.sep)
-        for name in names:
-            if in_cache and not name.endswith(PART_SUFFIX):
-                continue
+    folders = [(directory, False)]
+    while folders:
+        folder, in_cache = folders.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except FileNotFoundError:
+            continue  # not created yet, or moved away meanwhile
+        for entry in entries:
             try:
-                status = os.lstat(os.path.join(root, name))
-            except OSError:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append((entry.path, in_cache or (folder == directory and entry.name == DOWNLOAD_CACHE)))
+                    continue
+                if in_cache and not entry.name.endswith(PART_SUFFIX):
+                    continue
+                status = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
                 continue  # moved into place meanwhile: counted at the next report
             if stat.S_ISREG(status.st_mode):
                 total += status.st_size
@@ -269,7 +340,7 @@ def main():
                     total_files=dict(type='int'),
                 ),
             ),
-            unit=dict(type='str'),
+            unit=dict(type=unit_name),
             previous=dict(type='dict', default={}),
         ),
         mutually_exclusive=[('download', 'unit')],
@@ -278,11 +349,18 @@ def main():
     p = module.params
     if not 0 < p['wait'] <= MAX_WAIT:
         module.fail_json(msg='wait must be more than 0 and at most %d seconds, got %s' % (MAX_WAIT, p['wait']))
+    download = p['download']
+    for total in ('total_bytes', 'total_files'):
+        if download and download[total] is not None and not 0 <= download[total] <= MAX_TOTAL:
+            module.fail_json(msg='download.%s must be from 0 to %d, got %d' % (total, MAX_TOTAL, download[total]))
     previous = p['previous'] or {}
 
     deadline = time.monotonic() + p['wait']
     while True:
-        finished, modified = read_job(p['results_file'])
+        try:
+            finished, modified = read_job(p['results_file'])
+        except ResultsUnreadable as exc:
+            module.fail_json(msg=str(exc))
         if finished is None:
             module.fail_json(
                 msg='no async job results file at %s: was the task started with async and poll 0, on this host '
@@ -293,7 +371,9 @@ def main():
         time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
     now = time.time()
-    started = previous.get('started') if isinstance(previous.get('started'), (int, float)) else None
+    started = finite_number(previous.get('started'))
+    if started is not None and started > now:
+        started = None  # none that this loop's reports took
     if started is None and not finished:
         started = modified  # written once when the job began, again when it ends
     result = {'changed': False, 'finished': finished}
@@ -304,9 +384,13 @@ def main():
         result['sample'] = {'time': now, 'started': started}
         module.exit_json(**result)
 
-    if p['download']:
-        download = p['download']
-        done_bytes, done_files = on_disk(download['path'])
+    if download:
+        try:
+            done_bytes, done_files = on_disk(download['path'])
+        except OSError as exc:
+            module.fail_json(
+                msg='cannot read the download directory %s: %s' % (exc.filename or download['path'], exc.strerror)
+            )
         report = download_report(
             done_bytes, download['total_bytes'], done_files, download['total_files'], now, previous
         )
