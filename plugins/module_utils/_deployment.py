@@ -10,28 +10,45 @@ The deployments directory is root's alone (0700, owned by root, outside every di
 write). It holds one directory per deployment that passed its gate, named by the time it passed and its release
 (20261201T120000Z-0123456789ab), with the unit and the environment file that served then and its record.json; the
 symlink last-good to the newest good one; rollbacks.json, the count. Nothing here follows a link but last-good,
-which only this code writes; every file is written beside its place and renamed into it, so a run killed at any
-point leaves each file whole, old or new.
+which only this code writes: a deployment directory is opened with O_NOFOLLOW and its files through its descriptor.
+Only regular files are read, opened without blocking (a FIFO would hang the read) and of at most MAX_FILE_BYTES.
+A deployment directory is made whole under a temporary name and renamed into place, and the files a restore puts
+back are all written beside their places before the first of them is renamed in, so that a run that fails leaves
+every file as it was and a run killed at any point leaves each file whole, old or new, and the temporary files that
+the next run removes.
 """
 
+import contextlib
 import errno
 import json
 import os
 import re
 import shutil
 import stat
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import cause, file_kind
 
 LAST_GOOD = 'last-good'
 RECORD = 'record.json'
 ROLLBACKS = 'rollbacks.json'
 UNIT = 'unit'
 ENVIRONMENT = 'environment'
+LOCK = '.llmserve-deployment.lock'
+# Names become paths, so they are matched in full (fullmatch): with match and $, a name ending in a newline passes.
 # <UTC time it passed>-<release id>; a release id is 12 hex digits (the role's _vllm_kimi_release_id).
-DEPLOYMENT_NAME = re.compile(r'^[0-9]{8}T[0-9]{6}Z-([0-9a-f]{12})$')
-RELEASE_NAME = re.compile(r'^[0-9a-f]{12}$')
-MAX_RECORD_BYTES = 1 << 20
+DEPLOYMENT_NAME = re.compile(r'[0-9]{8}T[0-9]{6}Z-([0-9a-f]{12})')
+RELEASE_NAME = re.compile(r'[0-9a-f]{12}')
+# The most any file here may hold, for the writer and the reader alike: a record written larger than the reader
+# accepts would leave last-good unreadable, and with it every later rollback.
+MAX_FILE_BYTES = 1 << 20
+# How deep a record may nest objects and arrays, for the writer and the reader alike; far below the depth at which
+# Python's json raises RecursionError.
+MAX_RECORD_DEPTH = 32
 TEMP_PREFIX = '.llmserve-deployment-'
+NEW_PREFIX = TEMP_PREFIX + 'new-'
+OLD_PREFIX = TEMP_PREFIX + 'old-'
 
 Record = dict[str, Any]
 
@@ -40,13 +57,22 @@ class DeploymentError(Exception):
     """The deployment state cannot be read or changed; the message names the path and why."""
 
 
+class MissingFile(DeploymentError):
+    """A file to read is not there."""
+
+
+def is_release(value: object) -> bool:
+    """Whether value is a release id: 12 hexadecimal digits and nothing else."""
+    return isinstance(value, str) and RELEASE_NAME.fullmatch(value) is not None
+
+
 def check_private(path: str) -> None:
     """Refuse a deployments directory that is a link, not root's, or that others may write: whoever can rename in it
     could plant the unit the next rollback installs."""
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise DeploymentError('%s cannot be read: %s' % (path, exc.strerror)) from exc
+        raise DeploymentError('%s cannot be read: %s' % (path, cause(exc))) from exc
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise DeploymentError('%s is not a directory (a link or a file there is not followed)' % path)
     if info.st_uid != os.geteuid() or info.st_mode & 0o077:
@@ -58,68 +84,166 @@ def check_private(path: str) -> None:
 
 def ensure_private_directory(path: str, check_mode: bool) -> bool:
     """Create the deployments directory 0700 if it is missing; True where it was (or would be) created."""
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        if not check_mode:
+    if not os.path.lexists(path):
+        if check_mode:
+            return True
+        try:
             os.makedirs(path, mode=0o700)
+        except FileExistsError:
+            pass  # a concurrent run created it first: it is checked as any other
+        else:
             os.chmod(path, 0o700)
-        return True
+            return True
     check_private(path)
     return False
 
 
-def _read_regular(path: str, limit: int) -> bytes:
-    """The bytes of a regular file, not through a link."""
+def _kind(path: str) -> str:
+    """What path is, for a message: 'a link to ...', 'a FIFO', 'a directory'..."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            return 'a link to %r' % os.readlink(path)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise DeploymentError('%s is a link, which is not followed' % path) from exc
-        raise
-    with os.fdopen(fd, 'rb') as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise DeploymentError('%s is not a regular file' % path)
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise DeploymentError('%s is larger than %d bytes: not a record' % (path, limit))
+        return 'unreadable (%s)' % cause(exc)
+    return 'a regular file' if stat.S_ISREG(info.st_mode) else file_kind(info.st_mode)
+
+
+def _read_regular(name: str, where: str, dir_fd: Optional[int] = None) -> bytes:
+    """The bytes of the regular file name (where, in messages), of at most MAX_FILE_BYTES.
+
+    A link is not followed, and nothing but a regular file is opened: a FIFO would block the open, a device could
+    act on it. The open does not block either, and the file opened must be the one looked at.
+    """
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError as exc:
+        raise MissingFile('%s is missing' % where) from exc
+    except OSError as exc:
+        raise DeploymentError('%s cannot be read: %s' % (where, cause(exc))) from exc
+    if stat.S_ISLNK(info.st_mode):
+        raise DeploymentError('%s is a link, which is not followed' % where)
+    if not stat.S_ISREG(info.st_mode):
+        raise DeploymentError('%s is %s, not a regular file: it is not read' % (where, file_kind(info.st_mode)))
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                raise DeploymentError('%s was replaced while it was read' % where)
+            while size <= MAX_FILE_BYTES:
+                chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise DeploymentError('%s cannot be read: %s' % (where, cause(exc))) from exc
+    if size > MAX_FILE_BYTES:
+        raise DeploymentError(
+            '%s is larger than %d bytes, the most a deployment file may hold' % (where, MAX_FILE_BYTES)
+        )
+    return b''.join(chunks)
+
+
+def _read_optional(path: str) -> Optional[bytes]:
+    """_read_regular's bytes of path, None where it is missing."""
+    try:
+        return _read_regular(path, path)
+    except MissingFile:
+        return None
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether value nests objects and arrays more than MAX_RECORD_DEPTH levels, counted without recursion."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _depth in range(MAX_RECORD_DEPTH):
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, (dict, list))
+        ]
+        if not level:
+            return False
+    return True
+
+
+def _json_of(data: bytes, where: str, what: str) -> Any:
+    """The JSON value of data, read from where; DeploymentError naming where when it is not what (a JSON record)."""
+    too_deep = '%s is not %s: it nests objects and arrays deeper than %d levels' % (where, what, MAX_RECORD_DEPTH)
+    try:
+        value = json.loads(data.decode('utf-8'))
+    except RecursionError as exc:
+        raise DeploymentError(too_deep) from exc
+    except ValueError as exc:  # UnicodeDecodeError is one
+        raise DeploymentError('%s is not %s: %s' % (where, what, exc)) from exc
+    if _too_deep(value):
+        raise DeploymentError(too_deep)
+    return value
+
+
+def _record_of(data: bytes, where: str) -> Record:
+    found = _json_of(data, where, 'a JSON record')
+    if not isinstance(found, dict):
+        raise DeploymentError('%s does not hold a JSON object' % where)
+    return found
+
+
+def encode_record(content: Record) -> bytes:
+    """The record.json of content, refused (DeploymentError) where its own reader would refuse it: a record that
+    could not be read back would end every rollback once last-good pointed to it."""
+    if _too_deep(content):
+        raise DeploymentError(
+            'the record nests objects and arrays deeper than %d levels, more than a record may: nothing was recorded'
+            % MAX_RECORD_DEPTH
+        )
+    try:
+        data = (json.dumps(content, indent=2, sort_keys=True) + '\n').encode('ascii')
+    except (TypeError, ValueError) as exc:
+        raise DeploymentError('the record cannot be written as JSON: %s; nothing was recorded' % exc) from exc
+    if len(data) > MAX_FILE_BYTES:
+        raise DeploymentError(
+            'the record is %d bytes as JSON, more than the %d bytes a record may hold: nothing was recorded'
+            % (len(data), MAX_FILE_BYTES)
+        )
+    # The reader's own check: whatever it would refuse is never written.
+    _record_of(data, 'the record')
     return data
 
 
-def _write_atomically(path: str, data: bytes, mode: int) -> None:
-    """Write data to path whole: beside it first, synced, then renamed over it."""
-    directory = os.path.dirname(path)
-    temp = os.path.join(directory, TEMP_PREFIX + os.path.basename(path))
+@contextlib.contextmanager
+def _deployment_directory(path: str, name: str) -> Iterator[int]:
+    """A descriptor of the deployment directory name under path, opened without following a link."""
+    where = os.path.join(path, name)
     try:
-        os.unlink(temp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise DeploymentError('%s is missing' % where) from exc
+    except OSError as exc:
+        if exc.errno != errno.ENOTDIR:
+            raise DeploymentError('%s cannot be read: %s' % (where, cause(exc))) from exc
+        if os.path.islink(where):
+            raise DeploymentError(
+                '%s is a link, which is not followed (%s; no link under %s is followed but %s)'
+                % (where, _kind(where), path, LAST_GOOD)
+            ) from exc
+        raise DeploymentError('%s is %s, not a deployment directory' % (where, _kind(where))) from exc
     try:
-        with os.fdopen(fd, 'wb') as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode)
-        os.rename(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
+        yield fd
+    finally:
+        os.close(fd)
 
 
-def read_record(directory: str) -> Record:
-    """The record.json of one deployment directory."""
-    path = os.path.join(directory, RECORD)
-    try:
-        record = json.loads(_read_regular(path, MAX_RECORD_BYTES).decode('utf-8'))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DeploymentError('%s is not a JSON record: %s' % (path, exc)) from exc
-    if not isinstance(record, dict):
-        raise DeploymentError('%s does not hold a JSON object' % path)
-    return record
+def read_record(path: str, name: str) -> Record:
+    """The record.json of the deployment name under path."""
+    with _deployment_directory(path, name) as fd:
+        where = os.path.join(path, name, RECORD)
+        return _record_of(_read_regular(RECORD, where, fd), where)
 
 
 def last_good(path: str) -> tuple[Optional[str], Record]:
@@ -130,30 +254,32 @@ def last_good(path: str) -> tuple[Optional[str], Record]:
     except FileNotFoundError:
         return None, {}
     except OSError as exc:
-        raise DeploymentError('%s is not the link to the last good deployment: %s' % (pointer, exc.strerror)) from exc
-    if not DEPLOYMENT_NAME.match(target):
+        raise DeploymentError('%s is not the link to the last good deployment: %s' % (pointer, cause(exc))) from exc
+    if not DEPLOYMENT_NAME.fullmatch(target):
         raise DeploymentError('%s points to %r, which is no deployment of this directory' % (pointer, target))
-    return target, read_record(os.path.join(path, target))
+    return target, read_record(path, target)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def rollbacks(path: str) -> dict[str, int]:
     """The rollback count: {'total': rollbacks so far, 'last': Unix time of the last one, 0 for none}."""
-    file_path = os.path.join(path, ROLLBACKS)
-    try:
-        counted = json.loads(_read_regular(file_path, MAX_RECORD_BYTES).decode('utf-8'))
-    except FileNotFoundError:
+    where = os.path.join(path, ROLLBACKS)
+    data = _read_optional(where)
+    if data is None:
         return {'total': 0, 'last': 0}
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DeploymentError('%s is not a rollback count: %s' % (file_path, exc)) from exc
-    if not isinstance(counted, dict) or not all(isinstance(counted.get(k), int) for k in ('total', 'last')):
-        raise DeploymentError('%s is not a rollback count ({"total": N, "last": T})' % file_path)
+    counted = _json_of(data, where, 'a rollback count')
+    if not isinstance(counted, dict) or not all(_is_count(counted.get(k)) for k in ('total', 'last')):
+        raise DeploymentError('%s is not a rollback count ({"total": N, "last": T})' % where)
     return {'total': counted['total'], 'last': counted['last']}
 
 
 def deployment_name(recorded_at: str, release: str) -> str:
     """The name of a deployment that passed at recorded_at (20261201T120000Z) on release (12 hex digits)."""
     name = '%s-%s' % (recorded_at, release)
-    if not DEPLOYMENT_NAME.match(name):
+    if not DEPLOYMENT_NAME.fullmatch(name):
         raise DeploymentError(
             'a deployment is named <UTC time as 20261201T120000Z>-<12 hex digits of its release>: got %r' % name
         )
@@ -161,13 +287,14 @@ def deployment_name(recorded_at: str, release: str) -> str:
 
 
 def deployments(path: str) -> list[str]:
-    """The deployment directories, oldest first (their names sort by time); none where path is not there yet."""
+    """The deployment directories, oldest first (their names sort by time); none where path is not there yet.
+    A link named as a deployment is no deployment: it is neither followed nor pruned."""
     if not os.path.isdir(path):
         return []
     return sorted(
         entry.name
         for entry in os.scandir(path)
-        if DEPLOYMENT_NAME.match(entry.name) and entry.is_dir(follow_symlinks=False)
+        if DEPLOYMENT_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
     )
 
 
@@ -182,16 +309,40 @@ def prune_plan(path: str, releases_dir: Optional[str], keep: int, adding: str) -
         doomed += sorted(
             os.path.join(releases_dir, entry.name)
             for entry in os.scandir(releases_dir)
-            if RELEASE_NAME.match(entry.name) and entry.is_dir(follow_symlinks=False) and entry.name not in used
+            if RELEASE_NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False) and entry.name not in used
         )
     return doomed
 
 
 def _release_of(name: str) -> str:
-    match = DEPLOYMENT_NAME.match(name)
+    match = DEPLOYMENT_NAME.fullmatch(name)
     if match is None:
         raise DeploymentError('%r is no deployment name (<UTC time>-<12 hex digits of its release>)' % name)
     return match.group(1)
+
+
+def remove_stale(path: str) -> list[str]:
+    """Remove what a killed run left in the deployments directory (its temporary names); call it under the lock.
+    Returns the paths removed; what cannot be removed stays, and the run's own writes say why."""
+    removed = []
+    with os.scandir(path) as found:
+        entries = sorted(found, key=lambda entry: entry.name)
+    for entry in entries:
+        if entry.name.startswith(TEMP_PREFIX):
+            try:
+                _remove(entry.path)
+            except OSError:
+                continue
+            removed.append(entry.path)
+    return removed
+
+
+def _remove(path: str) -> None:
+    """Remove path: a directory with what it holds, anything else (a link too) itself."""
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def record(
@@ -205,57 +356,124 @@ def record(
     check_mode: bool,
 ) -> dict[str, Any]:
     """Snapshot the unit and the environment file that passed the gate with the record, point last-good at them, and
-    prune. Returns what was done: deployment, record, pruned."""
+    prune. Returns what was done: deployment, record, pruned, and warnings (what could not be pruned).
+
+    Everything that can be refused is refused before anything is written; a write that fails removes what it made.
+    """
     content = dict(content, deployment=name)
+    data = encode_record(content)
     snapshot = os.path.join(path, name)
+    if os.path.lexists(snapshot):
+        raise DeploymentError(
+            '%s is already there: a deployment of release %s was recorded in this same second; nothing was recorded'
+            % (snapshot, _release_of(name))
+        )
+    unit, environment = (_read_regular(source, source) for source in (unit_file, environment_file))
     pruned = prune_plan(path, releases_dir, keep, name)
     if check_mode:
-        return {'deployment': name, 'record': content, 'pruned': pruned}
-    unit, environment = (_read_regular(source, MAX_RECORD_BYTES) for source in (unit_file, environment_file))
-    if not os.path.isdir(snapshot):
-        os.mkdir(snapshot, 0o700)
-    check_private(snapshot)
-    _write_atomically(os.path.join(snapshot, UNIT), unit, 0o600)
-    _write_atomically(os.path.join(snapshot, ENVIRONMENT), environment, 0o600)
-    _write_atomically(
-        os.path.join(snapshot, RECORD), (json.dumps(content, indent=2, sort_keys=True) + '\n').encode(), 0o600
-    )
-    point_last_good(path, name)
+        return {'deployment': name, 'record': content, 'pruned': pruned, 'warnings': []}
+    try:
+        _create_snapshot(path, name, ((UNIT, unit), (ENVIRONMENT, environment), (RECORD, data)))
+        try:
+            point_last_good(path, name)
+        except BaseException:
+            _discard_snapshot(path, name)
+            raise
+    except OSError as exc:
+        raise DeploymentError('cannot record %s: %s; nothing was recorded' % (snapshot, cause(exc))) from exc
+    removed, warnings = [], []
     for doomed in pruned:
-        shutil.rmtree(doomed)
-    return {'deployment': name, 'record': content, 'pruned': pruned}
+        try:
+            shutil.rmtree(doomed)
+        except OSError as exc:
+            # The deployment is recorded and last-good points to it: what is left is only kept longer.
+            warnings.append('%s was not pruned: %s' % (doomed, cause(exc)))
+        else:
+            removed.append(doomed)
+    return {'deployment': name, 'record': content, 'pruned': removed, 'warnings': warnings}
+
+
+def _create_snapshot(path: str, name: str, files: tuple[tuple[str, bytes], ...]) -> None:
+    """The deployment directory name under path with files ((name, bytes)...), made whole under a temporary name
+    and renamed into place: none is ever seen half written."""
+    staging = os.path.join(path, TEMP_PREFIX + name)
+    if os.path.lexists(staging):  # left by a killed run
+        _remove(staging)
+    os.mkdir(staging, 0o700)
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for file_name, data in files:
+                _write_new(file_name, data, 0o600, fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(staging, os.path.join(path, name))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _discard_snapshot(path: str, name: str) -> None:
+    """Take back a deployment directory that last-good never pointed to: renamed away first, so that it is gone
+    whole even where the removal stops half way (the next run removes the rest)."""
+    staging = os.path.join(path, TEMP_PREFIX + name)
+    try:
+        os.rename(os.path.join(path, name), staging)
+    except OSError:
+        return
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_new(name: str, data: bytes, mode: int, dir_fd: Optional[int] = None) -> None:
+    """Create the file name with data and mode, synced; an existing file or link there is an error."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def point_last_good(path: str, name: str) -> None:
     """Switch last-good to name in one rename: a reader sees the old pointer or the new one, never none."""
     temp = os.path.join(path, TEMP_PREFIX + LAST_GOOD)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(temp)
-    except FileNotFoundError:
-        pass
     os.symlink(name, temp)
-    os.rename(temp, os.path.join(path, LAST_GOOD))
+    try:
+        os.rename(temp, os.path.join(path, LAST_GOOD))
+    except BaseException:
+        os.unlink(temp)
+        raise
 
 
 def restore(
     path: str, unit_file: str, environment_file: str, now: Callable[[], float], check_mode: bool
 ) -> dict[str, Any]:
-    """Put back the last good deployment's unit and environment file and count the rollback. Returns deployment,
-    record, rolled_back, rollbacks, unit_before/unit_after (for a diff)."""
+    """Put back the last good deployment's unit and environment file and count the rollback, all or nothing. Returns
+    deployment, record, rolled_back, rollbacks, unit_before/unit_after (for a diff)."""
     name, good = last_good(path)
     if name is None:
         raise DeploymentError(
             '%s has no good deployment to roll back to (%s is missing: a first deploy)' % (path, LAST_GOOD)
         )
-    snapshot = os.path.join(path, name)
-    unit, environment = (_read_regular(os.path.join(snapshot, n), MAX_RECORD_BYTES) for n in (UNIT, ENVIRONMENT))
-    unit_before = _current(unit_file)
+    with _deployment_directory(path, name) as fd:
+        unit, environment = (_read_regular(n, os.path.join(path, name, n), fd) for n in (UNIT, ENVIRONMENT))
+    unit_before = _read_optional(unit_file)
     counted = rollbacks(path)
     counted = {'total': counted['total'] + 1, 'last': int(now())}
     if not check_mode:
-        _write_atomically(unit_file, unit, 0o644)
-        _write_atomically(environment_file, environment, 0o600)
-        _write_atomically(os.path.join(path, ROLLBACKS), (json.dumps(counted, sort_keys=True) + '\n').encode(), 0o600)
+        _replace_together(
+            [
+                (unit_file, unit, 0o644),
+                (environment_file, environment, 0o600),
+                (os.path.join(path, ROLLBACKS), (json.dumps(counted, sort_keys=True) + '\n').encode('ascii'), 0o600),
+            ]
+        )
     return {
         'deployment': name,
         'record': good,
@@ -266,8 +484,61 @@ def restore(
     }
 
 
-def _current(path: str) -> Optional[bytes]:
+def _replace_together(files: list[tuple[str, bytes, int]]) -> None:
+    """Replace each (path, bytes, mode) of files, all or nothing.
+
+    Every new file is written and synced beside its place, and every file it replaces hard-linked aside, before the
+    first rename: a full disk, or a file that cannot be replaced (immutable), fails there with nothing changed. A
+    rename that fails all the same puts back the files already renamed in.
+    """
+    temps: list[str] = []
+    planned: list[tuple[str, str, Optional[str]]] = []  # (path, new file, the original's link or None)
     try:
-        return _read_regular(path, MAX_RECORD_BYTES)
-    except FileNotFoundError:
-        return None
+        for dest, data, mode in files:
+            directory, base = os.path.split(dest)
+            new, old = os.path.join(directory, NEW_PREFIX + base), os.path.join(directory, OLD_PREFIX + base)
+            try:
+                original = os.lstat(dest) if os.path.lexists(dest) else None
+                if original is not None and stat.S_ISDIR(original.st_mode):
+                    raise DeploymentError('cannot replace %s: it is a directory; nothing was changed' % dest)
+                for temp in (new, old):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(temp)
+                temps.append(new)
+                _write_new(new, data, mode)
+                if original is not None:
+                    os.link(dest, old, follow_symlinks=False)
+                    temps.append(old)
+            except OSError as exc:
+                raise DeploymentError('cannot write %s: %s; nothing was changed' % (dest, cause(exc))) from exc
+            planned.append((dest, new, old if original is not None else None))
+        done: list[tuple[str, Optional[str]]] = []
+        for dest, new, old in planned:
+            try:
+                os.rename(new, dest)
+            except OSError as exc:
+                raise DeploymentError('cannot replace %s: %s%s' % (dest, cause(exc), _put_back(done, temps))) from exc
+            done.append((dest, old))
+    finally:
+        for temp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+
+
+def _put_back(done: list[tuple[str, Optional[str]]], temps: list[str]) -> str:
+    """Put back the originals of the files renamed in, last first; returns the end of the failure's message. An
+    original that cannot be put back is kept (taken out of temps), so that a person can."""
+    failures = []
+    for dest, old in reversed(done):
+        try:
+            if old is None:
+                os.unlink(dest)
+            else:
+                os.rename(old, dest)
+        except OSError as exc:
+            kept = ''
+            if old is not None:
+                temps.remove(old)
+                kept = ' (the original is %s)' % old
+            failures.append('putting back %s failed: %s%s' % (dest, cause(exc), kept))
+    return '; ' + '; '.join(failures) if failures else '; nothing was changed'

@@ -17,15 +17,24 @@ description:
   - O(state=read) returns the last good deployment's record (RV(last_good), V({}) before any deployment passed).
   - O(state=recorded) snapshots the unit and the environment file that passed the gate with O(record), switches
     C(last-good) to them in one rename, and prunes the deployments beyond the newest O(keep) and the releases under
-    O(releases_dir) that no kept deployment uses.
+    O(releases_dir) that no kept deployment uses. A release is recorded at most once a second; a second record of
+    it in the same second is refused.
   - O(state=restored) puts the last good deployment's unit and environment file back at O(unit_file) and
     O(environment_file) and counts the rollback; it returns RV(rolled_back=true) with the record, whose
     C(model_path) and C(kv_cache_quant_state) give the checkpoint's state for M(llmserve.vllm.kv_cache_quant).
     The caller restarts the unit.
-  - Nothing follows a link but C(last-good), which only this module writes; a directory not private to the user the
-    module runs as is refused (whoever can rename in it could plant the unit a rollback installs). Every file is
-    written beside its place and renamed into it. The environment file holds secrets; its content is never returned
-    nor shown in a diff.
+  - Nothing follows a link but C(last-good), which only this module writes; a deployment directory, a record, a
+    unit or an environment file that is a link is refused, and so is a directory not private to the user the
+    module runs as (whoever can rename in it could plant the unit a rollback installs). Only regular files of at
+    most 1 MiB are read, without waiting on a FIFO; a record nested deeper than 32 levels, or larger than 1 MiB as
+    JSON, is refused before anything is written, so that every record written can be read back and rolled back
+    to.
+  - Every file is written beside its place and renamed into it; a deployment directory is made whole under a
+    temporary name first, and the files O(state=restored) puts back are all written before the first is renamed
+    in. A run that fails leaves every file as it was; a run killed at any point leaves each file whole, old or new,
+    and temporary files that the next run removes. Concurrent runs on one O(path) take turns on a lock
+    (C(<path>/.llmserve-deployment.lock)).
+  - The environment file holds secrets; its content is never returned nor shown in a diff.
 author:
   - llmserve.vllm contributors (@llmserve)
 extends_documentation_fragment:
@@ -46,7 +55,7 @@ attributes:
         one rollback a call, as each call is one such event.
 options:
   path:
-    description: The deployments directory, private to root. Created C(0700) where missing.
+    description: The deployments directory, private to root, an absolute path. Created C(0700) where missing.
     type: path
     required: true
   state:
@@ -63,22 +72,29 @@ options:
     default: {}
   unit_file:
     description:
-      - The service's unit file, snapshotted by O(state=recorded) and put back by O(state=restored). Required for both.
+      - The service's unit file, snapshotted by O(state=recorded) and put back by O(state=restored). Required for both,
+        an absolute path.
     type: path
   environment_file:
     description:
       - The service's environment file (secrets), snapshotted by O(state=recorded) and put back by O(state=restored).
-        Required for both.
+        Required for both, an absolute path other than O(unit_file).
     type: path
   releases_dir:
     description:
-      - Where the releases (virtual environments named by 12 hexadecimal digits) live, for O(state=recorded)'s prune.
-        Without it no release is removed.
+      - Where the releases (virtual environments named by 12 hexadecimal digits) live, for O(state=recorded)'s prune,
+        an absolute path. Without it no release is removed.
     type: path
   keep:
     description: How many deployments O(state=recorded) keeps, the new one included; at least 1.
     type: int
     default: 3
+  lock_timeout:
+    description:
+      - How many seconds to wait for another run on the same O(path) to release the lock
+        (C(<path>/.llmserve-deployment.lock)) before failing with a message that names the lock file.
+    type: int
+    default: 60
 """
 
 EXAMPLES = r"""
@@ -132,7 +148,9 @@ record:
     recorded_at: '2026-12-01T12:00:00Z'
     release: 0123456789ab
 pruned:
-  description: The deployments and releases O(state=recorded) removed (in check mode, would remove).
+  description:
+    - The deployments and releases O(state=recorded) removed (in check mode, would remove). One that cannot be removed
+      is left, with a warning; the deployment is recorded all the same.
   returned: always
   type: list
   elements: str
@@ -151,21 +169,32 @@ rollbacks:
     last: 1796126400
 """
 
+import contextlib
+import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
 from ansible_collections.llmserve.vllm.plugins.module_utils._deployment import (
-    RELEASE_NAME,
+    LOCK,
     DeploymentError,
     deployment_name,
     ensure_private_directory,
+    is_release,
     last_good,
     record,
+    remove_stale,
     restore,
     rollbacks,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import (
+    DirectoryLock,
+    FileTransactionError,
+)
+
+MODULE_NAME = 'llmserve.vllm.deployment'
+PATH_OPTIONS = ('path', 'unit_file', 'environment_file', 'releases_dir')
 
 
 def main():
@@ -178,6 +207,7 @@ def main():
             environment_file=dict(type=nul_free_path),
             releases_dir=dict(type=nul_free_path),
             keep=dict(type='int', default=3),
+            lock_timeout=dict(type='int', default=60),
         ),
         supports_check_mode=True,
     )
@@ -185,51 +215,79 @@ def main():
     # Checked before anything is touched: bad input changes nothing.
     if p['keep'] < 1:
         module.fail_json(msg='keep must be at least 1, got %d' % p['keep'])
+    if p['lock_timeout'] < 0:
+        module.fail_json(msg='lock_timeout must not be negative, got %d' % p['lock_timeout'])
     if p['state'] != 'read' and not (p['unit_file'] and p['environment_file']):
         module.fail_json(msg='state %s needs unit_file and environment_file' % p['state'])
+    for option in PATH_OPTIONS:
+        # A relative path would name a place under the task's temporary directory, gone once the task ends.
+        if p[option] and not os.path.isabs(p[option]):
+            module.fail_json(msg='%s must be an absolute path, got %r' % (option, p[option]))
+    if p['state'] != 'read' and os.path.normpath(p['unit_file']) == os.path.normpath(p['environment_file']):
+        module.fail_json(msg='unit_file and environment_file must be two files, got %s for both' % p['unit_file'])
     release = p['record'].get('release')
-    if p['state'] == 'recorded' and not (isinstance(release, str) and RELEASE_NAME.match(release)):
+    if p['state'] == 'recorded' and not is_release(release):
         module.fail_json(
             msg='record must hold release, the 12 hexadecimal digits of the release that passed, got %r' % (release,)
         )
     result = dict(changed=False, last_good={}, deployment='', record={}, pruned=[], rolled_back=False)
+    warnings = []
+    failure = None
     try:
         created = ensure_private_directory(p['path'], module.check_mode)
         result['changed'] = created
-        if p['state'] == 'recorded':
-            now = time.gmtime()
-            content = dict(p['record'], recorded_at=time.strftime('%Y-%m-%dT%H:%M:%SZ', now))
-            result.update(
-                record(
-                    p['path'],
-                    deployment_name(time.strftime('%Y%m%dT%H%M%SZ', now), p['record']['release']),
-                    content,
-                    p['unit_file'],
-                    p['environment_file'],
-                    p['releases_dir'],
-                    p['keep'],
-                    module.check_mode,
-                ),
-                changed=True,
-            )
-        elif p['state'] == 'restored':
-            done = restore(p['path'], p['unit_file'], p['environment_file'], time.time, module.check_mode)
-            before, after = done.pop('unit_before'), done.pop('unit_after')
-            if module._diff and before != after:
-                result['diff'] = dict(
-                    before=before, after=after, before_header=p['unit_file'], after_header=p['unit_file']
-                )
-            result.update(done, changed=True)
-        # A directory only planned (check mode) holds nothing yet.
-        present = not (created and module.check_mode)
-        result.setdefault('rollbacks', rollbacks(p['path']) if present else {'total': 0, 'last': 0})
-        if p['state'] == 'recorded' and module.check_mode:
-            result['last_good'] = result['record']
-        elif present:
-            result['last_good'] = last_good(p['path'])[1]
-    except (DeploymentError, OSError) as exc:
-        module.fail_json(msg=str(exc), **result)
+        # Check mode changes nothing, not even a lock file; every other run takes its turn.
+        lock = (
+            contextlib.nullcontext()
+            if module.check_mode
+            else DirectoryLock(p['path'], LOCK, p['lock_timeout'], MODULE_NAME)
+        )
+        with lock:
+            if p['state'] != 'read' and not module.check_mode:
+                warnings.extend('removed %s, left by an interrupted run' % stale for stale in remove_stale(p['path']))
+            warnings.extend(apply(module, created, result))
+    except (DeploymentError, FileTransactionError, OSError) as exc:
+        failure = str(exc)
+    for warning in warnings:
+        module.warn(warning)
+    if failure:
+        module.fail_json(msg=failure, **result)
     module.exit_json(**result)
+
+
+def apply(module, created, result):
+    """Read, record or restore as the state asks, into result; returns the warnings."""
+    p = module.params
+    warnings = []
+    if p['state'] == 'recorded':
+        now = time.gmtime()
+        content = dict(p['record'], recorded_at=time.strftime('%Y-%m-%dT%H:%M:%SZ', now))
+        done = record(
+            p['path'],
+            deployment_name(time.strftime('%Y%m%dT%H%M%SZ', now), p['record']['release']),
+            content,
+            p['unit_file'],
+            p['environment_file'],
+            p['releases_dir'],
+            p['keep'],
+            module.check_mode,
+        )
+        warnings = done.pop('warnings')
+        result.update(done, changed=True)
+    elif p['state'] == 'restored':
+        done = restore(p['path'], p['unit_file'], p['environment_file'], time.time, module.check_mode)
+        before, after = done.pop('unit_before'), done.pop('unit_after')
+        if module._diff and before != after:
+            result['diff'] = dict(before=before, after=after, before_header=p['unit_file'], after_header=p['unit_file'])
+        result.update(done, changed=True)
+    # A directory only planned (check mode) holds nothing yet.
+    present = not (created and module.check_mode)
+    result.setdefault('rollbacks', rollbacks(p['path']) if present else {'total': 0, 'last': 0})
+    if p['state'] == 'recorded' and module.check_mode:
+        result['last_good'] = result['record']
+    elif present:
+        result['last_good'] = last_good(p['path'])[1]
+    return warnings
 
 
 if __name__ == '__main__':
