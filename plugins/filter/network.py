@@ -3,18 +3,36 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 
+import ipaddress
+import re
+
 from ansible.errors import AnsibleFilterError
-from ansible.module_utils.common.text.converters import to_text
+
+# A host name or an IPv4 address: nothing that a URL or nginx's listen would read as a port (:), user information
+# (@), a path, a query or a fragment.
+_HOST_NAME = re.compile(r'[A-Za-z0-9_][A-Za-z0-9._-]*')
+_PORT_DIGITS = re.compile(r'\s*[0-9]+\s*')
+
+
+def _ipv6_address(text):
+    """Whether text is an IPv6 address without a zone (fe80::1%eth0), which a URL would have to encode."""
+    try:
+        return '%' not in text and isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 
 
 def host_port(host, port):
-    text = to_text(host).strip()
-    if not text or any(c.isspace() for c in text) or text.startswith('['):
-        raise AnsibleFilterError('host_port expects a host name or a bare IP address, got %r' % to_text(host))
-    try:
-        number = int(port)
-    except (TypeError, ValueError):
-        raise AnsibleFilterError('host_port expects a port number, got %r' % (port,)) from None
+    text = host.strip() if isinstance(host, str) else ''
+    if not (_HOST_NAME.fullmatch(text) or _ipv6_address(text)):
+        raise AnsibleFilterError('host_port expects a host name or a bare IP address, got %r' % (host,))
+    # A number or its digits (-e port=8443 gives a text); a boolean or a fraction is no port.
+    if not (
+        (isinstance(port, str) and _PORT_DIGITS.fullmatch(port))
+        or (isinstance(port, int) and not isinstance(port, bool))
+    ):
+        raise AnsibleFilterError('host_port expects a port number, got %r' % (port,))
+    number = int(port)
     if not 0 < number < 65536:
         raise AnsibleFilterError('host_port expects a port from 1 to 65535, got %d' % number)
     # An IPv6 address takes brackets, or its last group would read as the port.

@@ -6,12 +6,30 @@
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
+# systemd reads these at the start of an ExecStart= program, after removing its quotes (systemd.service(5), Command
+# lines): - ignores its failure, @ takes argv[0] from the next word, : stops variable expansion, + runs it with full
+# privileges, ! without the unit's user, | through a shell. None belongs to a program's path.
+_EXEC_PREFIXES = ('-', '@', ':', '+', '!', '|')
+
+
+def _is_word(value):
+    """Whether value reads as one word: a text or a number; None, a boolean or a container would be spelt as Python
+    writes it (None, True, [...])."""
+    return isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
 
 def _quote_word(word):
+    if not _is_word(word):
+        raise AnsibleFilterError('systemd_exec_quote expects arguments that are texts or numbers, got %r' % (word,))
     text = to_text(word)
     if '\n' in text or '\r' in text:
         raise AnsibleFilterError(
             'systemd_exec_quote: an argument contains a line break, which systemd cannot carry: %r' % text
+        )
+    # A unit file's line ends at a NUL: the arguments after it would be lost.
+    if '\0' in text:
+        raise AnsibleFilterError(
+            'systemd_exec_quote: an argument contains a NUL, which systemd cannot carry: %r' % text
         )
     text = text.replace('\\', '\\\\').replace('"', '\\"').replace('$', '$$').replace('%', '%%')
     return '"%s"' % text
@@ -19,16 +37,32 @@ def _quote_word(word):
 
 def systemd_exec_quote(argv):
     if not isinstance(argv, (list, tuple)):
-        raise AnsibleFilterError('systemd_exec_quote expects a list of arguments, got %s' % type(argv).__name__)
+        raise AnsibleFilterError(
+            'systemd_exec_quote expects a list of arguments, got %s %r' % (type(argv).__name__, argv)
+        )
+    # An empty ExecStart= resets the commands the unit had: the service would start nothing, or fail to load.
+    if not argv:
+        raise AnsibleFilterError('systemd_exec_quote expects a program and its arguments, got an empty list')
+    program = argv[0]
+    if _is_word(program) and (to_text(program) == '' or to_text(program).startswith(_EXEC_PREFIXES)):
+        raise AnsibleFilterError(
+            'systemd_exec_quote expects a program that is not empty and does not start with one of %s, which '
+            'systemd reads as a prefix even within quotes, got %r' % (' '.join(_EXEC_PREFIXES), program)
+        )
     return ' '.join(_quote_word(word) for word in argv)
 
 
 def systemd_env_quote(value):
+    # The value is often a secret (an API key, a token): a refusal names its type, never the value.
+    if not _is_word(value):
+        raise AnsibleFilterError('systemd_env_quote expects a text or a number, got %s' % type(value).__name__)
     text = to_text(value)
     if '\n' in text or '\r' in text:
         raise AnsibleFilterError(
             'systemd_env_quote: a value contains a line break, which an environment file cannot carry'
         )
+    if '\0' in text:
+        raise AnsibleFilterError('systemd_env_quote: a value contains a NUL, which an environment file cannot carry')
     # systemd expands ${VAR} and $VAR in EnvironmentFile= values; a backslash keeps "$" literal.
     return '"%s"' % text.replace('\\', '\\\\').replace('"', '\\"').replace('$', '\\$').replace('`', '\\`')
 

@@ -4,10 +4,13 @@
 
 
 import json
+import math
 import re
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
+from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._preload_smoke import (
     SmokeReportError,
@@ -16,16 +19,27 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._preload_smoke impor
 )
 
 # A pip requirement that pins one release: vllm==0.33.0 (spaces allowed around the operator; ===, the arbitrary
-# equality, pins as well).
-_PINNED = re.compile(r'^\s*[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?\s*===?\s*([0-9][^,;\s]*)\s*(?:;.*)?$')
+# equality, pins as well). The version takes PEP 440's characters only: ==0.33.* matches every 0.33 release, a
+# prefix and no pin.
+_PINNED = re.compile(r'^\s*[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?\s*===?\s*([0-9][A-Za-z0-9.!+_-]*)\s*(?:;.*)?$')
+_WHOLE_NUMBER = re.compile(r'\s*[0-9]+\s*')
+
+
+def _is_word(value):
+    """Whether value reads as one command-line word: a text or a number; None, a boolean or a container would be
+    spelt as Python writes it (None, True, [...])."""
+    return isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def vllm_flag_value(argv, flag):
     if not isinstance(argv, (list, tuple)):
-        raise AnsibleFilterError('vllm_flag_value expects a list of arguments, got %s' % type(argv).__name__)
+        raise AnsibleFilterError('vllm_flag_value expects a list of arguments, got %s %r' % (type(argv).__name__, argv))
     flag = to_text(flag)
     if not flag.startswith('--'):
         raise AnsibleFilterError('vllm_flag_value expects a long option such as --max-num-seqs, got %r' % flag)
+    for word in argv:
+        if not _is_word(word):
+            raise AnsibleFilterError('vllm_flag_value expects arguments that are texts or numbers, got %r' % (word,))
     words = [to_text(word) for word in argv]
     value = ''
     # As vLLM's argparse parser reads them: "--flag N" or "--flag=N", the last one wins.
@@ -72,51 +86,153 @@ _SERVE_SETTINGS = frozenset(
 NO_MEDIA_DOMAIN = 'media.invalid'
 
 
+def _refusal(key, expected, value):
+    return AnsibleFilterError('vllm_serve_argv: %s must be %s, got %r' % (key, expected, value))
+
+
+def _text(settings, key, optional=False):
+    """The setting as one word; optional: None or '' is none, given as ''."""
+    value = settings[key]
+    if optional and value is None:
+        return ''
+    if not _is_word(value) or (value == '' and not optional):
+        raise _refusal(key, 'a text' if optional else 'a text that is not empty', value)
+    return to_text(value)
+
+
+def _whole_number(settings, key, optional=False):
+    """The setting as a whole number, given as a number or as its digits (-e port=8000 gives a text); optional: None
+    or '' is none, given as 0."""
+    value = settings[key]
+    if optional and (value is None or value == ''):
+        return 0
+    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value):
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    raise _refusal(key, 'a whole number, 0 or more', value)
+
+
+def _fraction(settings, key):
+    """The setting as a finite number, given as a number or as a text of one."""
+    value = settings[key]
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, (int, float))
+        or (isinstance(number, float) and not math.isfinite(number))
+    ):
+        raise _refusal(key, 'a number', value)
+    return number
+
+
+def _boolean(settings, key):
+    """The setting as a boolean. Ansible's own texts for one are read as it reads them: -e name=false gives the text
+    'false', and the role's argument spec (type bool) validates it without converting it. Any other value would be
+    read by its truth: 'false' as true."""
+    value = settings[key]
+    try:
+        return boolean(value, strict=True)
+    except TypeError:
+        raise _refusal(key, 'a boolean: true or false (or yes, no, on, off, 1, 0)', value) from None
+
+
+def _words(settings, key, required=False):
+    """The setting, a list of words; a text would become a word per character."""
+    value = settings[key]
+    if not isinstance(value, (list, tuple)) or (required and not value):
+        raise _refusal(key, 'a list of texts that is not empty' if required else 'a list of texts', value)
+    for word in value:
+        if not _is_word(word):
+            raise _refusal(key, 'a list of texts or numbers', value)
+    return [to_text(word) for word in value]
+
+
+def _media_limits(settings):
+    """--limit-mm-per-prompt's JSON for the setting's mapping of modality to a count (or to vLLM's options of the
+    modality, a mapping); '' for an empty one."""
+    value = settings['limit_mm_per_prompt']
+    expected = 'a mapping of modality to a whole number (or a mapping)'
+    if not isinstance(value, Mapping):
+        raise _refusal('limit_mm_per_prompt', expected, value)
+    limits = dict(value)
+    for modality, limit in limits.items():
+        is_count = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
+        if not isinstance(modality, str) or not (is_count or isinstance(limit, Mapping)):
+            raise _refusal('limit_mm_per_prompt', expected, value)
+    if not limits:
+        return ''
+    try:
+        return json.dumps(limits, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError(
+            'vllm_serve_argv: limit_mm_per_prompt is no JSON (%s), got %r' % (exc, value)
+        ) from None
+
+
 def vllm_serve_argv(settings):
     if not isinstance(settings, dict):
-        raise AnsibleFilterError('vllm_serve_argv expects a mapping of settings, got %s' % type(settings).__name__)
+        raise AnsibleFilterError(
+            'vllm_serve_argv expects a mapping of settings, got %s %r' % (type(settings).__name__, settings)
+        )
     missing = sorted(_SERVE_SETTINGS - set(settings))
-    unknown = sorted(set(settings) - _SERVE_SETTINGS)
+    # Keys of any type: sorted and joined as texts.
+    unknown = sorted(to_text(key) for key in set(settings) - _SERVE_SETTINGS)
     if missing or unknown:
         raise AnsibleFilterError(
             'vllm_serve_argv: settings missing %s, unknown %s'
             % (', '.join(missing) or 'none', ', '.join(unknown) or 'none')
         )
     s = settings
+    multimodal = _text(s, 'multimodal', optional=True)
+    # A misspelt mode would otherwise leave its flag out silently.
+    if multimodal and multimodal not in _MULTIMODAL_FLAGS:
+        raise _refusal('multimodal', 'one of %s, or empty' % ', '.join(sorted(_MULTIMODAL_FLAGS)), s['multimodal'])
     # `vllm serve MODEL`: vLLM deprecates --model beside serve.
-    argv = [to_text(word) for word in s['entrypoint']] + [to_text(s['model'])]
-    argv += ['--served-model-name', to_text(s['served_model_name']), '--host', to_text(s['host'])]
-    argv += ['--port', to_text(s['port'])]
-    argv += ['--tensor-parallel-size', to_text(s['tensor_parallel_size'])]
-    argv += ['--pipeline-parallel-size', to_text(s['pipeline_parallel_size'])]
-    argv += ['--max-model-len', to_text(s['max_model_len'])]
-    argv += ['--gpu-memory-utilization', to_text(s['gpu_memory_utilization'])]
-    if s['kv_cache_memory_bytes']:
-        argv += ['--kv-cache-memory-bytes', to_text(s['kv_cache_memory_bytes'])]
-    if s['kv_cache_dtype'] != 'auto':
-        argv += ['--kv-cache-dtype', to_text(s['kv_cache_dtype'])]
+    argv = _words(s, 'entrypoint', required=True) + [_text(s, 'model')]
+    argv += ['--served-model-name', _text(s, 'served_model_name'), '--host', _text(s, 'host')]
+    argv += ['--port', to_text(_whole_number(s, 'port'))]
+    argv += ['--tensor-parallel-size', to_text(_whole_number(s, 'tensor_parallel_size'))]
+    argv += ['--pipeline-parallel-size', to_text(_whole_number(s, 'pipeline_parallel_size'))]
+    argv += ['--max-model-len', to_text(_whole_number(s, 'max_model_len'))]
+    argv += ['--gpu-memory-utilization', to_text(_fraction(s, 'gpu_memory_utilization'))]
+    kv_cache_memory_bytes = _whole_number(s, 'kv_cache_memory_bytes', optional=True)
+    if kv_cache_memory_bytes:
+        argv += ['--kv-cache-memory-bytes', to_text(kv_cache_memory_bytes)]
+    kv_cache_dtype = _text(s, 'kv_cache_dtype')
+    if kv_cache_dtype != 'auto':
+        argv += ['--kv-cache-dtype', kv_cache_dtype]
     # vLLM loads a tool parser only with --enable-auto-tool-choice: without it a request with tools
     # (tool_choice auto, the default) is refused 400.
-    if s['tool_call_parser']:
-        argv += ['--enable-auto-tool-choice', '--tool-call-parser', to_text(s['tool_call_parser'])]
-    if s['reasoning_parser']:
-        argv += ['--reasoning-parser', to_text(s['reasoning_parser'])]
-    if s['trust_remote_code']:
+    tool_call_parser = _text(s, 'tool_call_parser', optional=True)
+    if tool_call_parser:
+        argv += ['--enable-auto-tool-choice', '--tool-call-parser', tool_call_parser]
+    reasoning_parser = _text(s, 'reasoning_parser', optional=True)
+    if reasoning_parser:
+        argv += ['--reasoning-parser', reasoning_parser]
+    if _boolean(s, 'trust_remote_code'):
         argv.append('--trust-remote-code')
-    argv += _MULTIMODAL_FLAGS.get(s['multimodal'], [])
-    argv += ['--allowed-media-domains'] + [
-        to_text(domain) for domain in s['allowed_media_domains'] or [NO_MEDIA_DOMAIN]
-    ]
+    argv += _MULTIMODAL_FLAGS.get(multimodal, [])
+    argv += ['--allowed-media-domains'] + (_words(s, 'allowed_media_domains') or [NO_MEDIA_DOMAIN])
+    media_limits = _media_limits(s)
     # --language-model-only takes no media at all.
-    if s['limit_mm_per_prompt'] and s['multimodal'] != 'text_only':
-        argv += ['--limit-mm-per-prompt', json.dumps(dict(s['limit_mm_per_prompt']), sort_keys=True)]
-    if s['shutdown_timeout']:
-        argv += ['--shutdown-timeout', to_text(s['shutdown_timeout'])]
-    return argv + [to_text(word) for word in list(s['cluster_args']) + list(s['extra_args'])]
+    if media_limits and multimodal != 'text_only':
+        argv += ['--limit-mm-per-prompt', media_limits]
+    shutdown_timeout = _whole_number(s, 'shutdown_timeout', optional=True)
+    if shutdown_timeout:
+        argv += ['--shutdown-timeout', to_text(shutdown_timeout)]
+    return argv + _words(s, 'cluster_args') + _words(s, 'extra_args')
 
 
 def pinned_version(spec):
-    match = _PINNED.match(to_text(spec))
+    if not isinstance(spec, str):
+        raise AnsibleFilterError('pinned_version expects a pip requirement, a text, got %r' % (spec,))
+    match = _PINNED.match(spec)
     return match.group(1) if match else ''
 
 

@@ -17,7 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Union
 
 # A URL up to the whitespace, quote or bracket it stands before; its netloc ends at the path, query or fragment.
-_URL = re.compile(r'(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#\s\'"<>]*)(?P<rest>[^\s\'"<>]*)')
+# The user information runs to the netloc's last "@", as pip splits it: a password may hold quotes and brackets
+# (https://me:pa"ss@host), which pip still sends.
+_URL = re.compile(
+    r'(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>(?:[^/?#\s]*@)?[^/?#\s\'"<>@]*)(?P<rest>[^\s\'"<>]*)'
+)
 # A user name alone is how SSH reaches git (git+ssh://git@host/...): no secret.
 _USER_IS_NO_SECRET = frozenset(('ssh', 'git+ssh'))
 MASK = '****'

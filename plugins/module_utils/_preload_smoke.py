@@ -31,7 +31,8 @@ def report_from_journal(text: str) -> dict[str, Any]:
             continue
         try:
             report = json.loads(line)
-        except ValueError:
+        # A line nested deeper than the parser recurses is no report either.
+        except (ValueError, RecursionError):
             continue
         if isinstance(report, dict) and isinstance(report.get('checks'), list):
             return report
@@ -39,11 +40,25 @@ def report_from_journal(text: str) -> dict[str, Any]:
     raise SmokeReportError('the pre-load smoke printed no report; its journal ends:\n%s' % tail)
 
 
+def _timing(seconds: Any) -> str:
+    """' in N.N s' for a check's seconds; '' for anything that is no number of seconds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return ''
+    try:
+        return ' in %.1f s' % seconds
+    except OverflowError:
+        # JSON's integers have no bound; beyond a float's range they are no time.
+        return ''
+
+
 def _check_line(check: dict[str, Any]) -> str:
-    seconds = check.get('seconds')
-    timing = ' in %.1f s' % seconds if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else ''
     detail = check.get('detail') or ''
-    return '%s: %s%s%s' % (check['name'], check['status'], timing, ' (%s)' % detail if detail else '')
+    return '%s: %s%s%s' % (
+        check['name'],
+        check['status'],
+        _timing(check.get('seconds')),
+        ' (%s)' % detail if detail else '',
+    )
 
 
 def _validated_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,8 +112,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         '%s failed: %s%s'
         % (
             check['name'],
-            (check.get('cause') or check.get('detail') or 'no cause given').rstrip('.'),
-            '. Remedy: %s' % check['remedy'].rstrip('.') if check.get('remedy') else '',
+            # A cause or remedy of another JSON type is shown as text.
+            str(check.get('cause') or check.get('detail') or 'no cause given').rstrip('.'),
+            '. Remedy: %s' % str(check['remedy']).rstrip('.') if check.get('remedy') else '',
         )
         + '.'
         for check in failed

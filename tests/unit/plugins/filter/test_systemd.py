@@ -13,8 +13,8 @@ from ansible_collections.llmserve.vllm.plugins.filter.systemd import systemd_env
     'argv, expected',
     [
         (['/opt/vllm/bin/vllm', 'serve', '/models/m'], '"/opt/vllm/bin/vllm" "serve" "/models/m"'),
-        (['--path', '/models/with space'], '"--path" "/models/with space"'),
-        (['--json', '{"a": 1}'], '"--json" "{\\"a\\": 1}"'),
+        (['vllm', '--path', '/models/with space'], '"vllm" "--path" "/models/with space"'),
+        (['vllm', '--json', '{"a": 1}'], '"vllm" "--json" "{\\"a\\": 1}"'),
         (['cost=$5', '${HOME}'], '"cost=$$5" "$${HOME}"'),
         (['100%', '%h'], '"100%%" "%%h"'),
         (['back\\slash'], '"back\\\\slash"'),
@@ -29,7 +29,7 @@ def test_exec_quote(argv, expected):
 @pytest.mark.parametrize(
     'bad, message',
     [
-        ('--flag', 'systemd_exec_quote expects a list of arguments, got str'),
+        ('--flag', "systemd_exec_quote expects a list of arguments, got str '--flag'"),
         (['a\nb'], "systemd_exec_quote: an argument contains a line break, which systemd cannot carry: 'a\\nb'"),
     ],
 )

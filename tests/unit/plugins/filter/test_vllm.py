@@ -29,7 +29,11 @@ def test_vllm_flag_value_reads_as_vllms_parser(argv, expected):
 @pytest.mark.parametrize(
     'argv, flag, message',
     [
-        ('--max-num-seqs 8', '--max-num-seqs', 'vllm_flag_value expects a list of arguments, got str'),
+        (
+            '--max-num-seqs 8',
+            '--max-num-seqs',
+            "vllm_flag_value expects a list of arguments, got str '--max-num-seqs 8'",
+        ),
         ([], 'max-num-seqs', "vllm_flag_value expects a long option such as --max-num-seqs, got 'max-num-seqs'"),
     ],
 )
@@ -164,7 +168,7 @@ def test_vllm_serve_argv_without_a_tool_parser_leaves_auto_tool_choice_out():
 @pytest.mark.parametrize(
     'settings, message',
     [
-        (['serve'], 'vllm_serve_argv expects a mapping of settings, got list'),
+        (['serve'], "vllm_serve_argv expects a mapping of settings, got list ['serve']"),
         (
             dict((k, v) for k, v in SERVE_SETTINGS.items() if k != 'max_model_len'),
             'vllm_serve_argv: settings missing max_model_len, unknown none',
