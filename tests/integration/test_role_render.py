@@ -370,12 +370,31 @@ def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
         assert 'NCCL_SOCKET_IFNAME="ens5f1"' in environment
 
 
+def test_the_front_door_answers_503_while_vllm_drains(gpu_unit, tmp_path):
+    """The unit's stop makes the marker the front door tests before any path: from the stop until vLLM's last
+    process is gone, clients get 503 with Retry-After, not vLLM's 500 for a request its draining engine refuses."""
+    service = unit_settings(gpu_unit[0], 'Service')
+    marker = service['ExecStop'][0].split()[-1]
+    assert service['ExecStop'] == ['+-/usr/bin/touch ' + marker]
+    assert service['ExecStopPost'] == ['+/bin/rm -f ' + marker]
+    front = (tmp_path / 'front.nginx.conf').read_text()
+    assert 'if (-f %s) {\n            return 503;' % marker in front
+    assert 'error_page 502 503 = @vllm_down;' in front
+    assert 'add_header Retry-After 30 always;' in front
+    (tmp_path / 'no-front').mkdir()
+    without_front_door = unit_settings(
+        render(tmp_path / 'no-front', GPU_VARS, vllm_kimi_front_door=False)[0], 'Service'
+    )
+    assert 'ExecStop' not in without_front_door and 'ExecStopPost' not in without_front_door
+
+
 # What the smoke's unit may differ in: what it runs, how it runs once, and where its runtime copy of the
 # environment and its runtime directory are (the service's own must not vanish when the smoke stops).
-# How a stop ends (KillMode) too: the service drains its requests in flight, the smoke has none.
+# How a stop ends (KillMode, ExecStop=, ExecStopPost=) too: the service drains its requests in flight behind the
+# front door's draining marker, the smoke has none.
 SMOKE_DIFFERS_IN = {
     'Description', 'Type', 'ExecStart', 'ExecStartPre', 'TimeoutStartSec', 'TimeoutStopSec', 'Restart', 'RestartSec',
-    'RuntimeDirectory', 'EnvironmentFile', 'KillMode',
+    'RuntimeDirectory', 'EnvironmentFile', 'KillMode', 'ExecStop', 'ExecStopPost',
 }  # fmt: skip
 
 

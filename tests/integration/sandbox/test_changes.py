@@ -18,7 +18,7 @@
 4. A good change: recorded as the new last good deployment, the previous one
    kept, older deployments and unused releases pruned.
 5. A failed change with no good deployment to go back to (as on a first
-   deploy): the failed unit is stopped instead of crash-looping.
+   deploy): the failed unit is stopped and disabled instead of crash-looping or starting at the next boot.
 
 The tests run in file order; each leaves the host serving the converged deployment.
 """
@@ -404,7 +404,7 @@ def no_good_deployment(sandbox, good_change):
     try:
         try:
             rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=%s' % WRONG_REVISION)
-            state = sandbox.show('ActiveState', 'SubState')
+            state = sandbox.show('ActiveState', 'SubState', 'UnitFileState')
         finally:
             sandbox.sh('mv %s/last-good.away %s/last-good' % (DEPLOYMENTS, DEPLOYMENTS))
     finally:
@@ -432,5 +432,5 @@ def test_no_good_deployment_stops_the_failed_unit_and_says_so(sandbox, no_good_d
     assert rc == 2, output[-3000:]
     final = dict(task_results(report, sandbox.name))['Stop with the cause; there is no good deployment to roll back to']
     assert 'did not match' in final['msg']
-    assert 'is stopped so that it does not crash-loop' in final['msg']
-    assert state == {'ActiveState': 'inactive', 'SubState': 'dead'}
+    assert 'is stopped and disabled so that it neither crash-loops nor starts at the next boot' in final['msg']
+    assert state == {'ActiveState': 'inactive', 'SubState': 'dead', 'UnitFileState': 'disabled'}

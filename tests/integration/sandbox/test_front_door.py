@@ -11,6 +11,8 @@
 4. An image_url at a loopback canary is refused, and the canary is never reached.
 5. The front door logs the client's address and the path, never a body or the key.
 6. `--diff` of a change to vllm_kimi_environment never shows its value.
+7. Through a restart: a stream in flight ends with its last token (the stop drains it), and a request that arrives
+   while vLLM is down gets 503 with Retry-After at once, never a refused connection or a 502.
 """
 
 import http.client
@@ -18,6 +20,7 @@ import json
 import os
 import shlex
 import ssl
+import time
 
 import httpx2
 import openai
@@ -243,3 +246,72 @@ def test_diff_of_a_secret_in_the_environment_never_shows_it(sandbox):
     assert environment.get('changed'), environment
     assert CANARY_SECRET not in output
     assert CANARY_SECRET not in json.dumps(report)
+
+
+# Within the miniature's context (max_model_len 1024 in inventories/sandbox): some seconds of generation here.
+DRAINED_TOKENS = 900
+# Restarts the service once vLLM's engine runs a request (its own gauge), from inside the sandbox: a restart sent
+# after the client's first chunk arrives seconds later through Ansible, when the miniature may have finished.
+RESTART_WHEN_RUNNING = """
+import subprocess, sys, time, urllib.request
+port, unit = sys.argv[1:]
+def running():
+    metrics = urllib.request.urlopen('http://127.0.0.1:%s/metrics' % port, timeout=5).read().decode()
+    return any(line.startswith('vllm:num_requests_running') and float(line.split()[-1]) > 0
+               for line in metrics.splitlines())
+while not running():
+    time.sleep(0.05)
+# A deliberate restart, as the role's: the earlier tests' restarts must not have used up the start limit.
+subprocess.run(['systemctl', 'reset-failed', unit], check=True)
+subprocess.run(['systemctl', 'restart', '--no-block', unit], check=True)
+"""
+
+
+def test_a_restart_drains_the_stream_in_flight_and_answers_503_while_down(sandbox, front):
+    """The stop's SIGTERM reaches the API server alone (KillMode=mixed), which drains the engine for up to
+    --shutdown-timeout while it keeps generating: the stream ends with its last token. With vLLM's default (0) the
+    engine is aborted and the stream ends without its tokens; with KillMode=control-group every process is killed at
+    once. Until the new start listens, the front door answers 503 with Retry-After (without it, 502)."""
+    users = client(front, sandbox.vars['vllm_kimi_api_key'])
+    before = sandbox.show('MainPID')['MainPID']
+    cursor = sandbox.sh('journalctl --quiet --lines=0 --show-cursor').strip().split('cursor: ', 1)[1]
+    sandbox.sh(
+        'systemd-run --quiet --collect --unit=llmserve-test-restart -p RuntimeMaxSec=300 python3 -c %s %s %s',
+        RESTART_WHEN_RUNNING,
+        str(sandbox.vars['vllm_kimi_port']),
+        sandbox.unit,
+    )
+    stream = users.chat.completions.create(
+        model=sandbox.vars['vllm_kimi_served_model_name'],
+        temperature=0,
+        messages=[{'role': 'user', 'content': QUESTION}],
+        max_tokens=DRAINED_TOKENS,
+        stream=True,
+        stream_options={'include_usage': True},
+        extra_body={'ignore_eos': True, 'min_tokens': DRAINED_TOKENS},
+    )
+    finish, usage, last_chunk_at = None, None, None
+    for chunk in stream:
+        last_chunk_at = time.time()
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+        if chunk.usage:
+            usage = chunk.usage
+    assert finish == 'length' and usage is not None and usage.completion_tokens == DRAINED_TOKENS, (finish, usage)
+    # The old API server has stopped listening and the new one loads for tens of seconds: vLLM is down.
+    with pytest.raises(openai.APIStatusError) as down:
+        ask(users, sandbox)
+    assert down.value.status_code == 503, down.value
+    assert down.value.response.headers.get('retry-after') == str(sandbox.vars['vllm_kimi_front_retry_after'])
+    # The stop drained, and began while the stream was still coming: vLLM logged it before the stream's last chunk.
+    stopping = sandbox.host.run(
+        "journalctl --after-cursor %s -u %s -o short-unix --no-pager | grep -m1 'stopping engine client mode='",
+        cursor,
+        sandbox.unit,
+    ).stdout
+    assert 'mode=drain' in stopping, 'the stop did not drain the requests in flight: %r' % stopping
+    assert float(stopping.split()[0]) < last_chunk_at, (stopping, last_chunk_at)
+    sandbox.wait_for('the restart', lambda: sandbox.show('MainPID', 'ActiveState')['MainPID'] not in ('0', before), 300)
+    gate = sandbox.gate()
+    assert not gate.get('failed'), gate.get('msg')
+    assert ask(users, sandbox).choices[0].message.content == 'The capital of France is Paris.'
