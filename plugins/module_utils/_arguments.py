@@ -15,13 +15,21 @@ MAX_WAIT_SECONDS = 86400
 
 
 def nul_free_path(value: object) -> str:
-    """Ansible's `type='path'` (user and variables expanded), refusing a NUL character.
+    """Ansible's `type='path'` (user and variables expanded), refusing a NUL character and text that is not UTF-8.
 
-    The refusal has to come from the argument spec: AnsibleModule logs its arguments to syslog
-    once they are validated, and since Python 3.12 syslog raises on a NUL, so a check in the
-    module's own code never runs and the user reads "Failed to log to syslog" instead of the
-    option's name. As a type, the refusal names the option on every Python.
+    The refusals have to come from the argument spec: AnsibleModule logs its arguments once they
+    are validated, and that logging fails before the module's own code runs. Since Python 3.12
+    syslog raises on a NUL, so the user reads "Failed to log to syslog"; and ansible-core encodes
+    each argument to UTF-8 first, so a lone surrogate (what a file name in another encoding
+    decodes to, '\\udcff') ends the module in a traceback. As a type, the refusal names the option
+    on every Python. The expanded path is checked, as that is what gets logged: a variable of the
+    environment may hold such a name too.
     """
     if '\0' in str(value):
         raise ValueError('a path cannot hold a NUL character')
-    return check_type_path(value)
+    path = check_type_path(value)
+    try:
+        path.encode('utf-8')
+    except UnicodeEncodeError:
+        raise ValueError('a path must be valid UTF-8, got %s' % ascii(path)) from None
+    return path

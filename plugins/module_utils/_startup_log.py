@@ -21,37 +21,116 @@ weights and the smallest KV memory. The lines, as vLLM 0.6 to 0.33 print them:
   27.85 GiB")
 """
 
+import math
 import re
 from typing import Any, Callable, Optional
 
+# A figure as vLLM prints it: "27.7183", "237,344".
 _NUMBER = r'([\d,]+(?:\.\d+)?)'
+# _NUMBER spelled backwards, for the figure that comes before its words: matched on the reversed line from where the
+# words start, its first match (the longest, as the pattern is greedy) is the figure that a search for a word
+# boundary, _NUMBER and the words finds, and the run of digits and commas before the words is read once.
+_NUMBER_BACKWARDS = re.compile(r'((?:\d+\.)?[\d,]+)\b')
 
 
-def _value(text: str) -> float:
-    return float(text.replace(',', ''))
+class _Figure:
+    """A line of vLLM's that gives a figure: the words the line holds, found with str.find, and its pattern, matched
+    only where the words are, never searched for through the line. A line is so read in time linear in its length,
+    where a search for a pattern that opens with a run of digits and commas (the CUDAGraph line's) starts again at
+    each digit of such a run: minutes for one journal line of 40,000 characters "1,1,1,...".
+
+    pattern: compiled, it opens with the words (it may look behind them); None for the figure right before them.
+    """
+
+    def __init__(
+        self, name: str, words: str, pattern: Optional[re.Pattern[str]], combine: Callable[[list[float]], float]
+    ):
+        self.name = name
+        self.words = words
+        self.pattern = pattern
+        self.combine = combine
+
+    def search(self, line: str) -> Optional[str]:
+        """The figure's text where the line first gives it, else None: named, and true or not, as a compiled
+        pattern's search is, for the readers of LINE_PATTERNS."""
+        at = line.find(self.words)
+        backwards = line[::-1] if self.pattern is None and at >= 0 else ''
+        while at >= 0:
+            if self.pattern is None:
+                found = _NUMBER_BACKWARDS.match(backwards, len(line) - at)
+                if found:
+                    return found.group(1)[::-1]
+            else:
+                found = self.pattern.match(line, at)
+                if found:
+                    return found.group(1)
+            at = line.find(self.words, at + 1)
+        return None
 
 
-# (figure, pattern, how the figures of several ranks combine), each figure's patterns from its most precise line.
-_FIGURES: list[tuple[str, Any, Callable[[list[float]], float]]] = [
-    ('weights_gib', re.compile(r'Model loading took %s GiB' % _NUMBER), max),
-    ('weights_gib', re.compile(r'Loading model weights took %s GB' % _NUMBER), max),
-    ('weights_gib', re.compile(r'model weights take\s+%s ?GiB' % _NUMBER), max),
-    ('available_kv_gib', re.compile(r'Available KV cache memory: %s GiB' % _NUMBER), min),
-    ('available_kv_gib', re.compile(r'the rest of the memory reserved for KV Cache is %s ?GiB' % _NUMBER), min),
-    ('available_kv_gib', re.compile(r'available_kv_cache_memory\s+%s ?GiB' % _NUMBER), min),
-    ('available_kv_gib', re.compile(r'\bkv_cache_size=%s ?GiB' % _NUMBER), min),
-    ('available_kv_gib', re.compile(r'Current kv cache memory in use is %s GiB' % _NUMBER), min),
-    ('kv_tokens', re.compile(r'\b(?:GPU|CPU) KV cache size: %s tokens' % _NUMBER), min),
-    ('max_concurrency', re.compile(r'Maximum concurrency for [\d,]+ tokens per request: %sx' % _NUMBER), min),
-    ('cudagraph_gib', re.compile(r'Graph capturing finished in \d+ secs?, took %s GiB' % _NUMBER), max),
-    ('cudagraph_gib', re.compile(r'\b%s GiB for CUDAGraph memory' % _NUMBER), max),
-    ('gpu_blocks', re.compile(r'# (?:GPU|cuda) blocks: (\d+)'), min),
-    ('gpu_blocks', re.compile(r'\bnum_gpu_blocks is: (\d+)'), min),
+def _value(text: str) -> Optional[float]:
+    """The figure's value; None where the text is no figure: commas alone, or more digits than a float holds."""
+    digits = text.replace(',', '')
+    if not digits:
+        return None
+    value = float(digits)
+    return value if math.isfinite(value) else None
+
+
+# Each figure's lines, from its most precise line down, and how the figures of several ranks combine.
+_FIGURES = [
+    _Figure('weights_gib', 'Model loading took ', re.compile(r'Model loading took %s GiB' % _NUMBER), max),
+    _Figure(
+        'weights_gib', 'Loading model weights took ', re.compile(r'Loading model weights took %s GB' % _NUMBER), max
+    ),
+    _Figure('weights_gib', 'model weights take', re.compile(r'model weights take\s+%s ?GiB' % _NUMBER), max),
+    _Figure(
+        'available_kv_gib',
+        'Available KV cache memory: ',
+        re.compile(r'Available KV cache memory: %s GiB' % _NUMBER),
+        min,
+    ),
+    _Figure(
+        'available_kv_gib',
+        'the rest of the memory reserved for KV Cache is ',
+        re.compile(r'the rest of the memory reserved for KV Cache is %s ?GiB' % _NUMBER),
+        min,
+    ),
+    _Figure(
+        'available_kv_gib',
+        'available_kv_cache_memory',
+        re.compile(r'available_kv_cache_memory\s+%s ?GiB' % _NUMBER),
+        min,
+    ),
+    _Figure('available_kv_gib', 'kv_cache_size=', re.compile(r'\bkv_cache_size=%s ?GiB' % _NUMBER), min),
+    _Figure(
+        'available_kv_gib',
+        'Current kv cache memory in use is ',
+        re.compile(r'Current kv cache memory in use is %s GiB' % _NUMBER),
+        min,
+    ),
+    _Figure('kv_tokens', ' KV cache size: ', re.compile(r'(?<=\bGPU|\bCPU) KV cache size: %s tokens' % _NUMBER), min),
+    _Figure(
+        'max_concurrency',
+        'Maximum concurrency for ',
+        re.compile(r'Maximum concurrency for [\d,]+ tokens per request: %sx' % _NUMBER),
+        min,
+    ),
+    _Figure(
+        'cudagraph_gib',
+        'Graph capturing finished in ',
+        re.compile(r'Graph capturing finished in \d+ secs?, took %s GiB' % _NUMBER),
+        max,
+    ),
+    _Figure('cudagraph_gib', ' GiB for CUDAGraph memory', None, max),
+    _Figure('gpu_blocks', ' blocks: ', re.compile(r'(?:(?<=# GPU)|(?<=# cuda)) blocks: (\d+)'), min),
+    _Figure('gpu_blocks', 'num_gpu_blocks is: ', re.compile(r'\bnum_gpu_blocks is: (\d+)'), min),
 ]
 _DEVICE = re.compile(r'\b(GPU|CPU) KV cache size:')
 _INTEGERS = ('kv_tokens', 'gpu_blocks')
-# Lines that carry a figure, for a reader that keeps only some lines (_journal's progress_lines).
-LINE_PATTERNS = [pattern for _figure, pattern, _combine in _FIGURES]
+# Lines that carry a figure, for a reader that keeps only some lines (_journal's progress_lines): each has the
+# search(line) of a compiled pattern, true where the line gives its figure, and reads a line in linear time.
+LINE_PATTERNS = _FIGURES
 
 
 def startup_figures(lines: list[str]) -> dict[str, Any]:
@@ -64,18 +143,19 @@ def startup_figures(lines: list[str]) -> dict[str, Any]:
     found: dict[tuple[str, int], list[float]] = {}
     device: Optional[str] = None
     for line in lines:
-        for rank, (figure, pattern, _combine) in enumerate(_FIGURES):
-            match = pattern.search(line)
-            if match:
-                found.setdefault((figure, rank), []).append(_value(match.group(1)))
+        for rank, figure in enumerate(_FIGURES):
+            text = figure.search(line)
+            value = _value(text) if text else None
+            if value is not None:
+                found.setdefault((figure.name, rank), []).append(value)
         kind = _DEVICE.search(line)
         if kind:
             device = kind.group(1)
     figures: dict[str, Any] = {}
-    for (figure, rank), values in sorted(found.items(), key=lambda item: item[0][1]):
-        if figure not in figures:
-            value = _FIGURES[rank][2](values)
-            figures[figure] = int(value) if figure in _INTEGERS else value
+    for (name, rank), values in sorted(found.items(), key=lambda item: item[0][1]):
+        if name not in figures:
+            value = _FIGURES[rank].combine(values)
+            figures[name] = int(value) if name in _INTEGERS else value
     if device:
         figures['kv_cache_device'] = device
     return figures
