@@ -513,12 +513,12 @@ def _replace_together(files: list[tuple[str, bytes, int]]) -> None:
                 raise DeploymentError('cannot write %s: %s; nothing was changed' % (dest, cause(exc))) from exc
             planned.append((dest, new, old if original is not None else None))
         done: list[tuple[str, Optional[str]]] = []
-        for dest, new, old in planned:
+        for dest, new, original_copy in planned:
             try:
                 os.rename(new, dest)
             except OSError as exc:
                 raise DeploymentError('cannot replace %s: %s%s' % (dest, cause(exc), _put_back(done, temps))) from exc
-            done.append((dest, old))
+            done.append((dest, original_copy))
     finally:
         for temp in temps:
             with contextlib.suppress(OSError):
