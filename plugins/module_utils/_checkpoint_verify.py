@@ -30,6 +30,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._digest import (
     digest_of_bytes,
     hash_file,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import mask
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import name_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
     RECORD_NAME,
@@ -76,6 +77,21 @@ def printable(text):
 
 def problem(name, kind, detail):
     return {'file': printable(name), 'kind': kind, 'detail': printable(detail)}
+
+
+def masked_result(result, secrets):
+    """The module's result with the secrets masked (see _http.mask) in every text that the Hub's answer may have
+    put there: the message, and the file names of the manifest in the problems and the rewritten files."""
+    masked = dict(result)
+    if 'msg' in masked:
+        masked['msg'] = mask(masked['msg'], *secrets)
+    masked['problems'] = [
+        dict(found, file=mask(found['file'], *secrets), detail=mask(found['detail'], *secrets))
+        for found in result['problems']
+    ]
+    if 'rewritten_by_kv_cache_quant' in masked:
+        masked['rewritten_by_kv_cache_quant'] = [mask(name, *secrets) for name in result['rewritten_by_kv_cache_quant']]
+    return masked
 
 
 def ignored(name, patterns):

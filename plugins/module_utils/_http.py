@@ -12,6 +12,9 @@ Shared by chat_check and load_probe (vLLM's OpenAI-compatible server) and by the
 _hub_headers).
 """
 
+import base64
+import functools
+import html
 import json
 import os
 import re
@@ -22,7 +25,8 @@ import unicodedata
 from http.client import BadStatusLine, HTTPException, IncompleteRead
 from typing import Any, Callable, Optional
 from urllib.error import HTTPError, URLError
-from urllib.parse import urlsplit
+from urllib.parse import quote as percent_encode
+from urllib.parse import quote_plus, unquote, urlsplit
 
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import Request, make_context
@@ -33,6 +37,9 @@ DEFAULT_URL = 'http://127.0.0.1:8000'
 # Longest answer or body excerpt quoted in a message.
 MAX_QUOTE = 500
 MASK = '********'
+# Any run of this many characters of a secret is masked, wherever it appears: what a cut leaves of a secret, or a
+# server that quotes part of one. A secret shorter than this is masked whole.
+SECRET_PART_CHARS = 8
 # Bytes a bounded read asks for at a time.
 READ_CHUNK = 1 << 16
 
@@ -73,44 +80,93 @@ def api_key_problem(api_key: str) -> Optional[str]:
 def url_problem(url: str) -> Optional[str]:
     """Why url cannot be the base URL of a vLLM server, or None.
 
-    A typo fails here at once instead of making every poll fail until the timeout.
+    A typo fails here at once instead of making every poll fail until the timeout. The messages show the URL
+    without its user name and password.
     """
+    shown = without_credentials(url)
     if not url.startswith(('http://', 'https://')):
-        return "url '%s' must start with http:// or https://" % url
+        return "url '%s' must start with http:// or https://" % shown
     if any(char.isspace() or not char.isprintable() for char in url):
-        return "url '%s' has a space or a control character in it" % url
+        return "url '%s' has a space or a control character in it" % shown
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        return "url '%s' is not a valid URL: %s" % (url, exc)
+        return "url '%s' is not a valid URL: %s" % (shown, mask(to_text(exc), *url_secrets(url)))
     if parts.query or parts.fragment:
-        return "url '%s' has a query or a fragment; give the server's base URL" % url
+        return "url '%s' has a query or a fragment; give the server's base URL" % shown
     if parts.path.rstrip('/').endswith('/v1'):
-        return "url '%s' ends with /v1; give the server's base URL, without /v1" % url
+        return "url '%s' ends with /v1; give the server's base URL, without /v1" % shown
     if not parts.hostname:
-        return "url '%s' has no host name" % url
+        return "url '%s' has no host name" % shown
     try:
         port_valid = parts.port != 0
     except ValueError:  # not a number, or above 65535
         port_valid = False
     if not port_valid:
-        return "url '%s' has a port that is not a number from 1 to 65535" % url
+        return "url '%s' has a port that is not a number from 1 to 65535" % shown
     if not parts.netloc.rpartition('@')[2].startswith('['):
         try:
             parts.hostname.encode('idna')
         except UnicodeError:
-            return "url '%s' has a host name with an empty or too long label: '%s'" % (url, parts.hostname)
+            return "url '%s' has a host name with an empty or too long label: '%s'" % (shown, parts.hostname)
     return None
 
 
-def hide_url_password(module: Any) -> None:
-    """A password in module.params['url'] is as secret as api_key: Ansible then masks it in all the module returns."""
+def without_credentials(url: str) -> str:
+    """url with its password, everything between the first : after its :// and its last @, as ********.
+
+    Whatever the password holds, a raw / or @ included (which moves where a parser sees the host), none of it
+    shows. A user name without a password is a token: it is masked whole. A URL with an @ in its path loses its
+    host as well: credentials_problem refuses it.
+    """
+    scheme_end = url.find('://')
+    userinfo_start = scheme_end + 3 if scheme_end >= 0 else 0
+    at = url.rfind('@')
+    if at < userinfo_start:
+        return url
+    user, colon, _password = url[userinfo_start:at].partition(':')
+    return url[:userinfo_start] + (user + colon if colon else '') + MASK + url[at:]
+
+
+def credentials_problem(url: str, option: str = 'url') -> Optional[str]:
+    """Why the user name and password in url are not where every reader of it finds them, or None.
+
+    urlsplit reads them up to the last @ of what precedes the first /, ? or #; Ansible's open_url up to the
+    first @. A raw @, /, ? or # in a password makes them disagree, and then an error that names the host
+    would quote part of the password.
+    """
     try:
-        password = urlsplit(module.params['url']).password
+        netloc = urlsplit(url).netloc
     except ValueError:  # url_problem says what is wrong with such a url
-        return
-    if password:
-        module.no_log_values.add(password)
+        return None
+    if url.count('@') > 1 or ('@' in url and '@' not in netloc):
+        return (
+            "%s '%s' has more than one @, or one after a /, ? or #: percent-encode an @, /, ? or # "
+            'in its user name or password (%%40, %%2F, %%3F, %%23)' % (option, without_credentials(url))
+        )
+    return None
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """What of the credentials in url a server or an error may quote: the password as written and decoded (the
+    user name when there is no password: such a user name is a token), and the Basic credentials that
+    Ansible's open_url sends when a server asks for them."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ()
+    if parts.username is None:
+        return ()
+    secret = parts.password if parts.password is not None else parts.username
+    user, password = unquote(parts.username), unquote(parts.password or '')
+    basic = base64.b64encode(('%s:%s' % (user, password)).encode('utf-8', 'surrogateescape')).decode('ascii')
+    return tuple(value for value in (secret, unquote(secret), basic) if value)
+
+
+def hide_url_password(module: Any, option: str = 'url') -> None:
+    """The credentials in module.params[option] are as secret as api_key: Ansible then masks them in all the
+    module returns, its invocation included."""
+    module.no_log_values.update(url_secrets(module.params[option] or ''))
 
 
 def ca_path_problem(ca_path: Optional[str], validate_certs: bool = True) -> Optional[str]:
@@ -206,18 +262,170 @@ def open_endpoint(
     )
 
 
-def mask(text: str, secret: Optional[str]) -> str:
-    """text with secret replaced by ********, as it is and as JSON or Python's repr escape it.
+def _json_escaped(char: str) -> str:
+    return json.dumps(char)[1:-1]
 
-    Ansible masks a no_log value only as it is; a server or a traceback may quote it escaped.
-    Masking happens before any text is shortened, so that no cut can leave part of the secret.
+
+def _slash_escaped(char: str) -> str:
+    """As PHP's json_encode writes it: JSON with '/' escaped."""
+    return '\\/' if char == '/' else _json_escaped(char)
+
+
+def _html_safe_json(char: str) -> str:
+    """As Go's encoding/json writes it: JSON with <, > and & as \\u escapes."""
+    return '\\u%04x' % ord(char) if char in '<>&' else _json_escaped(char)
+
+
+def _repr_escaped(char: str) -> str:
+    return repr(char)[1:-1]
+
+
+def _repr_quote_escaped(char: str) -> str:
+    """As repr writes it in a text that holds both quotes: ' escaped too."""
+    return repr(char + '"')[1:-2]
+
+
+def _bytes_repr_escaped(char: str) -> str:
+    return repr(char.encode('utf-8', 'surrogatepass') + b'"')[2:-2]
+
+
+def _percent_encoded(char: str) -> str:
+    return percent_encode(char, safe='')
+
+
+def _percent_encoded_lowercase(char: str) -> str:
+    encoded = _percent_encoded(char)
+    return encoded if encoded == char else encoded.lower()
+
+
+def _form_encoded(char: str) -> str:
+    return quote_plus(char, safe='')
+
+
+def _uri_component_encoded(char: str) -> str:
+    """As JavaScript's encodeURIComponent writes it."""
+    return percent_encode(char, safe="!'()*~")
+
+
+def _html_escaped(char: str) -> str:
+    return html.escape(char)
+
+
+def _html_numeric_escaped(char: str) -> str:
+    """As Jinja's MarkupSafe and Go's html/template write it."""
+    return {'"': '&#34;', "'": '&#39;'}.get(char) or html.escape(char)
+
+
+def _layered(outer: Callable[[str], str], inner: Callable[[str], str]) -> Callable[[str], str]:
+    return lambda char: ''.join(outer(written) for written in inner(char))
+
+
+# How servers, proxies and tracebacks write a character of a secret: as it is, escaped, encoded, and the
+# layerings that occur (a JSON body quoted as JSON again or in a repr, HTML of JSON, a URL encoded twice).
+_SPELLINGS = (
+    str,
+    _json_escaped,
+    _slash_escaped,
+    _html_safe_json,
+    _repr_escaped,
+    _repr_quote_escaped,
+    _bytes_repr_escaped,
+    _percent_encoded,
+    _percent_encoded_lowercase,
+    _form_encoded,
+    _uri_component_encoded,
+    _html_escaped,
+    _html_numeric_escaped,
+    _layered(_json_escaped, _json_escaped),
+    _layered(_repr_escaped, _json_escaped),
+    _layered(_repr_quote_escaped, _json_escaped),
+    _layered(_bytes_repr_escaped, _json_escaped),
+    _layered(_html_escaped, _json_escaped),
+    _layered(_json_escaped, _html_escaped),
+    _layered(_percent_encoded, _percent_encoded),
+)
+
+
+@functools.lru_cache(maxsize=32)
+def _spelled_parts(secret: str) -> tuple[str, ...]:
+    """Every run of SECRET_PART_CHARS characters of secret (all of it when shorter), as each of _SPELLINGS writes it."""
+    size = min(SECRET_PART_CHARS, len(secret))
+    spelled = [[spell(char) for char in secret] for spell in _SPELLINGS]
+    return tuple(
+        sorted(
+            set(''.join(chars[start : start + size]) for chars in spelled for start in range(len(secret) - size + 1))
+        )
+    )
+
+
+def _secret_spans(text: str, secrets: tuple[Optional[str], ...]) -> list[tuple[int, int]]:
+    """(start, end) of the stretches of text that spell a part of a secret, sorted, those that touch merged."""
+    found = []
+    for secret in secrets:
+        for part in _spelled_parts(secret) if secret else ():
+            start = text.find(part)
+            while start >= 0:
+                found.append((start, start + len(part)))
+                start = text.find(part, start + 1)
+    spans: list[tuple[int, int]] = []
+    for start, end in sorted(found):
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def mask(text: str, *secrets: Optional[str]) -> str:
+    """text with every secret replaced by ********, and every run of SECRET_PART_CHARS of its characters.
+
+    Ansible masks a no_log value only whole and as it is. A server or a traceback may quote a secret escaped
+    or encoded (JSON, repr, URL, HTML, or two of them layered), or only part of it, and a cut leaves part of
+    one: each of these spellings is masked. Mask before shortening (quote_masked does both): a cut after it
+    can leave nothing of a secret, one before it may leave a piece too short to be recognised.
     """
-    if not secret:
-        return text
-    spellings = set([secret, json.dumps(secret)[1:-1], repr(secret)[1:-1]])
-    for spelling in sorted(spellings, key=len, reverse=True):
-        text = text.replace(spelling, MASK)
-    return text
+    masked, kept_from = [], 0
+    for start, end in _secret_spans(text, secrets):
+        masked += [text[kept_from:start], MASK]
+        kept_from = end
+    return ''.join(masked) + text[kept_from:]
+
+
+def quote_masked(text: Any, limit: int, *secrets: Optional[str]) -> str:
+    """quote(text, limit) of text with the secrets masked first (see mask): no cut can leave part of one.
+
+    Only as much of a long text is searched as the cut can show, and at least one spelling of a part of a
+    secret further, so that one that begins before the cut is found whole: a 1 MiB answer costs what its
+    first kilobytes do.
+    """
+    text = to_text(text if text is not None else '')
+    reach = max((len(part) for secret in secrets if secret for part in _spelled_parts(secret)), default=0)
+    searched = limit + reach
+    while True:
+        head = text[:searched]
+        shown, shown_to = _masked_head(head, _secret_spans(head, secrets), limit)
+        if shown_to + reach <= len(head) or len(head) == len(text):
+            break
+        searched *= 2
+    if shown_to < len(text):
+        return shown + '... (%d more characters)' % (len(text) - shown_to)
+    return shown
+
+
+def _masked_head(text: str, spans: list[tuple[int, int]], limit: int) -> tuple[str, int]:
+    """(the first limit characters of text with spans masked, the position in text where they end)."""
+    shown, kept_from = '', 0
+    for start, end in spans + [(len(text), len(text))]:
+        if len(shown) + start - kept_from >= limit:
+            return shown + text[kept_from : kept_from + limit - len(shown)], kept_from + limit - len(shown)
+        shown += text[kept_from:start]
+        if start == len(text):
+            break
+        shown += MASK
+        kept_from = end
+        if len(shown) >= limit:
+            return shown[:limit], end
+    return shown, len(text)
 
 
 def quote(text: Any, limit: int = MAX_QUOTE) -> str:

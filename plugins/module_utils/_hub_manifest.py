@@ -31,12 +31,24 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import GIT_SHA1, SHA256
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import mask, read_limited
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+    MAX_QUOTE,
+    mask,
+    quote_masked,
+    read_limited,
+    url_secrets,
+    without_credentials,
+)
 
 DEFAULT_ENDPOINT = 'https://huggingface.co'
 # Kimi-K2.5's model info is about 60 kB; anything near this is not a model info.
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_FILE_BYTES = 2**63 - 1
+# The most of an error answer's body read for the Hub's own words; a message quotes HUB_SAYS_CHARS of them.
+MAX_ERROR_BODY_BYTES = 64 << 10
+HUB_SAYS_CHARS = 300
+# The longest JSON value, or file name, that a message quotes.
+SHOWN_CHARS = 120
 
 # Matched with fullmatch: '$' would also match before a final line break.
 _COMMIT = re.compile(r'[0-9a-f]{40}')
@@ -69,9 +81,14 @@ class Manifest:
         self.files = files
 
 
-def _shown(value):
-    """A JSON value for a message, cut short."""
-    return json.dumps(value)[:120]
+def _shown(value, secrets=()):
+    """A JSON value for a message, cut short, the secrets masked before the cut."""
+    return quote_masked(json.dumps(value), SHOWN_CHARS, *secrets)
+
+
+def _name(name, secrets):
+    """A file name of the manifest for a message, cut short, the secrets masked before the cut."""
+    return quote_masked(name, SHOWN_CHARS, *secrets)
 
 
 def revision_problem(revision, allow_unpinned=False, repo_id=None):
@@ -108,9 +125,10 @@ def repo_id_problem(repo_id):
 
 
 def endpoint_problem(endpoint):
+    """Why endpoint is no URL of a Hub, or None; the message shows it without its password."""
     if _ENDPOINT.fullmatch(endpoint):
         return None
-    return 'endpoint %s is not an http:// or https:// URL' % _shown(endpoint)
+    return 'endpoint %s is not an http:// or https:// URL' % _shown(without_credentials(endpoint))
 
 
 def model_info_url(endpoint, repo_id, revision):
@@ -139,54 +157,66 @@ def _byte_count(value):
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_FILE_BYTES else None
 
 
-def _file_entry(sibling, where, position):
+def _file_entry(sibling, where, position, secrets):
     """ManifestFile of one sibling; raises ManifestError naming it."""
     if not isinstance(sibling, dict):
-        raise ManifestError('%s: siblings[%d] is %s, not an object' % (where, position, _shown(sibling)))
+        raise ManifestError('%s: siblings[%d] is %s, not an object' % (where, position, _shown(sibling, secrets)))
     name = sibling.get('rfilename')
     problem = name_problem(name)
     if problem:
-        raise ManifestError('%s: siblings[%d].rfilename %s %s' % (where, position, _shown(name), problem))
+        raise ManifestError('%s: siblings[%d].rfilename %s %s' % (where, position, _shown(name, secrets), problem))
+    shown = _name(name, secrets)
     if 'size' not in sibling or ('blobId' not in sibling and not sibling.get('lfs')):
         raise ManifestError(
             '%s: %s has no size and blobId: the manifest must be the model info with blob metadata '
-            '(?blobs=true, files_metadata=True)' % (where, name)
+            '(?blobs=true, files_metadata=True)' % (where, shown)
         )
     size = _byte_count(sibling['size'])
     if size is None:
-        raise ManifestError('%s: %s has size %s, not a byte count' % (where, name, _shown(sibling['size'])))
+        raise ManifestError('%s: %s has size %s, not a byte count' % (where, shown, _shown(sibling['size'], secrets)))
     lfs = sibling.get('lfs')
     if lfs is not None:
         digest = lfs.get('sha256') if isinstance(lfs, dict) else None
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
-            raise ManifestError('%s: %s has lfs %s without a sha256 of 64 hex digits' % (where, name, _shown(lfs)))
+            raise ManifestError(
+                '%s: %s has lfs %s without a sha256 of 64 hex digits' % (where, shown, _shown(lfs, secrets))
+            )
         if 'size' in lfs and lfs['size'] != size:
-            raise ManifestError('%s: %s has size %s but lfs.size %s' % (where, name, size, _shown(lfs['size'])))
+            raise ManifestError(
+                '%s: %s has size %s but lfs.size %s' % (where, shown, size, _shown(lfs['size'], secrets))
+            )
         return ManifestFile(name, size, SHA256, digest.lower())
     digest = sibling['blobId']
     if not isinstance(digest, str) or not _HEX40.fullmatch(digest):
-        raise ManifestError('%s: %s has blobId %s, not a git blob id of 40 hex digits' % (where, name, _shown(digest)))
+        raise ManifestError(
+            '%s: %s has blobId %s, not a git blob id of 40 hex digits' % (where, shown, _shown(digest, secrets))
+        )
     return ManifestFile(name, size, GIT_SHA1, digest.lower())
 
 
-def parse_manifest(data, where):
-    """The Manifest in ``data`` (bytes of model-info JSON); ``where`` names its source in messages."""
+def parse_manifest(data, where, secrets=()):
+    """The Manifest in ``data`` (bytes of model-info JSON); ``where`` names its source in messages.
+
+    ``secrets``: masked in what the messages quote of ``data`` (a Hub's answer may echo the token).
+    """
     doc = decode_json(data, where, ManifestError)
     if not isinstance(doc, dict):
         raise ManifestError("%s does not hold a JSON object (the Hub's model info)" % where)
     revision = doc.get('sha')
     if not isinstance(revision, str) or not _HEX40.fullmatch(revision):
         raise ManifestError(
-            '%s has sha %s, not the 40-hex commit of the revision it describes' % (where, _shown(revision))
+            '%s has sha %s, not the 40-hex commit of the revision it describes' % (where, _shown(revision, secrets))
         )
     siblings = doc.get('siblings')
     if not isinstance(siblings, list):
-        raise ManifestError("%s has siblings %s, not the list of the revision's files" % (where, _shown(siblings)))
+        raise ManifestError(
+            "%s has siblings %s, not the list of the revision's files" % (where, _shown(siblings, secrets))
+        )
     files = {}
     for position, sibling in enumerate(siblings):
-        entry = _file_entry(sibling, where, position)
+        entry = _file_entry(sibling, where, position, secrets)
         if entry.name in files:
-            raise ManifestError('%s lists %s twice' % (where, entry.name))
+            raise ManifestError('%s lists %s twice' % (where, _name(entry.name, secrets)))
         files[entry.name] = entry
     return Manifest(revision.lower(), files)
 
@@ -205,12 +235,17 @@ def read_manifest_file(path):
     return parse_manifest(data, 'manifest %s' % path)
 
 
-def _status_problem(status, headers, body, url, repo_id, revision, token):
-    """The message for a model-info answer other than 200."""
+def _status_problem(status, headers, body, url, repo_id, revision, token, endpoint_secrets=()):
+    """The message for a model-info answer other than 200, the token and endpoint_secrets masked in it.
+
+    What the Hub says is masked before it is shortened, so that no cut leaves part of a secret.
+    """
+    secrets = (token,) + tuple(endpoint_secrets)
     hub_says = (headers.get('X-Error-Message') if headers is not None else None) or ''
     if not hub_says:
-        hub_says = body[:200].decode('utf-8', 'replace').strip()
-    detail = ' (the Hub says: %s)' % mask(hub_says, token)[:300] if hub_says else ''
+        hub_says = body[:MAX_ERROR_BODY_BYTES].decode('utf-8', 'replace')
+    hub_says = hub_says.strip()
+    detail = ' (the Hub says: %s)' % quote_masked(hub_says, HUB_SAYS_CHARS, *secrets) if hub_says else ''
     if status == 401:
         cause = (
             'the token was refused'
@@ -225,18 +260,27 @@ def _status_problem(status, headers, body, url, repo_id, revision, token):
     elif status == 404:
         cause = 'no repository %s, or no revision %s in it' % (repo_id, revision)
     elif status in (301, 302, 303, 307, 308):
+        location = (headers.get('Location') if headers is not None else None) or '?'
         cause = (
             'a redirect to %s, which is not followed (the token would go along): '
-            'was the repository renamed? Use its new name' % (headers.get('Location') if headers is not None else '?')
+            'was the repository renamed? Use its new name' % quote_masked(location, MAX_QUOTE, *secrets)
         )
     else:
         cause = 'the Hub did not give the model info'
-    return '%s answered HTTP %d: %s%s' % (url, status, cause, detail)
+    # Masked again whole: the URL and the Hub's words side by side could spell what neither does alone.
+    return mask('%s answered HTTP %d: %s%s' % (url, status, cause, detail), *secrets)
 
 
 def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate_certs=True):
-    """The Manifest of one revision, fetched from the Hub (or a mirror) within ``timeout`` seconds."""
+    """The Manifest of one revision, fetched from the Hub (or a mirror) within ``timeout`` seconds.
+
+    No message shows the token or the endpoint's password: the URL is shown without the password, and both
+    are masked in what the Hub or the network error says before it is shortened.
+    """
     url = model_info_url(endpoint, repo_id, revision)
+    shown = without_credentials(url)
+    endpoint_secrets = url_secrets(endpoint)
+    secrets = (token,) + endpoint_secrets
     headers = {'Accept': 'application/json'}
     if token:
         headers['Authorization'] = 'Bearer %s' % token
@@ -261,17 +305,20 @@ def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate
             finally:
                 response.close()
     except DeadlinePassed:
-        raise ManifestError('%s gave no complete answer within %d s' % (url, timeout)) from None
+        raise ManifestError('%s gave no complete answer within %d s' % (shown, timeout)) from None
     except (URLError, HTTPException, OSError, ValueError) as exc:
         reason = getattr(exc, 'reason', None) or exc
         raise ManifestError(
-            'cannot fetch %s: %s (after %.1f s)' % (url, mask(str(reason), token), time.monotonic() - started)
+            'cannot fetch %s: %s (after %.1f s)'
+            % (shown, quote_masked(str(reason), MAX_QUOTE, *secrets), time.monotonic() - started)
         ) from exc
     if body is None:
-        raise ManifestError('%s answered more than %d bytes: not a model info' % (url, MAX_MANIFEST_BYTES))
+        raise ManifestError('%s answered more than %d bytes: not a model info' % (shown, MAX_MANIFEST_BYTES))
     if status != 200:
-        raise ManifestError(_status_problem(status, answer_headers, body, url, repo_id, revision, token))
-    manifest = parse_manifest(body, url)
+        raise ManifestError(
+            _status_problem(status, answer_headers, body, shown, repo_id, revision, token, endpoint_secrets)
+        )
+    manifest = parse_manifest(body, shown, secrets)
     if _COMMIT.fullmatch(revision) and manifest.revision != revision:
-        raise ManifestError('%s describes commit %s, not %s' % (url, manifest.revision, revision))
+        raise ManifestError('%s describes commit %s, not %s' % (shown, manifest.revision, revision))
     return manifest

@@ -22,7 +22,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from http.client import HTTPException
 from typing import Any, Callable, Optional
 from urllib.error import HTTPError, URLError
@@ -34,7 +34,9 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     endpoint_context,
     mask,
     open_endpoint,
+    quote_masked,
     read_body,
+    url_secrets,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._openai import error_message
 
@@ -50,6 +52,11 @@ MAX_LINE_BYTES = 1024 * 1024
 MAX_STREAM_BYTES = 64 * 1024 * 1024
 # The longest error text kept per failed request.
 MAX_ERROR_CHARS = 300
+# The most of an error answer's body that is read for its message.
+MAX_ERROR_BODY_BYTES = MAX_ERROR_CHARS * 4
+# The most completion tokens a request's usage may count when the request itself sets no bound: more than any
+# model's context, and few enough that the throughput computed from them stays a finite float.
+MAX_USAGE_TOKENS = 2**53
 # Clients that are still inside a request this long after the last one may have ended are abandoned.
 JOIN_GRACE_SECONDS = 5.0
 
@@ -87,7 +94,10 @@ class Request:
 
 
 def parse_event(line: bytes) -> Optional[Any]:
-    """The JSON of one server-sent `data:` line; 'DONE' for the end marker; None for any other line."""
+    """The JSON of one server-sent `data:` line; 'DONE' for the end marker; None for any other line.
+
+    StreamError quotes the line whole: stream_request masks the secrets in it before it shortens it.
+    """
     text = to_text(line, errors='replace').strip()
     if not text.startswith('data:'):
         return None
@@ -97,7 +107,9 @@ def parse_event(line: bytes) -> Optional[Any]:
     try:
         return json.loads(data)
     except ValueError:
-        raise StreamError('an event that is not JSON: %s' % data[:MAX_ERROR_CHARS]) from None
+        raise StreamError('an event that is not JSON: %s' % data) from None
+    except RecursionError:
+        raise StreamError('an event nested too deeply to be read as JSON: %s' % data) from None
 
 
 def carries_text(event: dict[str, Any]) -> bool:
@@ -112,9 +124,62 @@ def carries_text(event: dict[str, Any]) -> bool:
     return False
 
 
-def stream_request(stream: Stream, payload: dict[str, Any], timeout: float, clock: Callable[[], float]) -> Request:
-    """Send one request and follow its stream to the end marker, recording token arrival times."""
+def error_text(text: str, secrets: Sequence[Optional[str]]) -> str:
+    """An error as the results keep it: the secrets masked first, then shortened, so that no cut leaves part of one."""
+    return quote_masked(text, MAX_ERROR_CHARS, *secrets)
+
+
+def completion_token_limit(payload: dict[str, Any]) -> int:
+    """The most completion tokens the request allows: vLLM's max_completion_tokens, else max_tokens, for each of
+    its n choices; MAX_USAGE_TOKENS where extra_body made them something other than counts."""
+
+    def count(value: Any) -> Optional[int]:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    per_choice = count(payload.get('max_completion_tokens')) or count(payload.get('max_tokens'))
+    if per_choice is None:
+        return MAX_USAGE_TOKENS
+    return min(MAX_USAGE_TOKENS, per_choice * (count(payload.get('n')) or 1))
+
+
+def _shown_number(value: int) -> str:
+    """An integer for a message: one of hundreds of digits by its first digits and how many it has."""
+    digits = str(value)
+    return digits if len(digits) <= 24 else '%s... (%d digits)' % (digits[:20], len(digits.lstrip('-')))
+
+
+def usage_tokens(usage: Any, limit: int) -> Optional[int]:
+    """usage.completion_tokens when it is a number; StreamError when it is no count the request allows.
+
+    A count past the request's max_tokens is a server that lies, and one of hundreds of digits would overflow
+    the throughput.
+    """
+    if not isinstance(usage, dict):
+        return None
+    tokens = usage.get('completion_tokens')
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        return None
+    if not 0 <= tokens <= limit:
+        raise StreamError(
+            'usage.completion_tokens is %s, not a count from 0 to %d (the most the request allows)'
+            % (_shown_number(tokens), limit)
+        )
+    return tokens
+
+
+def stream_request(
+    stream: Stream,
+    payload: dict[str, Any],
+    timeout: float,
+    clock: Callable[[], float],
+    secrets: Sequence[Optional[str]] = (),
+) -> Request:
+    """Send one request and follow its stream to the end marker, recording token arrival times.
+
+    secrets: masked in the error, which may quote what the server sent.
+    """
     request = Request(clock())
+    limit = completion_token_limit(payload)
     try:
         for line in stream(payload, timeout):
             event = parse_event(line)
@@ -124,21 +189,21 @@ def stream_request(stream: Stream, payload: dict[str, Any], timeout: float, cloc
                 request.done = True
                 break
             if not isinstance(event, dict):
-                raise StreamError('an event that is not a JSON object: %s' % to_text(line)[:MAX_ERROR_CHARS])
+                raise StreamError('an event that is not a JSON object: %s' % to_text(line, errors='replace'))
             if 'error' in event:
-                raise StreamError('the server reported an error: %s' % json.dumps(event['error'])[:MAX_ERROR_CHARS])
+                raise StreamError('the server reported an error: %s' % json.dumps(event['error']))
             if carries_text(event):
                 request.token_times.append(clock())
                 request.last_token = request.token_times[-1]
             elif request.token_times and isinstance(event.get('choices'), list) and event['choices']:
                 request.last_token = clock()
-            usage = event.get('usage')
-            if isinstance(usage, dict) and isinstance(usage.get('completion_tokens'), int):
-                request.usage_tokens = usage['completion_tokens']
+            counted = usage_tokens(event.get('usage'), limit)
+            if counted is not None:
+                request.usage_tokens = counted
         if not request.done:
             request.error = 'the stream ended without its [DONE] marker'
     except StreamError as exc:
-        request.error = to_text(exc)[:MAX_ERROR_CHARS]
+        request.error = error_text(to_text(exc), secrets)
     request.ended = clock()
     return request
 
@@ -239,6 +304,8 @@ class LoadProbe:
     start_thread(target) starts target on a daemon thread and returns it, so that a client a
     server holds forever is abandoned at the deadline (duration + request_timeout + a grace)
     and counted as unfinished, instead of holding the module.
+
+    secrets: the API key and the URL's credentials (probe_secrets), masked in every error kept.
     """
 
     def __init__(
@@ -253,6 +320,7 @@ class LoadProbe:
         extra_body: Optional[dict[str, Any]] = None,
         clock: Callable[[], float] = time.monotonic,
         start_thread: Optional[Callable[[Callable[[], None]], threading.Thread]] = None,
+        secrets: Sequence[Optional[str]] = (),
     ) -> None:
         self.stream = stream
         self.payload: dict[str, Any] = {
@@ -269,6 +337,7 @@ class LoadProbe:
         self.request_timeout = request_timeout
         self.clock = clock
         self.start_thread = start_thread or _daemon_thread
+        self.secrets = tuple(secrets)
         self.requests: list[Request] = []
         self.lock = threading.Lock()
 
@@ -276,12 +345,14 @@ class LoadProbe:
         while self.clock() < until:
             began = self.clock()
             try:
-                request = stream_request(self.stream, dict(self.payload), self.request_timeout, self.clock)
+                request = stream_request(
+                    self.stream, dict(self.payload), self.request_timeout, self.clock, self.secrets
+                )
             except Exception as exc:  # a request that broke the client must still be counted, never vanish
                 request = Request(began)
-                request.error = ('the request failed unexpectedly: %s: %s' % (type(exc).__name__, exc))[
-                    :MAX_ERROR_CHARS
-                ]
+                request.error = error_text(
+                    'the request failed unexpectedly: %s: %s' % (type(exc).__name__, to_text(exc)), self.secrets
+                )
                 request.ended = self.clock()
             with self.lock:
                 self.requests.append(request)
@@ -305,6 +376,11 @@ def _daemon_thread(target: Callable[[], None]) -> threading.Thread:
     return thread
 
 
+def probe_secrets(base_url: str, api_key: Optional[str]) -> tuple[str, ...]:
+    """What no text of the probe may show: the API key, and the credentials in the URL (see url_secrets)."""
+    return tuple(secret for secret in (api_key,) + url_secrets(base_url) if secret)
+
+
 def make_stream(
     base_url: str,
     api_key: Optional[str] = None,
@@ -316,7 +392,8 @@ def make_stream(
 
     timeout bounds each socket operation; the probe's deadline bounds the whole. A status
     other than 200, a line over MAX_LINE_BYTES or a stream over MAX_STREAM_BYTES raises
-    StreamError; texts that could quote the api_key have it masked.
+    StreamError; texts that could quote the api_key or the URL's credentials have them masked
+    before anything shortens them.
 
     The TLS context is built here, once for all the requests. Built per request, as open_url
     does, it cost each request tens of milliseconds of CPU with the GIL held, before the
@@ -331,6 +408,7 @@ def make_stream(
     if api_key:
         headers['Authorization'] = 'Bearer %s' % api_key
     context = endpoint_context(validate_certs, ca_path)
+    secrets = probe_secrets(base_url, api_key)
 
     def stream(payload: dict[str, Any], timeout: float) -> Iterator[bytes]:
         try:
@@ -340,14 +418,14 @@ def make_stream(
                 )
             except HTTPError as exc:
                 try:
-                    body = to_text(read_body(exc, MAX_ERROR_CHARS * 4), errors='replace')
+                    body = to_text(read_body(exc, MAX_ERROR_BODY_BYTES), errors='replace')
                 except Exception:  # the status alone says enough
                     body = ''
                 finally:
                     exc.close()
-                raise StreamError(
-                    mask('answered %d: %s' % (exc.code, error_message(body) if body else exc.reason), api_key)
-                ) from None
+                # error_message shortens what it quotes: the body is masked before.
+                reason = error_message(mask(body, *secrets)) if body else to_text(exc.reason)
+                raise StreamError(mask('answered %d: %s' % (exc.code, reason), *secrets)) from None
             try:
                 read = 0
                 while True:
@@ -364,6 +442,6 @@ def make_stream(
             finally:
                 response.close()
         except (URLError, HTTPException, OSError) as exc:
-            raise StreamError(mask(describe_unreachable(exc, timeout), api_key)) from None
+            raise StreamError(mask(describe_unreachable(exc, timeout), *secrets)) from None
 
     return stream

@@ -67,10 +67,17 @@ options:
     description:
       - The Hub or a mirror of it.
       - Defaults to the environment variable E(HF_ENDPOINT) on the host, else V(https://huggingface.co).
+      - A password in it never shows. Messages show everything between the first C(:) after C(://) and the last
+        C(@) as C(********), and a user name without a password (a token) too. An endpoint with more than one
+        C(@), or one after a C(/), C(?) or C(#), is refused.
+        Percent-encode these characters in a user name or password (C(%40), C(%2F), C(%3F), C(%23)).
     type: str
   token:
     description:
       - A Hub access token, for private and gated repositories. Sent as a bearer token, never shown.
+      - Neither the token nor the password in O(endpoint) comes back in any text the module returns. They are
+        masked as they are, escaped or encoded (JSON, Python, URL, HTML, or two of these layered), and so is
+        every run of 8 of their characters (what a cut or the Hub leaves of them), before any text is shortened.
       - Printable ASCII only; a token with a line break (a YAML block scalar) is refused.
       - Defaults to the environment variable E(HF_TOKEN) on the host.
     type: str
@@ -244,9 +251,15 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify i
     check_directory,
     default_threads,
     manifest_totals,
+    masked_result,
     verify,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+    credentials_problem,
+    hide_url_password,
+    url_secrets,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
     DEFAULT_ENDPOINT,
     ManifestError,
@@ -279,7 +292,12 @@ def input_problem(params):
         if found:
             return found
     if params['repo_id'] is not None:
-        return repo_id_problem(params['repo_id']) or endpoint_problem(params['endpoint'] or DEFAULT_ENDPOINT)
+        endpoint = params['endpoint'] or DEFAULT_ENDPOINT
+        return (
+            repo_id_problem(params['repo_id'])
+            or credentials_problem(endpoint, 'endpoint')
+            or endpoint_problem(endpoint)
+        )
     return None
 
 
@@ -339,12 +357,14 @@ def main():
     )
     started = time.monotonic()
     params = module.params
+    hide_url_password(module, 'endpoint')
+    secrets = (params['token'],) + url_secrets(params['endpoint'] or '')
     path = os.path.abspath(params['path'])
     result = dict(changed=False, ok=False, problems=[])
 
     def fail(msg):
         result['elapsed'] = round(time.monotonic() - started, 3)
-        module.fail_json(msg=msg, **result)
+        module.fail_json(**masked_result(dict(result, msg=msg), secrets))
 
     problem = input_problem(params)
     if problem:
@@ -364,7 +384,7 @@ def main():
                 % (path, manifest.revision, source),
                 elapsed=round(time.monotonic() - started, 3),
             )
-            module.exit_json(**result)
+            module.exit_json(**masked_result(result, secrets))
         check_directory(path)
     except (VerifyError, ManifestError) as exc:
         fail(str(exc))
@@ -398,9 +418,9 @@ def main():
         if params['fail_on_mismatch']:
             fail(message)
         result.update(msg=message, elapsed=round(time.monotonic() - started, 3))
-        module.exit_json(**result)
+        module.exit_json(**masked_result(result, secrets))
     result.update(fingerprint=report.fingerprint, elapsed=round(time.monotonic() - started, 3))
-    module.exit_json(**result)
+    module.exit_json(**masked_result(result, secrets))
 
 
 if __name__ == '__main__':

@@ -17,8 +17,12 @@ description:
     falls back to a slow path after an upgrade, a setting that limits batching). The probe fails when the
     throughput is below O(min_tokens_per_second), or more than O(max_regression_percent) below
     O(baseline_tokens_per_second), the figure the previous release measured on the same host.
-  - Any request that fails (an HTTP error, a cut stream, a stream without its end marker, an error event)
-    fails the probe, with the distinct errors listed.
+  - Any request that fails (an HTTP error, a cut stream, a stream without its end marker, an error event, a
+    usage that counts more completion tokens than the request allows) fails the probe, with the distinct
+    errors listed.
+  - The API key and the password in O(url) never come back, in any text the module returns. They are masked
+    as they are, escaped or encoded (JSON, Python, URL, HTML, or two of these layered), and so is every run
+    of 8 of their characters (what a cut or a server leaves of them), before any text is shortened.
   - Reads only; it never changes the host, and it runs in check mode too.
 author:
   - llmserve.vllm contributors (@llmserve)
@@ -30,7 +34,11 @@ options:
   url:
     description:
       - Base URL of the vLLM OpenAI-compatible server, without C(/v1). It is checked as
-        M(llmserve.vllm.chat_check) checks it, and a password in it is masked in all the module returns.
+        M(llmserve.vllm.chat_check) checks it.
+      - Its password never shows. Messages and RV(url) show everything between the first C(:) after C(://) and
+        the last C(@) as C(********), and a user name without a password (a token) too.
+      - A URL with more than one C(@), or one after a C(/), C(?) or C(#), is refused. Percent-encode these
+        characters in a user name or password (C(%40), C(%2F), C(%3F), C(%23)).
     type: str
     default: http://127.0.0.1:8000
   model:
@@ -40,8 +48,8 @@ options:
     required: true
   api_key:
     description:
-      - The server's API key, sent as a C(Bearer) token; printable ASCII. It is masked in all text the module
-        returns.
+      - The server's API key, sent as a C(Bearer) token; printable ASCII. It never shows in any text the
+        module returns (see the description).
     type: str
   prompt:
     description:
@@ -136,7 +144,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 url:
-  description: The base URL that was measured.
+  description: The base URL that was measured, a password in it (or a user name without one) as C(********).
   returned: always
   type: str
   sample: http://127.0.0.1:8000
@@ -151,7 +159,9 @@ failed_requests:
   type: int
   sample: 0
 errors:
-  description: The distinct errors of the failed requests, at most 5.
+  description:
+    - The distinct errors of the failed requests, at most 5.
+    - Each is cut after 300 characters, the secrets masked before the cut.
   returned: when the probe ran
   type: list
   elements: str
@@ -251,8 +261,11 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
     api_key_problem,
     ca_path_problem,
+    credentials_problem,
     hide_url_password,
+    mask,
     url_problem,
+    without_credentials,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
     DEFAULT_CONCURRENCY,
@@ -264,6 +277,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
     MAX_CONCURRENCY,
     LoadProbe,
     make_stream,
+    probe_secrets,
     verdict,
 )
 
@@ -271,7 +285,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
 def validate(p):
     """What argument_spec cannot express; returns the first problem or None."""
     problem = (
-        url_problem(p['url'])
+        credentials_problem(p['url'])
+        or url_problem(p['url'])
         or api_key_problem(p['api_key'] or '')
         or ca_path_problem(p['ca_path'], p['validate_certs'])
     )
@@ -337,6 +352,7 @@ def main():
     if problem:
         module.fail_json(msg=problem)
 
+    secrets = probe_secrets(p['url'], p['api_key'])
     extra_body = {'ignore_eos': p['ignore_eos']}
     extra_body.update(p['extra_body'])
     probe = LoadProbe(
@@ -354,13 +370,17 @@ def main():
         duration=p['duration'],
         request_timeout=p['request_timeout'],
         extra_body=extra_body,
+        secrets=secrets,
     )
     figures = probe.run()
     baseline = p['baseline_tokens_per_second'] or None
     failure, regression = verdict(figures, p['min_tokens_per_second'], baseline, p['max_regression_percent'])
-    figures.update(url=p['url'], baseline_tokens_per_second=baseline, regression_percent=regression)
+    url = without_credentials(p['url'])
+    figures.update(url=url, baseline_tokens_per_second=baseline, regression_percent=regression)
     if failure:
-        module.fail_json(msg='The load probe of %s failed: %s' % (p['url'], failure), changed=False, **figures)
+        # Masked again whole: joined, the ends of two errors could spell what neither does alone.
+        msg = mask('The load probe of %s failed: %s' % (url, failure), *secrets)
+        module.fail_json(msg=msg, changed=False, **figures)
     module.exit_json(changed=False, **figures)
 
 

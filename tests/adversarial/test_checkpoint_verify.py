@@ -8,6 +8,7 @@ or value and the cause, or in a success whose result is right. Manifests are the
 model info of the checkpoint; servers are the fake Hub or a socket server that misbehaves.
 """
 
+import base64
 import collections
 import gzip
 import json
@@ -17,6 +18,7 @@ import struct
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote
 
 import pytest
 
@@ -639,3 +641,137 @@ def test_an_immutable_cache_file_is_a_warning(tmp_path, model, verdict):
         ),
         run.result,
     )
+
+
+# --- no part of a secret comes back ------------------------------------------------------------
+
+# Any run of this many characters of a secret in the output counts as a leak (the module masks such runs).
+PART = 8
+# A token with the characters JSON escapes, which a Bearer header carries.
+ODD_TOKEN = 'hf_zq7"adv\\token'
+PASSWORD = 'pw-zq7-secret'
+BASIC = base64.b64encode(('hub:%s' % PASSWORD).encode()).decode()
+
+
+def exposed(*secrets):
+    """How any run of PART characters of the secrets would show in the module's output (JSON): as it is,
+    JSON-escaped or percent-encoded by the server, each of these once more escaped by the output's JSON."""
+    found = set()
+    for secret in secrets:
+        for start in range(len(secret) - PART + 1):
+            part = secret[start : start + PART]
+            for spelled in (part, json.dumps(part)[1:-1], quote(part, safe='')):
+                found.update((spelled, json.dumps(spelled)[1:-1]))
+    return tuple(found)
+
+
+def manifest_naming(extra_name):
+    """A Hub that answers the model's manifest with one more file, named extra_name."""
+
+    def behaviour(server, conn, request):
+        with open(server.manifest) as f:
+            doc = json.load(f)
+        doc['siblings'].append(
+            {'rfilename': extra_name, 'size': 0, 'blobId': 'e69de29bb2d1d6434b8b29ae775ad8c2e48c5391'}
+        )
+        respond('200 OK', json.dumps(doc).encode())(server, conn, request)
+
+    return behaviour
+
+
+def challenge_and_echo(server, conn, request):
+    """Ask for Basic credentials and quote what came: urllib answers with the endpoint's user:password."""
+    line = next((header for header in request.split(b'\r\n') if header.lower().startswith(b'authorization:')), b'')
+    respond('401 Unauthorized', b'you sent ' + (line or b'nothing'), [('WWW-Authenticate', 'Basic realm="hub"')])(
+        server, conn, request
+    )
+
+
+CREDENTIALS = 'http://hub:%s@' % PASSWORD
+SHOWN_FETCH = '{shown}/api/models/org/model/revision/{commit}?blobs=true'
+
+SECRET_CASES = {
+    # The Hub's error body cut at 200 bytes before the mask: 12 characters of the token came back.
+    'token-cut-in-the-error-body': (
+        respond('500 Internal Server Error', b'x' * 188 + TOKEN.encode() + b' tail'),
+        {},
+        FETCH
+        + ' answered HTTP 500: the Hub did not give the model info (the Hub says: '
+        + 'x' * 188
+        + '******** tail)',
+        (TOKEN,),
+    ),
+    # The manifest's sha quoted as JSON, cut at 120 characters before any mask.
+    'token-cut-in-a-manifest-value': (
+        respond('200 OK', json.dumps({'sha': 'x' * 100 + TOKEN, 'siblings': []}).encode()),
+        {},
+        FETCH + ' has sha "' + 'x' * 100 + '********", not the 40-hex commit of the revision it describes',
+        (TOKEN,),
+    ),
+    # The redirect's Location was never masked; percent-encoded, Ansible's no_log does not see it.
+    'odd-token-percent-encoded-in-a-redirect': (
+        respond('302 Found', b'', [('Location', 'https://evil.example/?t=' + quote(ODD_TOKEN, safe=''))]),
+        {'token': ODD_TOKEN},
+        FETCH + ' answered HTTP 302: a redirect to https://evil.example/?t=********, which is not followed (the '
+        'token would go along): was the repository renamed? Use its new name',
+        (ODD_TOKEN,),
+    ),
+    'odd-token-json-escaped-in-the-error-body': (
+        respond('500 Internal Server Error', json.dumps({'error': 'bad token ' + ODD_TOKEN}).encode()),
+        {'token': ODD_TOKEN},
+        FETCH
+        + ' answered HTTP 500: the Hub did not give the model info (the Hub says: {"error": "bad token ********"})',
+        (ODD_TOKEN,),
+    ),
+    # A file of the manifest named after part of the token: the problems quote the manifest's names.
+    'token-part-as-a-file-name': (
+        manifest_naming('shard-%s.bin' % TOKEN[:12]),
+        {},
+        HUB_PROBLEM + 'shard-********.bin: missing (not in the checkpoint)',
+        (TOKEN,),
+    ),
+    # The endpoint's password was in every message that names the URL.
+    'endpoint-password': (
+        SERVERS['html'],
+        {'endpoint': CREDENTIALS + '{hostport}'},
+        SHOWN_FETCH + ' is not valid JSON: Expecting value: line 1 column 1 (char 0)',
+        (PASSWORD,),
+    ),
+    'endpoint-basic-credentials-echoed': (
+        challenge_and_echo,
+        {'endpoint': CREDENTIALS + '{hostport}', 'token': None},
+        SHOWN_FETCH + ' answered HTTP 401: the repository is private or gated and needs a token (token, or HF_TOKEN '
+        'on the host) (the Hub says: you sent Authorization: Basic ********)',
+        (PASSWORD, BASIC),
+    ),
+    # A raw / in the password: the fetch error named the URL as urllib read it.
+    'endpoint-password-with-a-slash': (
+        SERVERS['html'],
+        {'endpoint': 'http://hub:pw/zq7-secret@{hostport}'},
+        "endpoint 'http://hub:********@{hostport}' has more than one @, or one after a /, ? or #: percent-encode "
+        'an @, /, ? or # in its user name or password (%40, %2F, %3F, %23)',
+        ('pw/zq7-secret',),
+    ),
+}
+
+
+@pytest.mark.parametrize('behaviour, args, expected, secrets', list(SECRET_CASES.values()), ids=list(SECRET_CASES))
+def test_no_part_of_a_secret_comes_back(tmp_path, model, verdict, behaviour, args, expected, secrets):
+    c, m, commit = model
+    server = Misbehaving(behaviour)
+    server.manifest = m
+    hostport = server.url[len('http://') :]
+    filled = {}
+    for key, value in dict({'endpoint': server.url, 'token': TOKEN}, **args).items():
+        filled[key] = value.replace('{hostport}', hostport) if isinstance(value, str) else value
+    try:
+        run = harness.run_module(
+            MODULE, tmp_path, dict(path=c, repo_id=REPO, revision=commit, timeout=10, **filled), timeout=40
+        )
+    finally:
+        server.stop()
+    expected = fill(expected, c, m, str(tmp_path), server.url, commit)
+    expected = expected.replace('{shown}', CREDENTIALS.replace(PASSWORD, '********') + hostport)
+    expected = expected.replace('{hostport}', hostport)
+    outcome = harness.judge(run, expect_success=False, check=lambda r: r['msg'] == expected, secrets=exposed(*secrets))
+    verdict(MODULE, outcome, '%s\n%s' % (run.result, run.stderr.decode('utf-8', 'replace')[-2000:]))

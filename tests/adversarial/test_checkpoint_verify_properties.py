@@ -6,28 +6,43 @@
 Whatever a manifest, a revision, a repo id or a digest cache holds, the pure functions raise
 only their own error (ManifestError) and what they accept keeps its invariants: safe relative
 names, byte counts, lowercase hex digests of the right length. And whatever is done to a
-checkpoint, the problems name exactly the files that were changed.
+checkpoint, the problems name exactly the files that were changed. Whatever the Hub quotes of the
+token or of the endpoint's password, no message and no returned text shows a run of PART characters of them.
 """
 
+import base64
+import io
 import json
 import os
 import re
 import struct
 import tempfile
+from typing import ClassVar
+from unittest import mock
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote as percent_encode
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import fingerprint, printable, verify
+from ansible_collections.llmserve.vllm.plugins.module_utils import _hub_manifest
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
+    fingerprint,
+    masked_result,
+    printable,
+    verify,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
     ManifestError,
+    fetch_manifest,
     model_info_url,
     name_problem,
     parse_manifest,
     repo_id_problem,
     revision_problem,
 )
+from ansible_collections.llmserve.vllm.tests.adversarial.test_load_probe_properties import PART, echoing, shown_runs
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True)
@@ -194,3 +209,81 @@ def test_the_problems_name_exactly_the_files_changed(changes, extras):
         assert set(p['file'] for p in report.problems) == set(changes) | set(extras)
         assert report.ok == (not changes and not extras)
         assert (report.fingerprint is None) == bool(changes or extras)
+
+
+# --- no run of the token or of the endpoint's password comes back --------------------------------
+
+# Printable ASCII without a space, as the token must be, and no '*' (the mask is made of it).
+TOKENS = st.text(
+    alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_characters='*'), min_size=PART
+)
+PASSWORD = 'pw-zq7"hub\\secret'
+ENDPOINT = 'http://hub:%s@127.0.0.1:9' % percent_encode(PASSWORD, safe='')
+BASIC = base64.b64encode(('hub:%s' % PASSWORD).encode()).decode()
+ENDPOINT_SECRETS = (percent_encode(PASSWORD, safe=''), PASSWORD, BASIC)
+
+
+class Answer(io.BytesIO):
+    """A 200 answer with a body."""
+
+    headers: ClassVar[dict[str, str]] = {}
+
+    def getcode(self):
+        return 200
+
+
+def refused(status, headers, body=b''):
+    return lambda url, text: HTTPError(url, status, 'X', headers(text), io.BytesIO(body or text.encode()))
+
+
+def model_info(doc):
+    return lambda url, text: Answer(json.dumps(doc(text)).encode())
+
+
+# How the Hub's text reaches an error of the fetch: the Hub's words (its header or its body), a redirect's
+# Location, a network error, and every value of a model info that the checks quote.
+ANSWERS = {
+    'x-error-message': refused(500, lambda text: {'X-Error-Message': text}, b'-'),
+    'error-body': refused(403, lambda text: {}),
+    'redirect': refused(302, lambda text: {'Location': text}, b'-'),
+    'network': lambda url, text: URLError(text),
+    'sha': model_info(lambda text: {'sha': text, 'siblings': []}),
+    'sibling': model_info(lambda text: {'sha': 'a' * 40, 'siblings': [text]}),
+    'rfilename': model_info(lambda text: {'sha': 'a' * 40, 'siblings': [{'rfilename': text}]}),
+    'size': model_info(lambda text: {'sha': 'a' * 40, 'siblings': [{'rfilename': 'f', 'size': text, 'blobId': 'b'}]}),
+    'lfs': model_info(lambda text: {'sha': 'a' * 40, 'siblings': [{'rfilename': 'f', 'size': 1, 'lfs': {'x': text}}]}),
+    'twice': model_info(
+        lambda text: {'sha': 'a' * 40, 'siblings': [{'rfilename': 'f' + text, 'size': 0, 'blobId': 'b' * 40}] * 2}
+    ),
+}
+TOKEN_AND_TEXT = TOKENS.flatmap(lambda token: st.tuples(st.just(token), echoing(token, *ENDPOINT_SECRETS)))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(TOKEN_AND_TEXT, st.sampled_from(sorted(ANSWERS)))
+def test_no_fetch_error_shows_a_run_of_the_token_or_the_endpoints_password(drawn, answer):
+    token, text = drawn
+    url = model_info_url(ENDPOINT, 'org/model', 'a' * 40)
+    outcome = ANSWERS[answer](url, text)
+    patched = {'side_effect': outcome} if isinstance(outcome, Exception) else {'return_value': outcome}
+    with mock.patch.object(_hub_manifest, 'open_url', **patched):
+        try:
+            fetch_manifest(ENDPOINT, 'org/model', 'a' * 40, token=token, timeout=5)
+        except ManifestError as exc:
+            message = str(exc)
+        else:
+            return  # a text that made a manifest of nothing (an empty sibling list) says nothing
+    assert message.startswith('http://hub:********@127.0.0.1:9/') or message.startswith('cannot fetch http://hub:*')
+    assert not shown_runs(message, token, *ENDPOINT_SECRETS)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(TOKEN_AND_TEXT.flatmap(lambda drawn: st.tuples(st.just(drawn[0]), st.lists(echoing(drawn[0]), max_size=4))))
+def test_no_returned_text_shows_a_run_of_the_token(drawn):
+    token, texts = drawn
+    problems = [{'file': text, 'kind': 'missing', 'detail': text[::-1] + text} for text in texts]
+    result = {'ok': False, 'msg': ' '.join(texts), 'problems': problems, 'rewritten_by_kv_cache_quant': texts}
+    masked = masked_result(result, (token,))
+    shown = [masked['msg']] + masked['rewritten_by_kv_cache_quant']
+    shown += [found[key] for found in masked['problems'] for key in ('file', 'detail')]
+    assert not [text for text in shown if shown_runs(text, token)]

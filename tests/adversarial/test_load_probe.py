@@ -10,8 +10,10 @@ a stream without end, one trickled a byte at a time, a line of 2 MB, bytes that 
 events of the wrong shape, a cut connection, an HTML page, an error that quotes the key.
 """
 
+import base64
 import json
 import time
+from urllib.parse import quote
 
 import pytest
 
@@ -179,3 +181,172 @@ def test_nothing_listening_is_a_clean_failure(tmp_path, verdict, free_port):
         harness.judge(run_, expect_success=False, check=says('2 of 2 requests', 'connection refused')),
         str(run_.result),
     )
+
+
+# ---------------------------------------------------------------- the key never comes back, whole or in part
+
+# Any run of this many characters of a secret in the output counts as a leak (the module masks such runs).
+PART = 8
+ODD_KEY = 'sk-zq7"probe\\secret'
+
+
+def exposed(*secrets):
+    """How any run of PART characters of the secrets would show in the module's output (JSON): as it is,
+    JSON-escaped or percent-encoded by the server, each of these once more escaped by the output's JSON."""
+    found = set()
+    for secret in secrets:
+        for start in range(len(secret) - PART + 1):
+            part = secret[start : start + PART]
+            for spelled in (part, json.dumps(part)[1:-1], quote(part, safe='')):
+                found.update((spelled, json.dumps(spelled)[1:-1]))
+    return tuple(found)
+
+
+def error_answer(status, message, headers=b''):
+    """An OpenAI-style error answer whose message is the given text."""
+
+    def behave(handler, stop):
+        data = json.dumps({'error': {'message': message}}).encode()
+        handler.wfile.write(
+            b'HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%sConnection: close\r\n\r\n'
+            % (status, len(data), headers)
+            + data
+        )
+
+    return behave
+
+
+def echo_basic_credentials(handler, stop):
+    """Ask for Basic credentials and quote what came: urllib answers the challenge with the URL's user:password."""
+    said = handler.headers.get('Authorization') or 'nothing'
+    error_answer(401, 'you sent %s' % said, b'WWW-Authenticate: Basic realm="vllm"\r\n')(handler, stop)
+
+
+BASIC = base64.b64encode(b'probe:pw-zq7-secret').decode()
+
+
+def at_the_cut(before, kept=10):
+    """A text that puts KEY across the 300-character cut of an error that begins with `before` characters:
+    `kept` of the key's characters before the cut."""
+    return 'y' * (300 - before - kept) + KEY + ' tail'
+
+
+NOT_JSON = 'an event that is not JSON: '
+REPORTED = 'the server reported an error: "'
+NOT_AN_OBJECT = 'an event that is not a JSON object: data: ["'
+
+
+@pytest.mark.parametrize(
+    'key, behave, expected',
+    [
+        # Each of these errors was cut at 300 characters with nothing masked: Ansible masks the key only whole.
+        (KEY, events(b'data: ' + at_the_cut(len(NOT_JSON)).encode()), NOT_JSON + 'y' * 263 + '********'),
+        (
+            KEY,
+            events(b'data: ' + json.dumps({'error': at_the_cut(len(REPORTED))}).encode()),
+            REPORTED + 'y' * 259 + '********',
+        ),
+        (
+            KEY,
+            events(b'data: ' + json.dumps([at_the_cut(len(NOT_AN_OBJECT))]).encode()),
+            NOT_AN_OBJECT + 'y' * 246 + '********',
+        ),
+        # An event of nearly 1 MiB that is not JSON, with bytes that are not UTF-8 and a NUL before the key.
+        (
+            KEY,
+            events(b'data: \xff\x00' + at_the_cut(len(NOT_JSON) + 2).encode() + b'\xfe' * ((1 << 20) - 1000)),
+            NOT_JSON + '\ufffd\x00' + 'y' * 261 + '********',
+        ),
+        # 5 characters before the cut, fewer than a run that mask finds: only masking before the cut hides them.
+        (KEY, events(b'data: ' + at_the_cut(len(NOT_JSON), 5).encode()), NOT_JSON + 'y' * 268 + '*****... ('),
+        # The error's own quote cuts the message at 300 characters: masked before that cut too.
+        (KEY, error_answer(401, at_the_cut(len('answered 401: '))), 'answered 401: ' + 'y' * 276 + '********'),
+        # A key with " and \: the error event quoted as JSON again holds it escaped, which Ansible does not mask.
+        (
+            ODD_KEY,
+            events(b'data: ' + json.dumps({'error': {'message': 'bad key ' + ODD_KEY}}).encode()),
+            'the server reported an error: {"message": "bad key ********"}',
+        ),
+        # Percent-encoded, as a proxy quotes a URL that carried it.
+        (
+            ODD_KEY,
+            error_answer(403, 'refused https://llm.example/?key=%s' % quote(ODD_KEY, safe='')),
+            'answered 403: refused https://llm.example/?key=********',
+        ),
+    ],
+    ids=[
+        'key-cut-in-an-event-not-json',
+        'key-cut-in-an-error-event',
+        'key-cut-in-an-event-not-an-object',
+        'key-cut-in-1-MiB-not-utf8-with-nul',
+        'key-cut-5-characters-in',
+        'key-cut-by-the-error-quote',
+        'odd-key-json-escaped',
+        'odd-key-percent-encoded',
+    ],
+)
+def test_no_part_of_the_key_comes_back(tmp_path, fake_openai, verdict, key, behave, expected):
+    srv = fake_openai({CHAT_COMPLETIONS: behave})
+    run_ = run(tmp_path, dict(FAST, url=srv.url, api_key=key, concurrency=1))
+    outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=exposed(key))
+    verdict(MODULE, outcome, '%s (%.1f s)' % (str(run_.result)[:3000], run_.wall))
+
+
+@pytest.mark.parametrize(
+    'url, behave, expected',
+    [
+        # A raw / in the password: urlsplit sees no password there, so Ansible never masked it.
+        (
+            'http://probe:pw/zq7-secret@127.0.0.1:1',
+            None,
+            "url 'http://probe:********@127.0.0.1:1' has more than one @, or one after a /, ? or #",
+        ),
+        (
+            'http://probe:pw-zq7@secret@127.0.0.1:1',
+            None,
+            "url 'http://probe:********@127.0.0.1:1' has more than one @, or one after a /, ? or #",
+        ),
+        # The server asks for Basic credentials and quotes them: base64 of user:password.
+        ('{creds}', echo_basic_credentials, 'answered 401: you sent Basic ********'),
+    ],
+    ids=['password-with-a-slash', 'password-with-an-at', 'basic-credentials-echoed'],
+)
+def test_no_part_of_the_urls_password_comes_back(tmp_path, fake_openai, verdict, url, behave, expected):
+    srv = fake_openai({CHAT_COMPLETIONS: behave})
+    url = url.replace('{creds}', srv.url.replace('http://', 'http://probe:pw-zq7-secret@'))
+    run_ = run(tmp_path, dict(FAST, url=url, concurrency=1))
+    secrets = exposed('pw/zq7-secret', 'pw-zq7@secret', 'pw-zq7-secret', BASIC)
+    outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=secrets)
+    verdict(MODULE, outcome, '%s (%.1f s)' % (run_.result, run_.wall))
+
+
+TEXT = b'data: {"choices": [{"delta": {"content": "x"}}]}'
+
+
+def usage(count):
+    return events(TEXT, b'data: {"choices": [], "usage": {"completion_tokens": %s}}' % count, b'data: [DONE]')
+
+
+@pytest.mark.parametrize(
+    'behave, expected',
+    [
+        # Hundreds of digits: the throughput overflowed a float, a traceback.
+        (
+            usage(b'1' + b'0' * 400),
+            'usage.completion_tokens is 10000000000000000000... (401 digits), not a count from 0 to 128 '
+            '(the most the request allows)',
+        ),
+        # More than max_tokens: a server that lies about its output passed the gate with any throughput.
+        (usage(b'1000000'), 'usage.completion_tokens is 1000000, not a count from 0 to 128'),
+        (usage(b'-5'), 'usage.completion_tokens is -5, not a count from 0 to 128'),
+        # An event nested 100,000 deep, and one that is a list holding bytes that are not UTF-8.
+        (events(b'data: ' + b'[' * 100000), 'an event nested too deeply to be read as JSON: [[[['),
+        (events(b'data: ["\xff"]'), 'an event that is not a JSON object: data: ["\ufffd"]'),
+    ],
+    ids=['usage-400-digits', 'usage-over-max-tokens', 'usage-negative', 'event-deep', 'event-list-not-utf8'],
+)
+def test_a_server_that_miscounts_or_nests_is_a_clean_failure(tmp_path, fake_openai, verdict, behave, expected):
+    srv = fake_openai({CHAT_COMPLETIONS: behave})
+    run_ = run(tmp_path, dict(FAST, url=srv.url, api_key=KEY, concurrency=1))
+    outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=exposed(KEY))
+    verdict(MODULE, outcome, '%s (%.1f s)' % (str(run_.result)[:2000], run_.wall))
