@@ -72,3 +72,57 @@ def test_the_gpu_inventory_takes_its_key_from_the_vault_and_stops_without_it(tmp
     assert "'vault_vllm_kimi_api_key' is undefined" in output, output
     # A vault that holds an empty key is the open endpoint, refused as such.
     assert OPEN % '0.0.0.0:8443' in refusal(tmp_path, {'vault_vllm_kimi_api_key': ''}, with_gpu_vars)
+
+
+CLEAR_TOKEN = 'vllm_kimi_hf_token would travel in clear text to vllm_kimi_hf_endpoint %s: use its https:// address'
+
+
+@pytest.mark.parametrize(
+    'endpoint, token, refused',
+    [
+        pytest.param('http://hub.example:8080', 'hf_t0ken', True, id='http-to-another-host'),
+        pytest.param('HTTP://10.0.0.7', 'hf_t0ken', True, id='http-upper-case-to-a-lan-address'),
+        pytest.param('https://hub.example', 'hf_t0ken', False, id='https'),
+        pytest.param('http://127.0.0.1:8090', 'hf_t0ken', False, id='http-on-loopback'),
+        pytest.param('http://[::1]:8090', 'hf_t0ken', False, id='http-on-ipv6-loopback'),
+        pytest.param('http://hub.example:8080', '', False, id='http-without-a-token'),
+        pytest.param('', 'hf_t0ken', False, id='the-default-hub'),
+    ],
+)
+def test_a_hub_token_never_travels_in_clear_text(tmp_path, endpoint, token, refused):
+    output = refusal(
+        tmp_path,
+        {'vllm_kimi_api_key': KEY, 'vllm_kimi_hf_endpoint': endpoint, 'vllm_kimi_hf_token': token},
+    )
+    if refused:
+        assert CLEAR_TOKEN % endpoint in output, output
+        assert token not in output
+    else:
+        assert output is None, output
+
+
+LIST_REFUSAL_TASK = 'Refuse list settings given as text'
+
+
+def list_refusal(tmp_path, extra_vars):
+    with open(os.path.join(ROLE, 'tasks', 'preflight.yml')) as handle:
+        task = [task for task in yaml.safe_load(handle) if task.get('name') == LIST_REFUSAL_TASK]
+    rc, output = run_local_play(tmp_path, LOAD_VARS + task, extra_vars)
+    return None if rc == 0 else output
+
+
+def test_the_list_settings_are_the_argument_specs_lists():
+    with open(os.path.join(ROLE, 'meta', 'argument_specs.yml')) as handle:
+        options = yaml.safe_load(handle)['argument_specs']['main']['options']
+    with open(os.path.join(ROLE, 'vars', 'main.yml')) as handle:
+        listed = yaml.safe_load(handle)['_vllm_kimi_list_settings']
+    assert listed == sorted(name for name, option in options.items() if option.get('type') == 'list')
+
+
+def test_a_list_setting_given_as_text_is_refused_by_name(tmp_path):
+    # What `-e vllm_kimi_extra_args=--enforce-eager` gives: a text, which the argument spec's check lets through.
+    output = list_refusal(tmp_path, {'vllm_kimi_extra_args': '--enforce-eager'})
+    assert 'vllm_kimi_extra_args must be a list, not a text' in output, output
+    both = list_refusal(tmp_path, {'vllm_kimi_extra_args': '--enforce-eager', 'vllm_kimi_entrypoint': 'bin/vllm'})
+    assert 'vllm_kimi_entrypoint, vllm_kimi_extra_args must be lists, not a text' in both, both
+    assert list_refusal(tmp_path, {'vllm_kimi_extra_args': ['--enforce-eager']}) is None
