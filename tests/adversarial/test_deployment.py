@@ -526,7 +526,8 @@ def counted_once(host):
 IMMUTABLE_CASES = [
     ('environment file immutable: the unit stays', lambda host: [host.env], 'restored',
      'cannot write {env}: Operation not permitted; nothing was changed'),
-    ('rollback count immutable: unit and environment stay', counted_once, 'restored', 'cannot write {d}/rollbacks.json: Operation not permitted; nothing was changed'),
+    ('rollback count immutable: unit and environment stay', counted_once, 'restored',
+     'cannot write {d}/rollbacks.json: Operation not permitted; nothing was changed'),
     ('unit directory immutable', lambda host: [host.unit.parent], 'restored',
      'cannot write {unit}: Operation not permitted; nothing was changed'),
     ('deployments directory immutable', lambda host: [host.d], 'recorded',
