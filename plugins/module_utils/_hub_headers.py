@@ -11,6 +11,8 @@ As ``huggingface_hub.get_safetensors_metadata`` does: for each shard ``GET
 length N, then ``Range: bytes=8-{8+N-1}`` the header itself, so every tensor is sized exactly
 while only a few kilobytes to a few megabytes per shard cross the network. The Hub redirects
 LFS files to its storage; the redirect is followed with the Range, the token stays behind.
+Messages name the URL without the endpoint's password; the token and the password are masked in
+what the Hub or the network error says before it is shortened.
 """
 
 import struct
@@ -23,8 +25,18 @@ from ansible.module_utils import urls
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import READ_CHUNK, mask, read_limited
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+    MAX_QUOTE,
+    READ_CHUNK,
+    credentials_problem,
+    mask,
+    quote_masked,
+    read_limited,
+    url_secrets,
+    without_credentials,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+    HUB_SAYS_CHARS,
     _status_problem,
     endpoint_problem,
     name_problem,
@@ -35,7 +47,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import 
 
 
 class HeaderFetchError(Exception):
-    """A shard's header cannot be had or read; the message names its URL and why."""
+    """A shard's header cannot be had or read; the message names its URL (without the endpoint's password) and why."""
 
 
 def resolve_url(endpoint: str, repo_id: str, revision: str, name: str) -> str:
@@ -53,16 +65,26 @@ def _file_bytes(response: Any) -> Optional[int]:
 
 
 class _Fetch:
-    """The ranged GETs of one file."""
+    """The ranged GETs of one file; endpoint_secrets are the credentials in its URL (url_secrets)."""
 
     def __init__(
-        self, opener: Callable[..., Any], url: str, repo_id: str, revision: str, token: Optional[str], timeout: float
+        self,
+        opener: Callable[..., Any],
+        url: str,
+        repo_id: str,
+        revision: str,
+        token: Optional[str],
+        endpoint_secrets: tuple[str, ...],
+        timeout: float,
     ) -> None:
         self.opener = opener
         self.url = url
+        self.shown = without_credentials(url)
         self.repo_id = repo_id
         self.revision = revision
         self.token = token
+        self.endpoint_secrets = endpoint_secrets
+        self.secrets = (token,) + endpoint_secrets
         self.timeout = timeout
 
     def get(self, first: int, last: int) -> Any:
@@ -93,16 +115,19 @@ class _Fetch:
 
     def status_problem(self, status: int, headers: Any, body: bytes) -> str:
         if status in (401, 403):
-            return _status_problem(status, headers, body, self.url, self.repo_id, self.revision, self.token)
-        hub_says = mask((headers.get('X-Error-Message') if headers is not None else None) or '', self.token)
-        detail = ' (the Hub says: %s)' % hub_says[:300] if hub_says else ''
+            return _status_problem(
+                status, headers, body, self.shown, self.repo_id, self.revision, self.token, self.endpoint_secrets
+            )
+        hub_says = (headers.get('X-Error-Message') if headers is not None else None) or ''
+        detail = ' (the Hub says: %s)' % quote_masked(hub_says, HUB_SAYS_CHARS, *self.secrets) if hub_says else ''
         if status == 404:
             cause = 'no such file in %s at revision %s' % (self.repo_id, self.revision)
         elif status == 416:
             cause = 'the file is shorter than the 8-byte header length'
         else:
             cause = 'the Hub did not give the bytes asked for'
-        return '%s answered HTTP %d: %s%s' % (self.url, status, cause, detail)
+        # Masked again whole: the URL and the Hub's words side by side could spell what neither does alone.
+        return mask('%s answered HTTP %d: %s%s' % (self.shown, status, cause, detail), *self.secrets)
 
     def read(self, response: Any, count: int) -> bytes:
         """At most ``count`` bytes of the body: fewer only when the file ends first.
@@ -119,7 +144,7 @@ class _Fetch:
         if length.isdigit() and len(body) < min(count, int(length)):
             raise HeaderFetchError(
                 'cannot fetch %s: the answer ended after %d of its %s bytes (the connection was cut)'
-                % (self.url, len(body), length)
+                % (self.shown, len(body), length)
             )
         return bytes(body)
 
@@ -143,18 +168,18 @@ class _Fetch:
             head = self.read(response, 8)
             if len(head) < 8:
                 raise HeaderFetchError(
-                    '%s is truncated: %d bytes, shorter than the 8-byte header length' % (self.url, len(head))
+                    '%s is truncated: %d bytes, shorter than the 8-byte header length' % (self.shown, len(head))
                 )
             (n,) = struct.unpack('<Q', head)
             if n > MAX_HEADER_BYTES:
                 raise HeaderFetchError(
                     '%s has a header length of %d bytes, above the 100 MB safetensors limit: '
-                    'not a safetensors file or corrupt' % (self.url, n)
+                    'not a safetensors file or corrupt' % (self.shown, n)
                 )
             if file_bytes is not None and 8 + n > file_bytes:
                 raise HeaderFetchError(
                     '%s is truncated: its header length %d reaches beyond the end of the file (%d bytes)'
-                    % (self.url, n, file_bytes)
+                    % (self.shown, n, file_bytes)
                 )
             if whole:
                 # The range was not honoured: the header follows in the same answer, read no further.
@@ -166,13 +191,14 @@ class _Fetch:
         if len(raw) < n:
             raise HeaderFetchError(
                 '%s is truncated: its header length is %d, the answer ended after %d header bytes'
-                % (self.url, n, len(raw))
+                % (self.shown, n, len(raw))
             )
         available = None if file_bytes is None else file_bytes - 8 - n
         try:
-            return parse_header(raw, self.url, available)
+            return parse_header(raw, self.shown, available)
         except CheckpointError as exc:
-            raise HeaderFetchError(str(exc)) from None
+            # The message quotes the header's tensor names: the Hub's words, which may echo a secret.
+            raise HeaderFetchError(mask(str(exc), *self.secrets)) from None
 
 
 def fetch_headers(
@@ -186,24 +212,34 @@ def fetch_headers(
 ) -> dict[str, dict[str, int]]:
     """{file: {tensor: bytes}} of each safetensors file of a revision, from its header alone.
 
-    Two ranged GETs per file, each file within ``timeout`` seconds. Raises HeaderFetchError.
+    Two ranged GETs per file, each file within ``timeout`` seconds. Raises HeaderFetchError, whose message shows
+    neither the token nor the endpoint's password.
     """
-    for problem in (endpoint_problem(endpoint), repo_id_problem(repo_id), revision_problem(revision, True)):
+    for problem in (
+        credentials_problem(endpoint, 'endpoint'),
+        endpoint_problem(endpoint),
+        repo_id_problem(repo_id),
+        revision_problem(revision, True),
+    ):
         if problem:
             raise HeaderFetchError(problem)
+    endpoint_secrets = url_secrets(endpoint)
     opener = open_url or urls.open_url
     found = {}
     for name in files:
         problem = name_problem(name)
         if problem:
-            raise HeaderFetchError('file name %r %s' % (name, problem))
-        url = resolve_url(endpoint, repo_id, revision, name)
+            # The names come from the Hub (its list of files, the weights index), which may echo a secret.
+            raise HeaderFetchError(mask('file name %r %s' % (name, problem), token, *endpoint_secrets))
+        fetch = _Fetch(
+            opener, resolve_url(endpoint, repo_id, revision, name), repo_id, revision, token, endpoint_secrets, timeout
+        )
         try:
             with deadline(timeout):
-                found[name] = _Fetch(opener, url, repo_id, revision, token, timeout).tensors()
+                found[name] = fetch.tensors()
         except DeadlinePassed:
-            raise HeaderFetchError('%s gave no complete header within %d s' % (url, timeout)) from None
+            raise HeaderFetchError('%s gave no complete header within %d s' % (fetch.shown, timeout)) from None
         except (URLError, HTTPException, OSError, ValueError) as exc:
-            reason = getattr(exc, 'reason', None) or exc
-            raise HeaderFetchError('cannot fetch %s: %s' % (url, mask(str(reason), token))) from exc
+            reason = quote_masked(str(getattr(exc, 'reason', None) or exc), MAX_QUOTE, *fetch.secrets)
+            raise HeaderFetchError('cannot fetch %s: %s' % (fetch.shown, reason)) from exc
     return found

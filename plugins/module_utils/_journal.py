@@ -8,7 +8,8 @@ explain why a start failed, those that tell how far it has come (chat_check, pro
 PRIVATE to the collection: this is not a public API and may change at any time.
 Only the modules of llmserve.vllm may import it.
 
-Pure: the journal's text comes in, lines come out; _systemd reads the journal.
+Pure: the journal's text comes in, lines come out; _systemd reads the journal. A line picked to be quoted is cut
+to MAX_QUOTED_LINE_CHARS, marked with how many characters it had beyond them.
 """
 
 import re
@@ -16,6 +17,7 @@ from typing import Any
 
 from ansible.module_utils.common.text.converters import to_text
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
 from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import LINE_PATTERNS as FIGURE_PATTERNS
 
 # How many explaining lines a failure quotes (chat_check's journal_lines).
@@ -24,6 +26,9 @@ DEFAULT_JOURNAL_LINES = 20
 JOURNAL_SCAN_LINES = 2000
 # Progress lists are capped so a long load cannot flood the result.
 MAX_PROGRESS_LINES = 50
+# vLLM's lines are a few hundred characters, a journal line can be 40,000 or more: each line quoted is cut to this
+# many, as the progress module cuts the line it quotes.
+MAX_QUOTED_LINE_CHARS = 1024
 
 # Lines of a unit's journal that explain why vLLM did not come up.
 _EXPLAIN_PATTERNS = [
@@ -86,7 +91,7 @@ def strip_log_prefix(line: str) -> str:
 
 
 def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> list[str]:
-    """Pick the journal lines that explain a failure: the last `limit`, each once.
+    """Pick the journal lines that explain a failure: the last `limit`, each once, each cut to MAX_QUOTED_LINE_CHARS.
 
     vLLM logs a failure twice (the engine process, then the API server), with
     and without its log prefix; lines are compared and quoted without it.
@@ -100,11 +105,12 @@ def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> li
             picked.append(line)
     if limit <= 0:
         return []
-    return picked[-limit:]
+    return [quote(line, MAX_QUOTED_LINE_CHARS) for line in picked[-limit:]]
 
 
 def progress_lines(lines: list[str], limit: int = MAX_PROGRESS_LINES) -> list[str]:
-    """Pick the loading-progress lines; consecutive updates of one progress bar keep only the latest."""
+    """Pick the loading-progress lines, each cut to MAX_QUOTED_LINE_CHARS; consecutive updates of one progress bar
+    keep only the latest."""
     picked: list[str] = []
     for line in lines:
         if not any(p.search(line) for p in _PROGRESS_PATTERNS):
@@ -114,4 +120,4 @@ def progress_lines(lines: list[str], limit: int = MAX_PROGRESS_LINES) -> list[st
             picked[-1] = line
         else:
             picked.append(line)
-    return picked[-limit:]
+    return [quote(line, MAX_QUOTED_LINE_CHARS) for line in picked[-limit:]]

@@ -469,6 +469,7 @@ progress:
     - Loading-progress lines from the unit's journal for its current run (safetensors shards, model
       loading, KV cache size, maximum concurrency, startup complete). Consecutive shard-progress lines
       are folded into the latest one. Empty without O(unit).
+    - A line of more than 1024 characters keeps its first 1024, followed by C(... (N more characters)).
   returned: always
   type: list
   elements: str
@@ -505,6 +506,8 @@ journal:
   description:
     - The journal lines of O(unit) that the failure message quotes, the explaining lines; for a start that made no
       progress for O(stall_timeout), the unit's last lines.
+    - A line of more than 1024 characters keeps its first 1024 (a last line of a stalled start, its first 300),
+      followed by C(... (N more characters)).
   returned: failure, when O(unit) is set
   type: list
   elements: str

@@ -655,6 +655,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import 
     process_name,
     shm_size,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._http import url_secrets
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_checkpoint import plan_inputs
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_files import HubFileError
 from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import HeaderFetchError
@@ -893,6 +894,8 @@ def main():
         supports_check_mode=True,
     )
     p = dict(module.params)
+    # Ansible hides a no_log option only whole: the Hub endpoint's password, wherever an error or the invocation shows it.
+    module.no_log_values.update(url_secrets(str((p['hub'] or {}).get('endpoint') or '')))
     error = check_params(p) or model_path_error(p['model_path'], p['hub'])
     if error:
         module.fail_json(msg=error)

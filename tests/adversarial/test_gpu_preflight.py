@@ -8,15 +8,18 @@ or value and the cause, or in a success whose figures are right. nvidia-smi is a
 first on PATH; GPUs are otherwise planned with the gpus option (an RTX PRO 6000).
 """
 
+import base64
 import collections
 import json
 import os
 import stat
 import struct
+from urllib.parse import quote
 
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
+from ansible_collections.llmserve.vllm.tests.fake_openai import reply
 from ansible_collections.llmserve.vllm.tests.support import fake_dev, fixture_path, named_listener
 
 # What the argument spec says of a NUL in a path option (the nul_free_path type).
@@ -656,3 +659,106 @@ def test_port_held_by_a_process_named_in_bytes_that_are_not_utf8(tmp_path, verdi
     run = harness.run_module(MODULE, tmp_path, dict(args, port=port), timeout=20)
     expected = 'port %d is already in use by PID %d (py\ufffd\ufffd).' % (port, pid)
     verdict(MODULE, harness.judge(run, expect_success=False, check=lambda r: r['msg'] == expected), run.result)
+
+
+# --- the Hub's answers: neither the token nor the endpoint's password comes back ----------------
+
+COMMIT = '0123456789abcdef0123456789abcdef01234567'
+# A token with the characters JSON escapes and a URL percent-encodes: Ansible masks its no_log value only as it is.
+HUB_TOKEN = 'hf_zq7"adv\\token'
+PASSWORD = 'pw-zq7-secret'
+BASIC = base64.b64encode(('hub:%s' % PASSWORD).encode()).decode()
+# Every secret of these cases holds it: however a message spells or cuts one, this shows.
+SECRET_CORE = 'zq7'
+CONFIG_PATH = '/org/model/resolve/%s/config.json' % COMMIT
+SHARD_PATH = '/org/model/resolve/%s/model.safetensors' % COMMIT
+# The revision's files: the one shard, sized from its header before the download.
+ONE_SHARD = {
+    '/api/models/org/model/revision/%s?blobs=true' % COMMIT: reply(
+        200, json.dumps({'sha': COMMIT, 'siblings': [{'rfilename': 'model.safetensors'}]})
+    )
+}
+
+
+def challenge_and_echo(handler, stop):
+    """Ask for Basic credentials and quote what came as the Hub's error: urllib answers with the endpoint's
+    user:password."""
+    handler.send_response(401)
+    handler.send_header('WWW-Authenticate', 'Basic realm="hub"')
+    handler.send_header('X-Error-Message', 'you sent %s' % (handler.headers.get('Authorization') or 'nothing'))
+    handler.send_header('Content-Length', '0')
+    handler.end_headers()
+
+
+def without(*names):
+    """files(m): the model directory lacks names, so the preflight reads them from the Hub."""
+    return lambda m: [os.unlink(os.path.join(m, name)) for name in names]
+
+
+# (routes of the Hub, model directory changes, hub option changes, the exact failure message: {shown} is the
+# endpoint without its password, {hostport} the Hub's address)
+HUB_SECRET_CASES = {
+    # Every message of the Hub's files and headers named the URL with the endpoint's password.
+    'endpoint-password-in-a-config-error': (
+        {CONFIG_PATH: reply(200, b'<html><body>Welcome to nginx!</body></html>')},
+        without('config.json'),
+        {},
+        '{shown}' + CONFIG_PATH + ' is not valid JSON: Expecting value: line 1 column 1 (char 0)',
+    ),
+    'basic-credentials-echoed-by-the-hub': (
+        {CONFIG_PATH: challenge_and_echo},
+        without('config.json'),
+        {'token': None},
+        '{shown}' + CONFIG_PATH + ' answered HTTP 401: the repository is private or gated: set hub.token to a token '
+        'that has access to org/model (the Hub says: you sent Basic ********)',
+    ),
+    'endpoint-password-in-a-header-error': (
+        dict(ONE_SHARD, **{SHARD_PATH: reply(200, struct.pack('<Q', 2**40))}),
+        without('model.safetensors'),
+        {},
+        '{shown}' + SHARD_PATH + ' has a header length of 1099511627776 bytes, above the 100 MB safetensors limit: '
+        'not a safetensors file or corrupt',
+    ),
+    # The header's tensor names were quoted unmasked: a percent-encoded token is out of no_log's reach.
+    'token-percent-encoded-in-a-tensor-name': (
+        dict(
+            ONE_SHARD,
+            **{
+                SHARD_PATH: reply(
+                    200,
+                    safetensors_bytes(
+                        {'w-' + quote(HUB_TOKEN, safe=''): {'dtype': 'XX', 'shape': [1], 'data_offsets': [0, 2]}}, 2
+                    ),
+                )
+            },
+        ),
+        without('model.safetensors'),
+        {},
+        '{shown}' + SHARD_PATH + ' has an invalid header entry for tensor w-********: dtype "XX" is not a '
+        'safetensors dtype',
+    ),
+    # A raw / in the password: urllib took what precedes it for the host, and the error quoted the rest.
+    'endpoint-password-with-a-slash': (
+        {},
+        without('config.json'),
+        {'endpoint': 'http://hub:pw/zq7-secret@{hostport}'},
+        "hub: endpoint 'http://hub:********@{hostport}' has more than one @, or one after a /, ? or #: "
+        'percent-encode an @, /, ? or # in its user name or password (%40, %2F, %3F, %23)',
+    ),
+}
+
+
+@pytest.mark.parametrize('routes, files, hub, expected', list(HUB_SECRET_CASES.values()), ids=list(HUB_SECRET_CASES))
+def test_no_secret_of_the_hub_comes_back(tmp_path, verdict, fake_openai, routes, files, hub, expected):
+    server = fake_openai(routes)
+    hostport = server.url[len('http://') :]
+    args = build(tmp_path, case(None, files=files))[0]
+    option = {'repo_id': 'org/model', 'revision': COMMIT, 'endpoint': 'http://hub:%s@{hostport}' % PASSWORD}
+    option.update({'token': HUB_TOKEN, 'timeout': 5}, **hub)
+    option['endpoint'] = option['endpoint'].replace('{hostport}', hostport)
+    run = harness.run_module(MODULE, tmp_path, dict(args, hub=option), timeout=20)
+    expected = expected.replace('{shown}', 'http://hub:********@' + hostport).replace('{hostport}', hostport)
+    outcome = harness.judge(
+        run, expect_success=False, check=lambda r: r['msg'] == expected, secrets=(SECRET_CORE, BASIC)
+    )
+    verdict(MODULE, outcome, '%s\n%s' % (run.result, run.stderr.decode('utf-8', 'replace')[-2000:]))
