@@ -158,9 +158,10 @@ def test_long_journal_lines_are_cut_in_a_failure(tmp_path, verdict):
     quoted = cut(LONG_EXPLAINING)
 
     def check(result):
-        msg, _, journal = result['msg'].partition('. From its journal:\n  ')
+        msg, separator, journal = result['msg'].partition('. From its journal:\n  ')
         return (
-            FAILED_MSG.match(msg) is not None
+            separator
+            and FAILED_MSG.match(msg) is not None
             and journal == quoted
             and result['journal'] == [quoted]
             and result['progress'] == [cut(LONG_PROGRESS)] + VLLM_PROGRESS
