@@ -37,7 +37,7 @@ ENGINE_FAILED = (
 )
 PROGRESS = [
     'Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:02<00:00,  1.00s/it]',
-    'Loading weights took 2.00 seconds',
+    'Loading weights took 6.00 seconds',
     'CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,024 tokens per request: 4.00x',
     'INFO:     Application startup complete.',
 ]
@@ -118,7 +118,7 @@ def test_a_healthy_unit_passes_with_its_loading_progress(inventory, tmp_path):
         'active',
         PROGRESS,
     ), result
-    # The stand-in loads for 2 s before it listens.
+    # The stand-in loads for 6 s before it listens: long enough that a loaded machine still polls it while it loads.
     assert 1.0 <= result['healthy_after'] <= result['elapsed'] < 60, result
 
 
@@ -162,7 +162,7 @@ def test_a_unit_that_fails_fails_the_wait_at_once_with_the_reason(inventory, tmp
     # Progress of the run that failed: its loading got this far.
     assert result['progress'] == PROGRESS[:2]
     assert result['restarts'] == 0
-    # At once: the stand-in dies after a 2 s load; the timeout is 300 s.
+    # At once: the stand-in dies after a 6 s load; the timeout is 300 s.
     assert result['elapsed'] < 30
 
 
@@ -172,7 +172,8 @@ def test_a_restart_loop_fails_the_wait_at_once(inventory, tmp_path):
         tmp_path,
         chatcheck_mode='refuse',
         chatcheck_restart='on-failure',
-        chatcheck_restart_sec=1,
+        # Each restart 3 s apart: a loaded machine's wait still sees the second before a third comes.
+        chatcheck_restart_sec=3,
         chatcheck_load_seconds=1,
         chatcheck_timeout=300,
     )
