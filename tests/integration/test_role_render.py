@@ -125,11 +125,17 @@ def test_cpu_unit_waits_for_no_nvidia_device(tmp_path):
     assert 'DeviceAllow' not in service
 
 
+# The gpu inventory's render, made once for the tests that only read it: each render is an ansible-playbook run of
+# some seconds, and ten tests read the same one.
+@pytest.fixture(scope='module')
+def gpu_render(tmp_path_factory):
+    out = tmp_path_factory.mktemp('gpu-render')
+    return out, render(out, GPU_VARS, vllm_kimi_api_key='sk-$ecret%key')
+
+
 @pytest.fixture
-def gpu_unit(tmp_path):
-    return render(
-        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_api_key='sk-$ecret%key'
-    )
+def gpu_unit(gpu_render):
+    return gpu_render[1]
 
 
 def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
@@ -186,25 +192,19 @@ DRAIN = ['--shutdown-timeout', '120']
     ids=['tensor-parallel', 'text-only', 'no-encoder'],
 )
 def test_multimodal_mode_picks_the_encoders_flags(tmp_path, mode, flags):
-    argv = exec_start(
-        render(tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_multimodal=mode)[
-            0
-        ]
-    )
+    argv = exec_start(render(tmp_path, GPU_VARS, vllm_kimi_multimodal=mode)[0])
     assert argv[argv.index('--trust-remote-code') + 1 :] == flags
 
 
 def test_no_tool_parser_no_auto_tool_choice(tmp_path):
-    unit = render(
-        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_tool_call_parser=''
-    )[0]
+    unit = render(tmp_path, GPU_VARS, vllm_kimi_tool_call_parser='')[0]
     argv = exec_start(unit)
     assert '--enable-auto-tool-choice' not in argv and '--tool-call-parser' not in argv
     assert argv[argv.index('--reasoning-parser') + 1] == 'kimi_k2'
 
 
 def test_each_venv_spec_has_a_release_of_its_own(tmp_path):
-    group_vars = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
+    group_vars = GPU_VARS
     programs = {}
     for spec in ('vllm==0.33.0', 'vllm==0.33.1', 'vllm==0.33.0'):
         out = tmp_path / str(len(programs)) / spec
@@ -217,7 +217,7 @@ def test_each_venv_spec_has_a_release_of_its_own(tmp_path):
 def test_an_absolute_entrypoint_is_kept_as_given(tmp_path):
     unit = render(
         tmp_path,
-        os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+        GPU_VARS,
         vllm_kimi_entrypoint=['/usr/local/bin/vllm', 'serve'],
     )[0]
     assert exec_start(unit)[:2] == ['/usr/local/bin/vllm', 'serve']
@@ -250,9 +250,7 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
 
 
 def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
-    unit = render(
-        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_private_shm=False
-    )[0]
+    unit = render(tmp_path, GPU_VARS, vllm_kimi_private_shm=False)[0]
     lines = unit.splitlines()
     assert [line for line in lines if line.startswith('ExecStartPre=')] == [
         'ExecStartPre=+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60',
@@ -274,9 +272,7 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
 
 def test_extra_arguments_reach_vllm_unchanged(tmp_path):
     tricky = ['--override-generation-config', '{"temperature": 0.6}', '--chat-template', '/etc/tpl/$HOME%d.jinja']
-    unit = render(
-        tmp_path, os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'), vllm_kimi_extra_args=tricky
-    )[0]
+    unit = render(tmp_path, GPU_VARS, vllm_kimi_extra_args=tricky)[0]
     line = [line for line in unit.splitlines() if line.startswith('ExecStart=')][0]
     assert '"/etc/tpl/$$HOME%%d.jinja"' in line
     assert '"{\\"temperature\\": 0.6}"' in line
@@ -370,14 +366,15 @@ def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
         assert 'NCCL_SOCKET_IFNAME="ens5f1"' in environment
 
 
-def test_the_front_door_answers_503_while_vllm_drains(gpu_unit, tmp_path):
+def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
     """The unit's stop makes the marker the front door tests before any path: from the stop until vLLM's last
     process is gone, clients get 503 with Retry-After, not vLLM's 500 for a request its draining engine refuses."""
-    service = unit_settings(gpu_unit[0], 'Service')
+    out, (unit, _environment) = gpu_render
+    service = unit_settings(unit, 'Service')
     marker = service['ExecStop'][0].split()[-1]
     assert service['ExecStop'] == ['+-/usr/bin/touch ' + marker]
     assert service['ExecStopPost'] == ['+/bin/rm -f ' + marker]
-    front = (tmp_path / 'front.nginx.conf').read_text()
+    front = (out / 'front.nginx.conf').read_text()
     assert 'if (-f %s) {\n            return 503;' % marker in front
     assert 'error_page 502 503 = @vllm_down;' in front
     assert 'add_header Retry-After 30 always;' in front
@@ -436,7 +433,7 @@ def test_a_single_node_keeps_its_ranks_on_loopback(gpu_unit):
 def test_service_settings_land_in_the_service_section(tmp_path):
     unit = render(
         tmp_path,
-        os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml'),
+        GPU_VARS,
         vllm_kimi_service_settings={'CPUAffinity': '0-47', 'MemoryMax': '900G'},
     )[0]
     service = unit.split('[Service]', 1)[1].split('[Install]', 1)[0]
