@@ -59,12 +59,13 @@ def free_port():
 
 @pytest.fixture
 def fake_openai():
-    """fake_openai(routes, port=0, tls=None) -> a FakeOpenAI server (tests/fake_openai.py) for this test, closed when
-    it ends; over HTTPS with a LocalCA's server certificate when tls is one."""
+    """fake_openai(routes, port=0, tls=None, unix_socket=None) -> a FakeOpenAI server (tests/fake_openai.py) for this
+    test, closed when it ends; over HTTPS with a LocalCA's server certificate when tls is one; on the Unix socket at
+    the path unix_socket when given."""
     started = []
 
-    def start(routes, port=0, tls=None):
-        started.append(FakeOpenAI(routes, port, tls))
+    def start(routes, port=0, tls=None, unix_socket=None):
+        started.append(FakeOpenAI(routes, port, tls, unix_socket))
         return started[-1]
 
     yield start

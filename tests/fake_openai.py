@@ -13,6 +13,7 @@ It emulates the protocol only; the sandbox tests run the modules against a real 
 """
 
 import json
+import socketserver
 import ssl
 import threading
 import time
@@ -125,15 +126,29 @@ class _Server(ThreadingHTTPServer):
             request.close()
 
 
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The same server on a Unix socket, as vLLM's --uds serves."""
+
+    daemon_threads = True
+
+
 class FakeOpenAI:
     """The server of one case, listening on port (0: any free one) from construction to close(); url is its
-    base URL. With tls (a tests/support.py LocalCA) it serves HTTPS with the CA's certificate for 127.0.0.1."""
+    base URL. With tls (a tests/support.py LocalCA) it serves HTTPS with the CA's certificate for 127.0.0.1.
+    With unix_socket (a path) it listens there instead, and url is http://localhost."""
 
-    def __init__(self, routes, port=0, tls=None):
+    def __init__(self, routes, port=0, tls=None, unix_socket=None):
         self.routes = dict(routes)
         self.requests = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        if unix_socket is not None:
+            self.httpd = _UnixServer(unix_socket, _Handler)
+            self.httpd.fake = self
+            self.url = 'http://localhost'
+            self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True)
+            self.thread.start()
+            return
         self.httpd = _Server(('127.0.0.1', port), _Handler)
         self.httpd.fake = self
         scheme = 'http'

@@ -4,7 +4,7 @@
 
 
 class ModuleDocFragment:
-    # How a module that asks a vLLM endpoint (or its front door) reaches it: TLS and proxy.
+    # How a module that asks a vLLM endpoint (or its front door) reaches it: TLS, proxy and Unix socket.
     DOCUMENTATION = r"""
 options:
   validate_certs:
@@ -30,4 +30,13 @@ options:
         would read the API key on the way.
     type: bool
     default: true
+  unix_socket:
+    description:
+      - The path of the Unix socket the server listens on (vLLM's C(--uds)), to connect there instead of to the host
+        and port of O(url).
+      - O(url) then names only the scheme, the C(Host) header and the path prefix, for example C(http://localhost).
+        No proxy is used.
+      - A socket that does not exist yet, or that refuses the connection, is a server that does not answer yet, as a
+        closed port is.
+    type: path
 """

@@ -64,6 +64,7 @@ _SERVE_SETTINGS = frozenset(
         'served_model_name',
         'host',
         'port',
+        'uds',
         'tensor_parallel_size',
         'pipeline_parallel_size',
         'max_model_len',
@@ -195,8 +196,12 @@ def vllm_serve_argv(settings):
         raise _refusal('multimodal', 'one of %s, or empty' % ', '.join(sorted(_MULTIMODAL_FLAGS)), s['multimodal'])
     # `vllm serve MODEL`: vLLM deprecates --model beside serve.
     argv = _words(s, 'entrypoint', required=True) + [_text(s, 'model')]
-    argv += ['--served-model-name', _text(s, 'served_model_name'), '--host', _text(s, 'host')]
-    argv += ['--port', to_text(_whole_number(s, 'port'))]
+    argv += ['--served-model-name', _text(s, 'served_model_name')]
+    host, port, uds = _text(s, 'host'), to_text(_whole_number(s, 'port')), _text(s, 'uds', optional=True)
+    if uds and not uds.startswith('/'):
+        raise _refusal('uds', 'an absolute path, or empty', s['uds'])
+    # vLLM binds the Unix socket and ignores --host and --port where --uds is given.
+    argv += ['--uds', uds] if uds else ['--host', host, '--port', port]
     argv += ['--tensor-parallel-size', to_text(_whole_number(s, 'tensor_parallel_size'))]
     argv += ['--pipeline-parallel-size', to_text(_whole_number(s, 'pipeline_parallel_size'))]
     argv += ['--max-model-len', to_text(_whole_number(s, 'max_model_len'))]

@@ -238,6 +238,7 @@ def open_endpoint(
     use_proxy: bool,
     context: Any = None,
     ca_path: Optional[str] = None,
+    unix_socket: Optional[str] = None,
 ) -> Any:
     """open_url as every request to vLLM goes: safe redirects only, and no unpacking of a body nobody asked
     to be compressed (a gzip body would escape the byte limits, and a broken one raise zlib.error).
@@ -245,7 +246,9 @@ def open_endpoint(
     context: an endpoint_context(validate_certs, ca_path) to reuse, or None to build one for this request.
     ca_path: as endpoint_context's, for the context built here; a given context already holds its CA.
     use_proxy: whether the environment's proxy carries the request; never for a loopback URL, which a proxy would
-    resolve on its own host (and which would read the request's key on the way).
+    resolve on its own host (and which would read the request's key on the way), nor through a Unix socket.
+    unix_socket: the path of the Unix socket the server listens on (vLLM's --uds), or None for the URL's host and
+    port; the URL then names only the scheme, the Host header and the path.
     """
     return Request().open(
         method,
@@ -254,11 +257,12 @@ def open_endpoint(
         headers=headers,
         timeout=timeout,
         validate_certs=validate_certs,
-        use_proxy=use_proxy and not is_loopback_url(url),
+        use_proxy=use_proxy and not is_loopback_url(url) and not unix_socket,
         follow_redirects='safe',
         decompress=False,
         context=context,
         ca_path=_cafile(validate_certs, ca_path),
+        unix_socket=unix_socket,
     )
 
 
@@ -473,11 +477,13 @@ def make_transport(
     validate_certs: bool = True,
     use_proxy: bool = True,
     ca_path: Optional[str] = None,
+    unix_socket: Optional[str] = None,
 ) -> Http:
     """Return http(method, path, payload, timeout, limit) -> (status, text) through open_url.
 
     ca_path: a PEM file of the CA certificates that an https server's certificate must chain to, instead of
     the host's; ignored when validate_certs is false.
+    unix_socket: as open_endpoint's.
 
     Any HTTP status comes back as a value. The whole exchange, the body included, ends
     within timeout seconds, or raises Unreachable as a missing answer does; a body of more
@@ -504,7 +510,15 @@ def make_transport(
             with deadline(timeout):
                 try:
                     response = open_endpoint(
-                        base_url + path, data, headers, method, timeout, validate_certs, use_proxy, ca_path=ca_path
+                        base_url + path,
+                        data,
+                        headers,
+                        method,
+                        timeout,
+                        validate_certs,
+                        use_proxy,
+                        ca_path=ca_path,
+                        unix_socket=unix_socket,
                     )
                 except HTTPError as exc:
                     response = exc  # an HTTP status is an answer: read its body as well

@@ -387,6 +387,7 @@ def make_stream(
     validate_certs: bool = True,
     use_proxy: bool = True,
     ca_path: Optional[str] = None,
+    unix_socket: Optional[str] = None,
 ) -> Stream:
     """Return stream(payload, timeout): POST /v1/chat/completions and yield the answer's lines.
 
@@ -402,6 +403,7 @@ def make_stream(
 
     ca_path: a PEM file of the CA certificates that an https server's certificate must chain to, instead of
     the host's; ignored when validate_certs is false.
+    unix_socket: the path of the Unix socket the server listens on, or None for the URL's host and port.
     """
     url = base_url.rstrip('/') + '/v1/chat/completions'
     headers = {'Accept': 'text/event-stream', 'Content-Type': 'application/json'}
@@ -414,7 +416,15 @@ def make_stream(
         try:
             try:
                 response = open_endpoint(
-                    url, json.dumps(payload), headers, 'POST', timeout, validate_certs, use_proxy, context
+                    url,
+                    json.dumps(payload),
+                    headers,
+                    'POST',
+                    timeout,
+                    validate_certs,
+                    use_proxy,
+                    context,
+                    unix_socket=unix_socket,
                 )
             except HTTPError as exc:
                 try:

@@ -343,6 +343,7 @@ def main():
             validate_certs=dict(type='bool', default=True),
             ca_path=dict(type='path'),
             use_proxy=dict(type='bool', default=True),
+            unix_socket=dict(type='path'),
         ),
         supports_check_mode=True,
     )
@@ -362,6 +363,7 @@ def main():
             validate_certs=p['validate_certs'],
             use_proxy=p['use_proxy'],
             ca_path=p['ca_path'],
+            unix_socket=p['unix_socket'],
         ),
         model=p['model'],
         prompt=p['prompt'],

@@ -51,6 +51,11 @@ def exec_start(unit):
 
 
 NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
+# vLLM's Unix socket (vllm_kimi_listen unix, the default): its directory is the front door workers' group's.
+SOCKET_DIRECTORY = [
+    'ExecStartPre=+/bin/chgrp vllm-kimi-api /run/vllm-kimi-api',
+    'ExecStartPre=+/bin/chmod 2750 /run/vllm-kimi-api',
+]
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
 GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
 
@@ -111,7 +116,7 @@ def test_gpu_unit_waits_for_the_nvidia_devices(gpu_unit):
     head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
     assert head['After'] == ['network-online.target', 'modprobe@nvidia_uvm.service nvidia-persistenced.service']
     assert head['Wants'] == ['network-online.target', 'modprobe@nvidia_uvm.service nvidia-persistenced.service']
-    assert service['ExecStartPre'] == [NVIDIA_MODPROBE.split('=', 1)[1]]
+    assert service['ExecStartPre'] == [line.split('=', 1)[1] for line in SOCKET_DIRECTORY + [NVIDIA_MODPROBE]]
     assert service['DeviceAllow'][-2:] == ['char-nvidia m', 'char-nvidia-uvm m']
     assert service['NoNewPrivileges'] == ['yes'] and service['CapabilityBoundingSet'] == ['']
 
@@ -121,7 +126,9 @@ def test_cpu_unit_waits_for_no_nvidia_device(tmp_path):
     head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
     assert (head['After'], head['Wants']) == (['network-online.target'], ['network-online.target'])
     assert 'nvidia' not in unit
-    assert service['ExecStartPre'] == ['+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60']
+    assert service['ExecStartPre'] == ['+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60'] + [
+        line.split('=', 1)[1] for line in SOCKET_DIRECTORY
+    ]
     assert 'DeviceAllow' not in service
 
 
@@ -147,10 +154,8 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         '/shared/kimi-k2.5-nvfp4',
         '--served-model-name',
         'kimi-k2.5',
-        '--host',
-        '127.0.0.1',
-        '--port',
-        '8000',
+        '--uds',
+        '/run/vllm-kimi-api/vllm.sock',
         '--tensor-parallel-size',
         '8',
         '--pipeline-parallel-size',
@@ -245,8 +250,8 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
         'CapabilityBoundingSet=',
     ):
         assert expected in lines
-    # With a private /dev/shm there is nothing stale to clean; nvidia-modprobe is the only command before vLLM.
-    assert [line for line in lines if line.startswith('ExecStartPre=')] == [NVIDIA_MODPROBE]
+    # With a private /dev/shm there is nothing stale to clean: the socket's directory, then nvidia-modprobe.
+    assert [line for line in lines if line.startswith('ExecStartPre=')] == SOCKET_DIRECTORY + [NVIDIA_MODPROBE]
 
 
 def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
@@ -254,6 +259,7 @@ def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
     lines = unit.splitlines()
     assert [line for line in lines if line.startswith('ExecStartPre=')] == [
         'ExecStartPre=+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60',
+        *SOCKET_DIRECTORY,
         NVIDIA_MODPROBE,
     ]
     assert not [line for line in lines if line.startswith('TemporaryFileSystem=')]
@@ -388,10 +394,11 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
 # What the smoke's unit may differ in: what it runs, how it runs once, and where its runtime copy of the
 # environment and its runtime directory are (the service's own must not vanish when the smoke stops).
 # How a stop ends (KillMode, ExecStop=, ExecStopPost=) too: the service drains its requests in flight behind the
-# front door's draining marker, the smoke has none.
+# front door's draining marker, the smoke has none. And its UMask: only the service creates vLLM's Unix socket, which
+# the front door's group must be able to connect to.
 SMOKE_DIFFERS_IN = {
     'Description', 'Type', 'ExecStart', 'ExecStartPre', 'TimeoutStartSec', 'TimeoutStopSec', 'Restart', 'RestartSec',
-    'RuntimeDirectory', 'EnvironmentFile', 'KillMode', 'ExecStop', 'ExecStopPost',
+    'RuntimeDirectory', 'EnvironmentFile', 'KillMode', 'ExecStop', 'ExecStopPost', 'UMask',
 }  # fmt: skip
 
 
@@ -548,7 +555,7 @@ def test_code_and_caches_stay_out_of_what_the_service_user_keeps(gpu_unit):
     assert env['PYTHONDONTWRITEBYTECODE'] == '1' and env['VLLM_NO_USAGE_STATS'] == '1'
     # The model's remote code is copied afresh at each start: the runtime directory goes with each stop.
     assert env['HF_MODULES_CACHE'] == '/run/vllm-kimi/hf_modules'
-    assert unit_settings(unit, 'Service')['RuntimeDirectory'] == ['vllm-kimi']
+    assert unit_settings(unit, 'Service')['RuntimeDirectory'] == ['vllm-kimi vllm-kimi-api']
     release = re.search(r'/opt/vllm-kimi/([0-9a-f]{12})/bin/', unit).group(1)
     assert env['VLLM_CACHE_ROOT'] == '/var/lib/vllm-kimi/cache/vllm/' + release
 
@@ -589,3 +596,47 @@ def test_kimis_media_limit_binds_its_vision_chunks(tmp_path, gpu_unit):
     assert limits_as_vllm(exec_start(gpu_unit[0]))['vision_chunk'] == 8
     without_the_preflight = exec_start(render(tmp_path, GPU_VARS, __vllm_kimi_preflight={})[0])
     assert limits_as_vllm(without_the_preflight) == {'vision_chunk': 999, 'image': 8, 'video': 0}
+
+
+def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_render, tmp_path):
+    """No TCP port of vLLM's for another local user to reach or take, and no network for the unit: its ranks meet
+    on its own loopback. The front door's workers, and root's gates, connect to the socket."""
+    out, (unit, environment) = gpu_render
+    service = unit_settings(unit, 'Service')
+    argv = exec_start(unit)
+    assert argv[argv.index('--uds') + 1] == '/run/vllm-kimi-api/vllm.sock'
+    assert '--host' not in argv and '--port' not in argv
+    assert service['PrivateNetwork'] == ['yes'] and service['UMask'] == ['0007']
+    assert 'GLOO_SOCKET_IFNAME=lo' in environment.splitlines() and 'NCCL_SOCKET_IFNAME=lo' in environment.splitlines()
+    front = (out / 'front.nginx.conf').read_text()
+    assert 'server unix:/run/vllm-kimi-api/vllm.sock;' in front
+    smoke = unit_settings((out / 'smoke.service').read_text(), 'Service')
+    # The smoke proves the parallel start in the same network namespace shape, and creates no socket.
+    assert smoke['PrivateNetwork'] == ['yes'] and smoke['UMask'] == ['0077']
+    assert smoke['RuntimeDirectory'] == ['vllm-kimi-smoke']
+
+
+@pytest.mark.parametrize(
+    'extra, private_network',
+    [
+        ({'vllm_kimi_listen': 'tcp'}, False),
+        ({'vllm_kimi_allowed_media_domains': ['upload.wikimedia.org']}, False),
+        ({'vllm_kimi_ip_address_allow': ['192.0.2.7']}, False),
+    ],
+    ids=['tcp', 'media-host', 'more-addresses'],
+)
+def test_the_network_stays_where_vllm_needs_it(tmp_path, extra, private_network):
+    """On TCP, or where a media host or another address is allowed, the unit keeps its network behind its IP fence."""
+    unit = render(tmp_path, GPU_VARS, **extra)[0]
+    service = unit_settings(unit, 'Service')
+    assert ('PrivateNetwork' in service) is private_network
+    assert service['IPAddressDeny'] == ['any']
+    argv = exec_start(unit)
+    front = (tmp_path / 'front.nginx.conf').read_text()
+    if extra.get('vllm_kimi_listen') == 'tcp':
+        assert argv[argv.index('--host') + 1 :][:3] == ['127.0.0.1', '--port', '8000'] and '--uds' not in argv
+        assert service['UMask'] == ['0077'] and 'RuntimeDirectory' in service
+        assert service['RuntimeDirectory'] == ['vllm-kimi'] and 'chgrp' not in unit
+        assert 'server 127.0.0.1:8000;' in front
+    else:
+        assert '--uds' in argv and 'server unix:/run/vllm-kimi-api/vllm.sock;' in front

@@ -50,9 +50,13 @@ OPEN = 'The service answers anyone who reaches %s without a key: set vllm_kimi_a
         pytest.param({'vllm_kimi_allow_anonymous_endpoint': True}, None, id='open-endpoint-accepted'),
         pytest.param({'vllm_kimi_front_address': '127.0.0.1'}, None, id='front-door-on-loopback'),
         pytest.param({'vllm_kimi_front_address': '127.0.1.1'}, None, id='front-door-on-another-loopback-address'),
-        pytest.param({'vllm_kimi_front_door': False}, None, id='no-front-door-vllm-on-loopback'),
         pytest.param(
-            {'vllm_kimi_front_door': False, 'vllm_kimi_host': '0.0.0.0'}, '0.0.0.0:8000', id='no-front-door-vllm-open'
+            {'vllm_kimi_front_door': False, 'vllm_kimi_listen': 'tcp'}, None, id='no-front-door-vllm-on-loopback'
+        ),
+        pytest.param(
+            {'vllm_kimi_front_door': False, 'vllm_kimi_listen': 'tcp', 'vllm_kimi_host': '0.0.0.0'},
+            '0.0.0.0:8000',
+            id='no-front-door-vllm-open',
         ),
     ],
 )
@@ -126,3 +130,11 @@ def test_a_list_setting_given_as_text_is_refused_by_name(tmp_path):
     both = list_refusal(tmp_path, {'vllm_kimi_extra_args': '--enforce-eager', 'vllm_kimi_entrypoint': 'bin/vllm'})
     assert 'vllm_kimi_entrypoint, vllm_kimi_extra_args must be lists, not a text' in both, both
     assert list_refusal(tmp_path, {'vllm_kimi_extra_args': ['--enforce-eager']}) is None
+
+
+def test_a_unix_socket_without_the_front_door_is_refused(tmp_path):
+    """Only the front door's workers may connect to vLLM's Unix socket: without the front door nothing would."""
+    output = refusal(tmp_path, {'vllm_kimi_front_door': False})
+    assert 'vllm_kimi_listen unix serves vLLM on a Unix socket that only the front door reaches' in output, output
+    assert 'set vllm_kimi_listen: tcp' in output
+    assert refusal(tmp_path, {'vllm_kimi_front_door': False, 'vllm_kimi_listen': 'tcp'}) is None

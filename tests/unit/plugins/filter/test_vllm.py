@@ -66,6 +66,7 @@ SERVE_SETTINGS = {
     'served_model_name': 'kimi-k2.5',
     'host': '127.0.0.1',
     'port': 8000,
+    'uds': '',
     'tensor_parallel_size': 8,
     'pipeline_parallel_size': 1,
     'max_model_len': 131072,
@@ -121,6 +122,13 @@ REAL_CASE_ARGV = [
 
 def test_vllm_serve_argv_of_the_real_case():
     assert vllm_serve_argv(SERVE_SETTINGS) == REAL_CASE_ARGV
+
+
+def test_a_unix_socket_replaces_the_host_and_the_port():
+    """A single node's vLLM serves on a Unix socket behind its front door: no TCP port for any local user."""
+    argv = vllm_serve_argv(dict(SERVE_SETTINGS, uds='/run/vllm-kimi-api/vllm.sock'))
+    at = REAL_CASE_ARGV.index('--host')
+    assert argv == REAL_CASE_ARGV[:at] + ['--uds', '/run/vllm-kimi-api/vllm.sock'] + REAL_CASE_ARGV[at + 4 :]
 
 
 @pytest.mark.parametrize(

@@ -297,3 +297,20 @@ def test_a_loopback_url_never_goes_through_the_proxy(fake_openai, proxy):
     # Any other host does, as use_proxy says: the proxy above is the environment's.
     assert make_transport('http://llmserve-proxied.invalid')('GET', '/health', None, 10, 100)[0] == 404
     assert proxy.hits == ['http://llmserve-proxied.invalid/health']
+
+
+def test_a_unix_socket_is_reached_at_its_path_and_never_through_the_proxy(fake_openai, proxy, tmp_path):
+    """vLLM's --uds: the gates connect to the socket, whatever host the URL names, and no proxy carries it."""
+    socket_path = str(tmp_path / 'vllm.sock')
+    server = fake_openai({'/health': reply(200, '{"ok": 1}')}, unix_socket=socket_path)
+    http = make_transport('http://llmserve-unix.invalid', api_key='sk-k3y', unix_socket=socket_path)
+    assert http('GET', '/health', None, 10, 100) == (200, '{"ok": 1}')
+    assert proxy.hits == [] and [request.path for request in server.requests] == ['/health']
+    assert server.requests[0].headers['Authorization'] == 'Bearer sk-k3y'
+
+
+def test_a_unix_socket_not_there_yet_is_a_server_that_does_not_answer(tmp_path):
+    """The socket appears some seconds after vLLM's start: until then the gates poll, as on a closed port."""
+    http = make_transport('http://localhost', unix_socket=str(tmp_path / 'not-yet.sock'))
+    with pytest.raises(Unreachable, match='No such file or directory'):
+        http('GET', '/health', None, 10, 100)
