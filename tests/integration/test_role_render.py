@@ -53,8 +53,8 @@ def exec_start(unit):
 NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
 # vLLM's Unix socket (vllm_kimi_listen unix, the default): its directory is the front door workers' group's.
 SOCKET_DIRECTORY = [
-    'ExecStartPre=+/bin/chgrp vllm-kimi-api /run/vllm-kimi-api',
-    'ExecStartPre=+/bin/chmod 2750 /run/vllm-kimi-api',
+    'ExecStartPre=+/bin/rm -f /run/vllm-kimi-api/vllm.sock',
+    'ExecStartPre=+/usr/bin/install -d -o vllm -g vllm-kimi-api -m 2750 /run/vllm-kimi-api',
 ]
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
 GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
@@ -386,7 +386,7 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
     assert 'add_header Retry-After 30 always;' in front
     (tmp_path / 'no-front').mkdir()
     without_front_door = unit_settings(
-        render(tmp_path / 'no-front', GPU_VARS, vllm_kimi_front_door=False)[0], 'Service'
+        render(tmp_path / 'no-front', GPU_VARS, vllm_kimi_front_door=False, vllm_kimi_listen='tcp')[0], 'Service'
     )
     assert 'ExecStop' not in without_front_door and 'ExecStopPost' not in without_front_door
 
@@ -394,11 +394,11 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
 # What the smoke's unit may differ in: what it runs, how it runs once, and where its runtime copy of the
 # environment and its runtime directory are (the service's own must not vanish when the smoke stops).
 # How a stop ends (KillMode, ExecStop=, ExecStopPost=) too: the service drains its requests in flight behind the
-# front door's draining marker, the smoke has none. And its UMask: only the service creates vLLM's Unix socket, which
-# the front door's group must be able to connect to.
+# front door's draining marker, the smoke has none. And its UMask and the socket's directory: only the service creates
+# vLLM's Unix socket, which the front door's group must be able to connect to.
 SMOKE_DIFFERS_IN = {
     'Description', 'Type', 'ExecStart', 'ExecStartPre', 'TimeoutStartSec', 'TimeoutStopSec', 'Restart', 'RestartSec',
-    'RuntimeDirectory', 'EnvironmentFile', 'KillMode', 'ExecStop', 'ExecStopPost', 'UMask',
+    'RuntimeDirectory', 'EnvironmentFile', 'KillMode', 'ExecStop', 'ExecStopPost', 'UMask', 'ReadWritePaths',
 }  # fmt: skip
 
 
@@ -555,7 +555,7 @@ def test_code_and_caches_stay_out_of_what_the_service_user_keeps(gpu_unit):
     assert env['PYTHONDONTWRITEBYTECODE'] == '1' and env['VLLM_NO_USAGE_STATS'] == '1'
     # The model's remote code is copied afresh at each start: the runtime directory goes with each stop.
     assert env['HF_MODULES_CACHE'] == '/run/vllm-kimi/hf_modules'
-    assert unit_settings(unit, 'Service')['RuntimeDirectory'] == ['vllm-kimi vllm-kimi-api']
+    assert unit_settings(unit, 'Service')['RuntimeDirectory'] == ['vllm-kimi']
     release = re.search(r'/opt/vllm-kimi/([0-9a-f]{12})/bin/', unit).group(1)
     assert env['VLLM_CACHE_ROOT'] == '/var/lib/vllm-kimi/cache/vllm/' + release
 
@@ -607,6 +607,8 @@ def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_rende
     assert argv[argv.index('--uds') + 1] == '/run/vllm-kimi-api/vllm.sock'
     assert '--host' not in argv and '--port' not in argv
     assert service['PrivateNetwork'] == ['yes'] and service['UMask'] == ['0007']
+    # Set by root at each start, and the one more path vLLM may write.
+    assert service['ReadWritePaths'] == ['/var/lib/vllm-kimi /run/vllm-kimi-api']
     assert 'GLOO_SOCKET_IFNAME=lo' in environment.splitlines() and 'NCCL_SOCKET_IFNAME=lo' in environment.splitlines()
     front = (out / 'front.nginx.conf').read_text()
     assert 'server unix:/run/vllm-kimi-api/vllm.sock;' in front
@@ -636,7 +638,7 @@ def test_the_network_stays_where_vllm_needs_it(tmp_path, extra, private_network)
     if extra.get('vllm_kimi_listen') == 'tcp':
         assert argv[argv.index('--host') + 1 :][:3] == ['127.0.0.1', '--port', '8000'] and '--uds' not in argv
         assert service['UMask'] == ['0077'] and 'RuntimeDirectory' in service
-        assert service['RuntimeDirectory'] == ['vllm-kimi'] and 'chgrp' not in unit
+        assert service['ReadWritePaths'] == ['/var/lib/vllm-kimi'] and 'vllm-kimi-api' not in unit
         assert 'server 127.0.0.1:8000;' in front
     else:
         assert '--uds' in argv and 'server unix:/run/vllm-kimi-api/vllm.sock;' in front

@@ -35,12 +35,16 @@ HARDENING = [
     ('RestrictSUIDSGID', 'yes'),
     ('LockPersonality', 'yes'),
     ('SystemCallArchitectures', 'native'),
-    ('UMask', '0077'),
+    # vLLM's Unix socket must be writable by its group, the front door's workers.
+    ('UMask', '0007'),
+    ('PrivateNetwork', 'yes'),
     ('DevicePolicy', 'closed'),
     ('RestrictAddressFamilies', 'AF_INET AF_INET6 AF_NETLINK AF_UNIX'),
 ]
 
 
+# vLLM serves on its Unix socket: this machine asks through the front door, with the sandbox CA (tools/sandbox).
+CA = os.path.join(os.environ.get('MOLECULE_PROJECT_DIRECTORY', '.'), '.cache', 'sandbox', 'ca', 'ca.pem')
 ROLE_DEFAULTS = os.path.join(os.path.dirname(__file__), '..', '..', '..', 'roles', 'vllm_kimi', 'defaults', 'main.yml')
 
 
@@ -94,18 +98,18 @@ def test_unit_exposure_is_rated_ok(host, unit):
     assert score <= 2.0, out.splitlines()[-1]
 
 
-def test_api_port_listens_only_on_the_configured_address(host, hostvars):
-    port = hostvars['vllm_kimi_port']
-    out = host.check_output('ss -ltnpH sport = :%d' % int(port))
-    addresses = sorted(line.split()[3] for line in out.splitlines())
-    assert addresses == ['%s:%s' % (hostvars['vllm_kimi_host'], port)], out
-    assert '"python' in out or 'VLLM' in out, out
+def test_api_listens_on_its_unix_socket_and_no_port(host, hostvars, unit):
+    socket_path = '/run/%s-api/vllm.sock' % unit
+    assert socket_path in host.check_output('ss -lxpH'), 'vLLM does not listen on %s' % socket_path
+    assert host.check_output('ss -ltnpH sport = :%d' % int(hostvars['vllm_kimi_port'])) == ''
+    directory = host.file(os.path.dirname(socket_path))
+    assert (directory.user, directory.group, directory.mode) == ('vllm', unit + '-api', 0o2750)
 
 
 def ask(hostvars, question, api_key):
     headers = {'Authorization': 'Bearer ' + api_key} if api_key else {}
     return requests.post(
-        'http://127.0.0.1:%s/v1/chat/completions' % hostvars['vllm_kimi_port'],
+        'https://127.0.0.1:%s/v1/chat/completions' % hostvars['vllm_kimi_front_port'],
         json={
             'model': hostvars['vllm_kimi_served_model_name'],
             'temperature': 0,
@@ -114,11 +118,12 @@ def ask(hostvars, question, api_key):
         },
         headers=headers,
         timeout=30,
+        verify=CA,
     )
 
 
 def test_answer_is_coherent(hostvars):
-    # The sandbox shares this machine's network, so the test asks like a client would.
+    # The sandbox shares this machine's network, so the test asks like a client would: at the front door.
     reply = ask(hostvars, hostvars['vllm_kimi_coherence_prompt'], hostvars['vllm_kimi_api_key'])
     assert reply.status_code == 200, reply.text
     answer = reply.json()['choices'][0]['message']['content']
@@ -159,10 +164,13 @@ def test_unit_file_verifies(host, unit):
 
 
 def test_health_and_models_answer(hostvars):
-    base = 'http://127.0.0.1:%s' % hostvars['vllm_kimi_port']
-    assert requests.get(base + '/health', timeout=10).status_code == 200
+    base = 'https://127.0.0.1:%s' % hostvars['vllm_kimi_front_port']
+    assert requests.get(base + '/health', timeout=10, verify=CA).status_code == 200
     models = requests.get(
-        base + '/v1/models', timeout=10, headers={'Authorization': 'Bearer ' + hostvars['vllm_kimi_api_key']}
+        base + '/v1/models',
+        timeout=10,
+        headers={'Authorization': 'Bearer ' + hostvars['vllm_kimi_api_key']},
+        verify=CA,
     ).json()
     assert [m['id'] for m in models['data']] == [hostvars['vllm_kimi_served_model_name']], json.dumps(models)
 

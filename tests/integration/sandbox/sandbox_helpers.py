@@ -23,6 +23,8 @@ INVENTORY = os.environ.get('LLMSERVE_SANDBOX_INVENTORY') or os.environ.get('MOLE
 if BIN not in os.environ.get('PATH', '').split(os.pathsep):
     os.environ['PATH'] = BIN + os.pathsep + os.environ.get('PATH', '')
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
+# The sandbox CA (tools/sandbox) that signed the front doors' certificates.
+CA = os.path.join(REPO, '.cache', 'sandbox', 'ca', 'ca.pem')
 # The tool the role's tool gate offers by default (vllm_kimi_tool_gate), as a client's agent would.
 WEATHER_TOOL = {
     'type': 'function',
@@ -84,6 +86,10 @@ class Sandbox:
             'ansible://' + self.name, ansible_inventory=self.inventory, force_ansible=templated
         )
         self.unit = self.vars['vllm_kimi_service_name']
+        # Where vLLM serves on the sandbox, as the role renders it (vllm_kimi_listen): its Unix socket, or its port.
+        self.unix_socket = (
+            '/run/%s-api/vllm.sock' % self.unit if self.vars.get('vllm_kimi_listen', 'unix') == 'unix' else None
+        )
 
     def sh(self, command, *args):
         return self.host.check_output(command, *args)
@@ -130,7 +136,8 @@ class Sandbox:
     def gate(self, timeout=300):
         """The role's coherence gate (llmserve.vllm.chat_check) run on its own; the module's result."""
         args = {
-            'url': 'http://127.0.0.1:%s' % self.vars['vllm_kimi_port'],
+            'url': 'http://localhost' if self.unix_socket else 'http://127.0.0.1:%s' % self.vars['vllm_kimi_port'],
+            'unix_socket': self.unix_socket,
             'model': self.vars['vllm_kimi_served_model_name'],
             'api_key': self.vars['vllm_kimi_api_key'],
             'prompt': self.vars['vllm_kimi_coherence_prompt'],

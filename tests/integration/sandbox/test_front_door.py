@@ -17,7 +17,6 @@
 
 import http.client
 import json
-import os
 import shlex
 import ssl
 import time
@@ -25,11 +24,10 @@ import time
 import httpx2
 import openai
 import pytest
-from sandbox_helpers import REPO, task_results
+from sandbox_helpers import CA, task_results
 
 from ansible_collections.llmserve.vllm.tests.support import Canary
 
-CA = os.path.join(REPO, '.cache', 'sandbox', 'ca', 'ca.pem')
 QUESTION = 'What is the capital of France?'
 # Served by vLLM to whoever reaches its port, with no key: never through the front door.
 BEHIND_THE_DOOR = [
@@ -119,17 +117,45 @@ def test_a_request_without_a_key_gets_401(sandbox):
     assert status(sandbox, '/v1/chat/completions', 'POST', body=body) == 401
 
 
-def test_vllm_itself_runs_a_chat_completion_at_invocations_without_the_key(sandbox):
-    """What the front door keeps out: vLLM answers /invocations on its own port to anyone, keyless."""
-    body = json.dumps({'messages': [{'role': 'user', 'content': QUESTION}], 'max_tokens': 8, 'temperature': 0})
-    reply = httpx2.post(
-        'http://127.0.0.1:%s/invocations' % sandbox.vars['vllm_kimi_port'],
-        content=body,
-        headers={'Content-Type': 'application/json'},
-        timeout=120,
-    )
-    assert reply.status_code == 200, reply.text
-    assert status(sandbox, '/invocations', 'POST', body=body) == 404
+# Run on the sandbox as a given user: POSTs the body to a path of vLLM's Unix socket; prints the status, or the error.
+ASK_THE_SOCKET = r"""
+import http.client, socket, sys
+path, body = sys.argv[1:]
+class UnixConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(120)
+        self.sock.connect(path)
+connection = UnixConnection('localhost')
+try:
+    connection.request('POST', '/invocations', body=body, headers={'Content-Type': 'application/json'})
+    print(connection.getresponse().status)
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+INVOCATION = json.dumps({'messages': [{'role': 'user', 'content': QUESTION}], 'max_tokens': 8, 'temperature': 0})
+
+
+def ask_the_socket_as(sandbox, user):
+    switch = '' if user == 'root' else 'setpriv --reuid=%s --regid=%s --init-groups ' % (user, user)
+    return sandbox.sh(
+        '%spython3 -I -c %s %s %s'
+        % (switch, shlex.quote(ASK_THE_SOCKET), shlex.quote(sandbox.unix_socket), shlex.quote(INVOCATION))
+    ).strip()
+
+
+def test_only_root_and_the_front_doors_workers_reach_vllms_socket(sandbox):
+    """What the front door keeps out, vLLM answers to whoever reaches it: /invocations runs a chat completion without
+    the key. On its Unix socket only root (the gates) and the front door's workers get there; any other local user is
+    refused by the socket's permissions."""
+    assert sandbox.unix_socket, 'the sandbox inventory serves vLLM on its Unix socket (vllm_kimi_listen unix)'
+    assert ask_the_socket_as(sandbox, 'root') == '200'
+    # vllm_kimi_front_user, as the role's default names it.
+    assert ask_the_socket_as(sandbox, sandbox.unit + '-front') == '200'
+    sandbox.sh('id llmserve-stranger >/dev/null 2>&1 || useradd --system --no-create-home llmserve-stranger')
+    assert ask_the_socket_as(sandbox, 'llmserve-stranger') == 'PermissionError'
+    assert ask_the_socket_as(sandbox, 'nobody') == 'PermissionError'
+    assert status(sandbox, '/invocations', 'POST', body=INVOCATION) == 404
 
 
 @pytest.mark.parametrize('path', BEHIND_THE_DOOR)
@@ -151,16 +177,24 @@ def test_metrics_only_for_the_prometheus_sources(sandbox):
     assert status(sandbox, '/metrics', source='127.0.0.2') == 403
 
 
-def test_vllm_listens_on_loopback_only(sandbox):
+def test_vllm_holds_no_tcp_listener_any_other_process_reaches(sandbox):
+    """On a single node vLLM serves on its Unix socket, and its unit has a network namespace of its own: the TCP
+    listeners its ranks make (Gloo's, torch's store) are on that namespace's loopback, which nothing else shares."""
     pids = {
         row.split()[0]
         for row in sandbox.sh('ps -eo pid=,unit=').splitlines()
         if row.split()[1:] == [sandbox.unit + '.service']
     }
-    sockets = [line for line in sandbox.sh('ss -ltnpH').splitlines() if any('pid=%s,' % pid in line for pid in pids)]
-    addresses = {line.split()[3] for line in sockets}
-    assert '127.0.0.1:%s' % sandbox.vars['vllm_kimi_port'] in addresses, sockets
-    assert all(address.startswith(('127.', '[::1]')) for address in addresses), sockets
+    assert pids
+    host_sockets = [
+        line for line in sandbox.sh('ss -ltnpH').splitlines() if any('pid=%s,' % pid in line for pid in pids)
+    ]
+    assert host_sockets == []
+    main_pid = sandbox.show('MainPID')['MainPID']
+    links = sandbox.sh('nsenter --target %s --net ip -o link show' % main_pid)
+    assert [line.split(':')[1].strip() for line in links.splitlines()] == ['lo'], links
+    assert sandbox.show('PrivateNetwork')['PrivateNetwork'] == 'yes'
+    assert sandbox.unix_socket in sandbox.sh('ss -lxpH')
 
 
 def test_the_units_ip_fences_are_set(sandbox):
@@ -253,10 +287,18 @@ DRAINED_TOKENS = 900
 # Restarts the service once vLLM's engine runs a request (its own gauge), from inside the sandbox: a restart sent
 # after the client's first chunk arrives seconds later through Ansible, when the miniature may have finished.
 RESTART_WHEN_RUNNING = """
-import subprocess, sys, time, urllib.request
-port, unit = sys.argv[1:]
+import http.client, socket, subprocess, sys, time
+path, unit = sys.argv[1:]
+class UnixConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(5)
+        self.sock.connect(path)
 def running():
-    metrics = urllib.request.urlopen('http://127.0.0.1:%s/metrics' % port, timeout=5).read().decode()
+    connection = UnixConnection('localhost')
+    connection.request('GET', '/metrics')
+    metrics = connection.getresponse().read().decode()
+    connection.close()
     return any(line.startswith('vllm:num_requests_running') and float(line.split()[-1]) > 0
                for line in metrics.splitlines())
 while not running():
@@ -278,7 +320,7 @@ def test_a_restart_drains_the_stream_in_flight_and_answers_503_while_down(sandbo
     sandbox.sh(
         'systemd-run --quiet --collect --unit=llmserve-test-restart -p RuntimeMaxSec=300 python3 -c %s %s %s',
         RESTART_WHEN_RUNNING,
-        str(sandbox.vars['vllm_kimi_port']),
+        sandbox.unix_socket,
         sandbox.unit,
     )
     stream = users.chat.completions.create(

@@ -16,20 +16,23 @@ What a client sees through a restart is the front door's (test_front_door.py).
 """
 
 import json
+import ssl
 
+import httpx2
 import openai
 import pytest
-from sandbox_helpers import WEATHER_TOOL
+from sandbox_helpers import CA, WEATHER_TOOL
 
 THINKING_OFF = {'chat_template_kwargs': {'thinking': False}}
 
 
 @pytest.fixture(scope='module')
 def client(sandbox):
+    # Through the front door, as users reach it: vLLM itself serves on its Unix socket.
     return openai.OpenAI(
-        base_url='http://127.0.0.1:%s/v1' % sandbox.vars['vllm_kimi_port'],
+        base_url='https://127.0.0.1:%s/v1' % sandbox.vars['vllm_kimi_front_port'],
         api_key=sandbox.vars['vllm_kimi_api_key'],
-        timeout=120,
+        http_client=httpx2.Client(verify=ssl.create_default_context(cafile=CA), timeout=120),
         max_retries=0,
     )
 
