@@ -117,15 +117,20 @@ def test_a_request_without_a_key_gets_401(sandbox):
     assert status(sandbox, '/v1/chat/completions', 'POST', body=body) == 401
 
 
-# Run on the sandbox as a given user: POSTs the body to a path of vLLM's Unix socket; prints the status, or the error.
-ASK_THE_SOCKET = r"""
-import http.client, socket, sys
-path, body = sys.argv[1:]
+# The start of the scripts below, run on the sandbox: HTTP over vLLM's Unix socket, whose path is the first argument.
+UNIX_CONNECTION = r"""
+import http.client, socket, subprocess, sys, time
 class UnixConnection(http.client.HTTPConnection):
     def connect(self):
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.settimeout(120)
-        self.sock.connect(path)
+        self.sock.connect(sys.argv[1])
+"""
+# Run as a given user: POSTs the body to /invocations on the socket; prints the status, or the error.
+ASK_THE_SOCKET = (
+    UNIX_CONNECTION
+    + r"""
+body = sys.argv[2]
 connection = UnixConnection('localhost')
 try:
     connection.request('POST', '/invocations', body=body, headers={'Content-Type': 'application/json'})
@@ -133,11 +138,12 @@ try:
 except OSError as exc:
     print(type(exc).__name__)
 """
+)
 INVOCATION = json.dumps({'messages': [{'role': 'user', 'content': QUESTION}], 'max_tokens': 8, 'temperature': 0})
 
 
 def ask_the_socket_as(sandbox, user):
-    switch = '' if user == 'root' else 'setpriv --reuid=%s --regid=%s --init-groups ' % (user, user)
+    switch = '' if user == 'root' else 'setpriv --reuid=%s --regid=$(id -g %s) --init-groups ' % (user, user)
     return sandbox.sh(
         '%spython3 -I -c %s %s %s'
         % (switch, shlex.quote(ASK_THE_SOCKET), shlex.quote(sandbox.unix_socket), shlex.quote(INVOCATION))
@@ -194,7 +200,8 @@ def test_vllm_holds_no_tcp_listener_any_other_process_reaches(sandbox):
     links = sandbox.sh('nsenter --target %s --net ip -o link show' % main_pid)
     assert [line.split(':')[1].strip() for line in links.splitlines()] == ['lo'], links
     assert sandbox.show('PrivateNetwork')['PrivateNetwork'] == 'yes'
-    assert sandbox.unix_socket in sandbox.sh('ss -lxpH')
+    # The socket is bound in that namespace (its path is reached from any: the front door's workers connect to it).
+    assert sandbox.unix_socket in sandbox.sh('nsenter --target %s --net ss -lxpH' % main_pid)
 
 
 def test_the_units_ip_fences_are_set(sandbox):
@@ -286,14 +293,10 @@ def test_diff_of_a_secret_in_the_environment_never_shows_it(sandbox):
 DRAINED_TOKENS = 900
 # Restarts the service once vLLM's engine runs a request (its own gauge), from inside the sandbox: a restart sent
 # after the client's first chunk arrives seconds later through Ansible, when the miniature may have finished.
-RESTART_WHEN_RUNNING = """
-import http.client, socket, subprocess, sys, time
-path, unit = sys.argv[1:]
-class UnixConnection(http.client.HTTPConnection):
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(5)
-        self.sock.connect(path)
+RESTART_WHEN_RUNNING = (
+    UNIX_CONNECTION
+    + """
+unit = sys.argv[2]
 def running():
     connection = UnixConnection('localhost')
     connection.request('GET', '/metrics')
@@ -307,6 +310,7 @@ while not running():
 subprocess.run(['systemctl', 'reset-failed', unit], check=True)
 subprocess.run(['systemctl', 'restart', '--no-block', unit], check=True)
 """
+)
 
 
 def test_a_restart_drains_the_stream_in_flight_and_answers_503_while_down(sandbox, front):
