@@ -5,8 +5,8 @@
 
 One change carries four faults at once, each of which real hosts met after a long load: a flag the release's
 parser rejects, TP 2 on a node whose devices (the CPU build's worker groups: one NUMA node here) cannot hold two
-ranks, the previous unit's shape for a parallel start (no GLOO_SOCKET_IFNAME: Gloo binds to the address the host
-name resolves to, which the unit's enforced IP fence drops), and no C compiler. The smoke runs in the service's own
+ranks, the previous unit's shape for a parallel start (on TCP behind the IP fence, no GLOO_SOCKET_IFNAME: Gloo binds
+to the address the host name resolves to, which the unit's enforced IP fence drops), and no C compiler. The smoke runs in the service's own
 sandbox and must name each; the host keeps serving what it served, untouched.
 """
 
@@ -23,9 +23,12 @@ NO_COMPILER = '/usr/bin/llmserve-no-such-cc'
 def faulty_change(sandbox):
     before = served(sandbox)
     environment = dict(sandbox.vars.get('vllm_kimi_environment') or {})
-    # An empty GLOO_SOCKET_IFNAME is what the unit rendered before a single node's ranks were kept on lo.
+    # An empty GLOO_SOCKET_IFNAME is what the unit rendered before a single node's ranks were kept on lo. That unit
+    # served on TCP behind the IP fence: in the Unix socket's shape (a network namespace of its own, the default)
+    # Gloo finds no such address there and falls back to loopback by itself.
     environment.update(CC=NO_COMPILER, GLOO_SOCKET_IFNAME='')
     change = {
+        'vllm_kimi_listen': 'tcp',
         'vllm_kimi_extra_args': list(sandbox.vars['vllm_kimi_extra_args']) + ['--no-such-flag'],
         'vllm_kimi_tensor_parallel_size': 2,
         'vllm_kimi_environment': environment,
