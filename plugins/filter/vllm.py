@@ -234,6 +234,27 @@ def vllm_serve_argv(settings):
     return argv + _words(s, 'cluster_args') + _words(s, 'extra_args')
 
 
+def vllm_flags_named(argv, flags):
+    if not isinstance(argv, (list, tuple)) or not isinstance(flags, (list, tuple)):
+        raise AnsibleFilterError(
+            'vllm_flags_named expects a list of arguments and a list of options, got %r and %r' % (argv, flags)
+        )
+    for word in list(argv) + list(flags):
+        if not _is_word(word):
+            raise AnsibleFilterError('vllm_flags_named expects texts or numbers, got %r' % (word,))
+    named = set()
+    for word in (to_text(word) for word in argv):
+        name = word.split('=', 1)[0]
+        if name.startswith('--'):
+            # As vLLM's parser reads a long option: "_" for "-" in any case, and any unambiguous beginning of it
+            # (argparse's abbreviations).
+            name = '--' + name[2:].lower().replace('_', '-')
+            named.update(flag for flag in flags if len(name) > 2 and to_text(flag).startswith(name))
+        elif name.startswith('-'):
+            named.update(flag for flag in flags if to_text(flag) == name)
+    return [to_text(flag) for flag in flags if flag in named]
+
+
 def pinned_version(spec):
     if not isinstance(spec, str):
         raise AnsibleFilterError('pinned_version expects a pip requirement, a text, got %r' % (spec,))
@@ -252,6 +273,7 @@ class FilterModule:
     def filters(self):
         return {
             'vllm_flag_value': vllm_flag_value,
+            'vllm_flags_named': vllm_flags_named,
             'pinned_version': pinned_version,
             'vllm_serve_argv': vllm_serve_argv,
             'preload_smoke_report': preload_smoke_report,

@@ -138,3 +138,55 @@ def test_a_unix_socket_without_the_front_door_is_refused(tmp_path):
     assert 'vllm_kimi_listen unix serves vLLM on a Unix socket that only the front door reaches' in output, output
     assert 'set vllm_kimi_listen: tcp' in output
     assert refusal(tmp_path, {'vllm_kimi_front_door': False, 'vllm_kimi_listen': 'tcp'}) is None
+
+
+OVERRIDE_TASK = "Refuse extra arguments and environment that would undo the role's own settings"
+
+
+def override_refusal(tmp_path, extra_vars, more_vars=()):
+    with open(os.path.join(ROLE, 'tasks', 'preflight.yml')) as handle:
+        task = [task for task in yaml.safe_load(handle) if task.get('name') == OVERRIDE_TASK]
+    loads = LOAD_VARS + [{'ansible.builtin.include_vars': path} for path in more_vars]
+    rc, output = run_local_play(tmp_path, loads + task, extra_vars)
+    return None if rc == 0 else output
+
+
+SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
+
+
+@pytest.mark.parametrize('inventory', [GPU_VARS, SANDBOX_VARS], ids=['gpu', 'sandbox'])
+def test_the_inventories_override_nothing_of_the_roles(tmp_path, inventory):
+    assert override_refusal(tmp_path, {'vault_vllm_kimi_api_key': KEY}, [inventory]) is None
+
+
+def test_extra_arguments_that_would_override_the_roles_own_are_refused_by_name(tmp_path):
+    """vLLM keeps an option's last value, and the extra arguments come last: each spelling vLLM's parser takes."""
+    output = override_refusal(
+        tmp_path,
+        {'vllm_kimi_extra_args': ['--enforce-eager', '--API_KEY=sk-sneaky', '-tp', '2', '--hos', '0.0.0.0']},
+    )
+    assert 'vllm_kimi_extra_args sets --api-key, which the role renders from vllm_kimi_api_key' in output, output
+    assert 'vllm_kimi_extra_args sets -tp, which the role renders from vllm_kimi_tensor_parallel_size' in output
+    assert 'vllm_kimi_extra_args sets --host, which the role renders from vllm_kimi_listen and vllm_kimi_host' in output
+    assert '--enforce-eager' not in output and 'sk-sneaky' not in output
+
+
+def test_extra_arguments_that_hand_clients_more_are_refused(tmp_path):
+    output = override_refusal(
+        tmp_path,
+        {'vllm_kimi_extra_args': ['--allowed-local', '/', '--trust-request-chat-template', '--enable_prompt_embeds']},
+    )
+    for flag in ('--allowed-local-media-path', '--trust-request-chat-template', '--enable-prompt-embeds'):
+        assert 'vllm_kimi_extra_args passes %s:' % flag in output, output
+
+
+def test_environment_that_would_override_the_roles_own_or_reach_root_is_refused(tmp_path):
+    output = override_refusal(
+        tmp_path,
+        {'vllm_kimi_environment': {'LD_PRELOAD': '/tmp/x.so', 'VLLM_API_KEY': 'sk-sneaky', 'NCCL_PROTO': 'LL'}},
+    )
+    assert 'vllm_kimi_environment sets VLLM_API_KEY, which the role sets from vllm_kimi_api_key' in output, output
+    assert (
+        'vllm_kimi_environment sets LD_PRELOAD, which the dynamic loader reads in every command of the unit' in output
+    )
+    assert 'NCCL_PROTO' not in output and 'sk-sneaky' not in output

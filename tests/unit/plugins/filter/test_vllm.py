@@ -6,7 +6,12 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmserve.vllm.plugins.filter.vllm import pinned_version, vllm_flag_value, vllm_serve_argv
+from ansible_collections.llmserve.vllm.plugins.filter.vllm import (
+    pinned_version,
+    vllm_flag_value,
+    vllm_flags_named,
+    vllm_serve_argv,
+)
 
 
 @pytest.mark.parametrize(
@@ -188,3 +193,27 @@ def test_vllm_serve_argv_refuses(settings, message):
     with pytest.raises(AnsibleFilterError) as err:
         vllm_serve_argv(settings)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    'argv, named',
+    [
+        (['--enforce-eager', '--max-num-seqs', '64'], []),
+        (['--api-key', 'sk-x'], ['--api-key']),
+        (['--api-key=sk-x'], ['--api-key']),
+        (['--API_KEY=sk-x'], ['--api-key']),
+        # argparse's abbreviations, as vLLM's parser takes them.
+        (['--allowed-local', '/'], ['--allowed-local-media-path']),
+        (['-tp', '2'], ['-tp']),
+        # A short option counts only as written; a value is not an option.
+        (['-t', '2', 'api-key'], []),
+        (['--max-model-len', '4096', '--api-key', 'k'], ['--api-key', '--max-model-len']),
+    ],
+)
+def test_vllm_flags_named(argv, named):
+    assert vllm_flags_named(argv, ['--api-key', '--allowed-local-media-path', '-tp', '--max-model-len']) == named
+
+
+def test_vllm_flags_named_refuses_what_is_no_list():
+    with pytest.raises(AnsibleFilterError, match='expects a list of arguments and a list of options'):
+        vllm_flags_named('--api-key x', ['--api-key'])
