@@ -313,9 +313,11 @@ def render_cluster(tmp_path, hosts, **extra_vars):
             capture_output=True,
             text=True,
         )
+        unit = (out / 'unit.service').read_text()
         rendered[host] = (
-            exec_start((out / 'unit.service').read_text()),
+            exec_start(unit),
             (out / 'environment').read_text().splitlines(),
+            unit_settings(unit, 'Service'),
         )
     return rendered
 
@@ -370,6 +372,8 @@ def test_multi_node_cluster_uses_the_cluster_network(tmp_path):
         assert 'VLLM_HOST_IP="%s"' % address in environment
         assert 'GLOO_SOCKET_IFNAME="ens5f1"' in environment
         assert 'NCCL_SOCKET_IFNAME="ens5f1"' in environment
+        # The fence lets through the nodes' own addresses, not their whole network.
+        assert rendered[host][2]['IPAddressAllow'] == ['localhost 192.168.50.1 192.168.50.2']
 
 
 def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):

@@ -190,3 +190,25 @@ def test_environment_that_would_override_the_roles_own_or_reach_root_is_refused(
         'vllm_kimi_environment sets LD_PRELOAD, which the dynamic loader reads in every command of the unit' in output
     )
     assert 'NCCL_PROTO' not in output and 'sk-sneaky' not in output
+
+
+def cluster_refusal(tmp_path, head_host, worker_address):
+    """The exposure refusal on the head of a two-node model: this host (ansible_host head_host, no cluster address)
+    and node-b (vllm_kimi_cluster_address worker_address)."""
+    nodes = [
+        {'ansible.builtin.add_host': {'name': 'localhost', 'groups': 'kimi', 'ansible_host': head_host}},
+        {'ansible.builtin.add_host': {'name': 'node-b', 'groups': 'kimi', 'vllm_kimi_cluster_address': worker_address}},
+    ]
+    rc, output = run_local_play(
+        tmp_path, nodes + LOAD_VARS + preflight_refusal(), {'vllm_kimi_cluster_group': 'kimi', 'vllm_kimi_api_key': KEY}
+    )
+    return None if rc == 0 else output
+
+
+def test_the_nodes_of_a_model_are_let_through_the_fence_by_ip_address(tmp_path):
+    """The fence allows each node's own address, not its network: a name cannot be one of IPAddressAllow's."""
+    output = cluster_refusal(tmp_path, 'head.example', 'b.example')
+    assert "The nodes of vllm_kimi_cluster_group kimi are let through the unit's IP fence by address" in output, output
+    assert 'and head.example, b.example is no IP address' in output
+    assert cluster_refusal(tmp_path, '10.0.0.1', '10.0.0.2') is None
+    assert cluster_refusal(tmp_path, '10.0.0.1', 'fd00::2') is None
