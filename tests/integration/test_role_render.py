@@ -646,3 +646,41 @@ def test_the_network_stays_where_vllm_needs_it(tmp_path, extra, private_network)
         assert 'server 127.0.0.1:8000;' in front
     else:
         assert '--uds' in argv and 'server unix:/run/vllm-kimi-api/vllm.sock;' in front
+
+
+def nginx_single_quoted(text):
+    """The value of an nginx single-quoted string, as nginx's configuration reader unescapes it."""
+    assert text.startswith("'") and text.endswith("'"), text
+    return re.sub(r"\\(['\"\\])", r'\1', text[1:-1])
+
+
+def test_the_front_door_checks_the_key_before_it_reads_a_body(gpu_render):
+    """A request to /v1 without the key gets 401 from nginx in its rewrite phase, before the body is read: nothing
+    of it is buffered. The key is in a root-only file of its own, matched case-sensitively, as vLLM compares it."""
+    out, _ = gpu_render
+    front = (out / 'front.nginx.conf').read_text()
+    assert 'include /etc/vllm-kimi/front.auth.conf;' in front
+    guarded = re.findall(r'location = (\S+) \{\n(.*?)\n        \}', front, re.S)
+    for path, body in guarded:
+        check = 'if ($llmserve_authorized = 0) {\n                return 401 \'{"error": "Unauthorized"}\';'
+        assert (check in body) is path.startswith('/v1/'), (path, body)
+        if path.startswith('/v1/'):
+            assert body.index(check) < body.index('proxy_pass'), body
+    assert {path for path, body in guarded} >= {'/v1/chat/completions', '/health'}
+    assert 'client_body_timeout 60s;' in front and 'limit_conn llmserve_clients 64;' in front
+    auth = (out / 'front.auth.conf').read_text()
+    source = re.search(r'^    (\'.*\') 1;$', auth, re.M).group(1)
+    pattern = nginx_single_quoted(source)
+    assert pattern.startswith('~^') and pattern.endswith('$')
+    key = 'sk-$ecret%key'
+    assert re.fullmatch(pattern[1:], 'Bearer ' + key)
+    assert not re.search(pattern[1:], 'bearer ' + key) and not re.search(pattern[1:], 'Bearer ' + key + 'x')
+    assert not re.search(pattern[1:], 'Bearer sk-XecretXkey')
+
+
+def test_a_key_with_quotes_and_backslashes_reaches_the_front_door_intact(tmp_path):
+    key = 'sk-it\'s-a\\\\key"quoted'
+    render(tmp_path, GPU_VARS, vllm_kimi_api_key=key)
+    auth = (tmp_path / 'front.auth.conf').read_text()
+    pattern = nginx_single_quoted(re.search(r'^    (\'.*\') 1;$', auth, re.M).group(1))
+    assert re.fullmatch(pattern[1:], 'Bearer ' + key) and not re.search(pattern[1:], 'Bearer ' + key[:-1])

@@ -117,6 +117,31 @@ def test_a_request_without_a_key_gets_401(sandbox):
     assert status(sandbox, '/v1/chat/completions', 'POST', body=body) == 401
 
 
+def test_a_keyless_upload_is_refused_before_its_body_is_read(sandbox):
+    """The door checks the key before it reads a body: a client without it that announces 20 MiB and sends a few
+    bytes gets 401 at once, and nothing of it is buffered (nginx would otherwise read and disk-buffer the body for
+    vLLM, and wait up to client_body_timeout for the rest)."""
+    connection = http.client.HTTPSConnection(
+        '127.0.0.1',
+        int(sandbox.vars['vllm_kimi_front_port']),
+        context=ssl.create_default_context(cafile=CA),
+        timeout=30,
+    )
+    try:
+        connection.putrequest('POST', '/v1/chat/completions')
+        connection.putheader('Content-Type', 'application/json')
+        connection.putheader('Content-Length', str(20 * 1024 * 1024))
+        connection.putheader('Authorization', 'Bearer not-the-key')
+        connection.endheaders(b'{"model": "')
+        # Waiting for the body would end in 408 after client_body_timeout (vllm_kimi_front_body_timeout), not in 401.
+        reply = connection.getresponse()
+        assert reply.status == 401, reply.read()
+    finally:
+        connection.close()
+    buffers = sandbox.sh('find /var/cache/%s-front/body -type f 2>/dev/null | wc -l' % sandbox.unit).strip()
+    assert buffers == '0', buffers
+
+
 # The start of the scripts below, run on the sandbox: HTTP over vLLM's Unix socket, whose path is the first argument.
 UNIX_CONNECTION = r"""
 import http.client, socket, subprocess, sys, time
