@@ -52,10 +52,7 @@ def exec_start(unit):
 
 NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
 # vLLM's Unix socket (vllm_kimi_listen unix, the default): its directory is the front door workers' group's.
-SOCKET_DIRECTORY = [
-    'ExecStartPre=+/bin/rm -f /run/vllm-kimi-api/vllm.sock',
-    'ExecStartPre=+/usr/bin/install -d -o vllm -g vllm-kimi-api -m 2750 /run/vllm-kimi-api',
-]
+SOCKET_DIRECTORY = ['ExecStartPre=+/bin/rm -f /run/vllm-kimi-api/vllm.sock']
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
 GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
 
@@ -611,7 +608,7 @@ def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_rende
     assert argv[argv.index('--uds') + 1] == '/run/vllm-kimi-api/vllm.sock'
     assert '--host' not in argv and '--port' not in argv
     assert service['PrivateNetwork'] == ['yes'] and service['UMask'] == ['0007']
-    # Set by root at each start, and the one more path vLLM may write.
+    # The one more path vLLM may write (systemd-tmpfiles keeps the directory, tasks/user.yml).
     assert service['ReadWritePaths'] == ['/var/lib/vllm-kimi /run/vllm-kimi-api']
     assert 'GLOO_SOCKET_IFNAME=lo' in environment.splitlines() and 'NCCL_SOCKET_IFNAME=lo' in environment.splitlines()
     front = (out / 'front.nginx.conf').read_text()
