@@ -654,7 +654,7 @@ def nginx_single_quoted(text):
 def test_the_front_door_checks_the_key_before_it_reads_a_body(gpu_render):
     """A request to /v1 without the key gets 401 from nginx in its rewrite phase, before the body is read: nothing
     of it is buffered. The key is in a root-only file of its own, matched case-sensitively, as vLLM compares it."""
-    out, _ = gpu_render
+    out = gpu_render[0]
     front = (out / 'front.nginx.conf').read_text()
     assert 'include /etc/vllm-kimi/front.auth.conf;' in front
     guarded = re.findall(r'location = (\S+) \{\n(.*?)\n        \}', front, re.S)
