@@ -100,7 +100,10 @@ def test_unit_exposure_is_rated_ok(host, unit):
 
 def test_api_listens_on_its_unix_socket_and_no_port(host, hostvars, unit):
     socket_path = '/run/%s-api/vllm.sock' % unit
-    assert socket_path in host.check_output('ss -lxpH'), 'vLLM does not listen on %s' % socket_path
+    # Bound in the unit's own network namespace (PrivateNetwork=yes), where ss must look; its path is reached from any.
+    main_pid = show(host, unit, 'MainPID')['MainPID']
+    listening = host.check_output('nsenter --target %s --net ss -lxpH', main_pid)
+    assert socket_path in listening, 'vLLM does not listen on %s' % socket_path
     assert host.check_output('ss -ltnpH sport = :%d' % int(hostvars['vllm_kimi_port'])) == ''
     directory = host.file(os.path.dirname(socket_path))
     assert (directory.user, directory.group, directory.mode) == ('vllm', unit + '-api', 0o2750)
