@@ -202,7 +202,7 @@ def _parse_header(raw: bytes, where: str) -> tuple[dict[str, int], int]:
             valid = False
         if not valid:
             raise CheckpointError(
-                '%s has an invalid header entry for tensor %s: %s' % (where, name, entry_problem(info))
+                '%s has an invalid header entry for tensor %s: %s' % (where, _shown(name), entry_problem(info))
             )
         tensors[name] = end - begin
         if end > data_end:
@@ -345,7 +345,8 @@ def index_entries(index: dict[str, Any], where: str) -> tuple[dict[str, str], Op
     for tname, shard_name in weight_map.items():
         if not isinstance(shard_name, str):
             raise CheckpointError(
-                '%s maps tensor %s to %s, where a shard file name was expected' % (where, tname, _shown(shard_name))
+                '%s maps tensor %s to %s, where a shard file name was expected'
+                % (where, _shown(tname), _shown(shard_name))
             )
     return weight_map, total_size
 

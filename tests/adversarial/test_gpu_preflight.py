@@ -187,7 +187,7 @@ def plan_is(max_model_len, kv_tokens, budget=RTX_BUDGET, per_token=1024):
 
 
 FITS = plan_is(4096, tokens(RTX_BUDGET))
-ENTRY = '{m}/model.safetensors has an invalid header entry for tensor model.embed_tokens.weight: '
+ENTRY = '{m}/model.safetensors has an invalid header entry for tensor "model.embed_tokens.weight": '
 
 CASES = {
     # --- nvidia-smi hangs, floods, lies ----------------------------------------------------
@@ -500,11 +500,11 @@ CASES = {
         ),
     ),
     'index-shard-a-number': case(
-        '{m}/model.safetensors.index.json maps tensor a to 5, where a shard file name was expected',
+        '{m}/model.safetensors.index.json maps tensor "a" to 5, where a shard file name was expected',
         files=idx({'a': 5}, 100),
     ),
     'index-shard-null': case(
-        '{m}/model.safetensors.index.json maps tensor a to null, where a shard file name was expected',
+        '{m}/model.safetensors.index.json maps tensor "a" to null, where a shard file name was expected',
         files=idx({'a': None}, 100),
     ),
     'index-total-overflows': case(
@@ -734,7 +734,7 @@ HUB_SECRET_CASES = {
         ),
         without('model.safetensors'),
         {},
-        '{shown}' + SHARD_PATH + ' has an invalid header entry for tensor w-********: dtype "XX" is not a '
+        '{shown}' + SHARD_PATH + ' has an invalid header entry for tensor "w-********": dtype "XX" is not a '
         'safetensors dtype',
     ),
     # A raw / in the password: urllib took what precedes it for the host, and the error quoted the rest.

@@ -136,6 +136,9 @@ def render_cluster(tmp_path, model_dir):
         'vllm_kimi_model_repo': '',
         'vllm_kimi_model_path': model_dir,
         'vllm_kimi_entrypoint': [VLLM_PYTHON, VLLM_CLI, 'serve'],
+        # The head answers on TCP inside its namespace: the test starts vLLM itself, with no systemd-tmpfiles to make
+        # the directory of the default Unix socket.
+        'vllm_kimi_listen': 'tcp',
         'vllm_kimi_port': API_PORT,
         'vllm_kimi_master_port': MASTER_PORT,
         'vllm_kimi_tensor_parallel_size': 2,

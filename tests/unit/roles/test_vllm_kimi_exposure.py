@@ -78,6 +78,27 @@ def test_the_gpu_inventory_takes_its_key_from_the_vault_and_stops_without_it(tmp
     assert OPEN % '0.0.0.0:8443' in refusal(tmp_path, {'vault_vllm_kimi_api_key': ''}, with_gpu_vars)
 
 
+KEY_REFUSED = 'vllm_kimi_api_key holds a space, a control character or a character beyond ASCII'
+
+
+@pytest.mark.parametrize(
+    'key, refused',
+    [
+        pytest.param('sk-A1_b2.c3~d4+e5/f6=', False, id='token-punctuation'),
+        pytest.param('sk-key\nreturn 200;', True, id='newline'),
+        pytest.param('sk key', True, id='space'),
+        pytest.param('sk-\u00e9t\u00e9', True, id='beyond-ascii'),
+    ],
+)
+def test_a_key_clients_cannot_send_is_refused_without_showing_it(tmp_path, key, refused):
+    output = refusal(tmp_path, {'vllm_kimi_api_key': key})
+    if not refused:
+        assert output is None
+        return
+    assert KEY_REFUSED in output, output
+    assert 'sk-' not in output, output
+
+
 CLEAR_TOKEN = 'vllm_kimi_hf_token would travel in clear text to vllm_kimi_hf_endpoint %s: use its https:// address'
 
 

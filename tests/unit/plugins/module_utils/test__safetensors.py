@@ -73,7 +73,7 @@ def test_read_header_sizes_without_reading_data(tmp_path):
             '{p} has an invalid header (not JSON): Expecting value: line 1 column 6 (char 5)',
         ),
         (struct.pack('<Q', 2) + b'[]', '{p} has an invalid header: a JSON object was expected'),
-        (struct.pack('<Q', 14) + b'{"t": {"x":1}}', '{p} has an invalid header entry for tensor t: {"x": 1}'),
+        (struct.pack('<Q', 14) + b'{"t": {"x":1}}', '{p} has an invalid header entry for tensor "t": {"x": 1}'),
         (struct.pack('<Q', 20000) + b'[' * 10000 + b']' * 10000, '{p} has an invalid header (nested too deeply)'),
     ],
 )
@@ -145,7 +145,7 @@ def test_read_header_refuses_an_entry_safetensors_would_refuse(tmp_path, info):
     p.write_bytes(struct.pack('<Q', len(raw)) + raw + b'\0' * 64)
     with pytest.raises(CheckpointError) as exc:
         read_header(str(p))
-    assert str(exc.value) == '%s has an invalid header entry for tensor t: %s' % (p, entry_problem(info))
+    assert str(exc.value) == '%s has an invalid header entry for tensor "t": %s' % (p, entry_problem(info))
 
 
 def test_read_header_refuses_what_is_not_a_regular_file(tmp_path):
@@ -220,10 +220,10 @@ def test_scan_reports_missing_and_truncated_shards(tmp_path):
             '{p} has a metadata.total_size that is not a byte count (an integer from 0 to 2**63 - 1): "x"',
         ),
         ({'weight_map': {'a': 'b.safetensors'}}, '{p} names 1 shards, none present, and has no metadata.total_size'),
-        ({'weight_map': {'a': 5}}, '{p} maps tensor a to 5, where a shard file name was expected'),
+        ({'weight_map': {'a': 5}}, '{p} maps tensor "a" to 5, where a shard file name was expected'),
         (
             {'weight_map': {'a': 'b.safetensors', 'c': ['d']}},
-            '{p} maps tensor c to ["d"], where a shard file name was expected',
+            '{p} maps tensor "c" to ["d"], where a shard file name was expected',
         ),
         (
             {'metadata': {'total_size': float('inf')}, 'weight_map': {'a': 'b.safetensors'}},
@@ -317,3 +317,16 @@ def test_scan_complete_set_still_reports_a_truncated_shard(tmp_path):
         % (p2, len(head) + 10, len(head) + size)
     ]
     assert ckpt.total_bytes == TOTAL
+
+
+def test_a_tensor_name_in_a_message_is_quoted_and_cut_short(tmp_path):
+    # A header may hold a name of megabytes, with line breaks: the message quotes a bounded, escaped part of it.
+    name = 'w\n' + 'x' * 1_000_000
+    p = tmp_path / 'bad.safetensors'
+    raw = json.dumps({name: {'dtype': 'F32', 'shape': [1], 'data_offsets': [0, 8]}}).encode('utf-8')
+    p.write_bytes(struct.pack('<Q', len(raw)) + raw + b'\0' * 8)
+    with pytest.raises(CheckpointError) as exc:
+        read_header(str(p))
+    message = str(exc.value)
+    assert '"w\\nxxx' in message and '\n' not in message
+    assert len(message) < len(str(p)) + 500
