@@ -664,7 +664,7 @@ def test_the_front_door_checks_the_key_before_it_reads_a_body(gpu_render):
         if path.startswith('/v1/'):
             assert body.index(check) < body.index('proxy_pass'), body
     assert {path for path, body in guarded} >= {'/v1/chat/completions', '/health'}
-    assert 'client_body_timeout 60s;' in front and 'limit_conn llmserve_clients 64;' in front
+    assert 'client_body_timeout 60s;' in front
     auth = (out / 'front.auth.conf').read_text()
     source = re.search(r'^    (\'.*\') 1;$', auth, re.M).group(1)
     pattern = nginx_single_quoted(source)
@@ -673,6 +673,29 @@ def test_the_front_door_checks_the_key_before_it_reads_a_body(gpu_render):
     assert re.fullmatch(pattern[1:], 'Bearer ' + key)
     assert not re.search(pattern[1:], 'bearer ' + key) and not re.search(pattern[1:], 'Bearer ' + key + 'x')
     assert not re.search(pattern[1:], 'Bearer sk-XecretXkey')
+
+
+def test_the_front_door_bounds_each_client_and_buffers_in_memory_only(gpu_render):
+    """Per client address: 32 requests in progress and 10 a second with a burst of 64; methods and bodies per path;
+    descriptors for two per connection; request bodies in a tmpfs of the unit, never on the root filesystem."""
+    out = gpu_render[0]
+    front = (out / 'front.nginx.conf').read_text()
+    server = front[front.index('    server {') :]
+    assert 'limit_conn llmserve_clients 32;' in server and 'limit_conn_status 503;' in server
+    assert 'limit_req_zone $binary_remote_addr zone=llmserve_requests:1m rate=10r/s;' in front
+    assert 'limit_req zone=llmserve_requests burst=64 nodelay;' in server and 'limit_req_status 429;' in server
+    assert 'worker_rlimit_nofile 8192;' in front and 'worker_connections 4096;' in front
+    locations = dict(re.findall(r'location = (\S+) \{\n(.*?)\n        \}', front, re.S))
+    for path in ('/health', '/v1/models'):
+        assert 'client_max_body_size 1k;' in locations[path] and '!~ ^(GET|HEAD)$' in locations[path], path
+    for path in ('/v1/chat/completions', '/v1/completions'):
+        body = locations[path]
+        assert 'if ($request_method != POST) {\n                return 405;' in body and 'client_max_body_size' not in body
+    service = unit_settings((out / 'front.service').read_text(), 'Service')
+    assert service['LimitNOFILE'] == ['8192']
+    assert service['TemporaryFileSystem'] == ['/var/cache/vllm-kimi-front:size=1g,mode=0755']
+    assert 'CacheDirectory' not in service
+    assert 'client_body_temp_path /var/cache/vllm-kimi-front/body;' in front
 
 
 def test_a_key_with_quotes_and_backslashes_reaches_the_front_door_intact(tmp_path):

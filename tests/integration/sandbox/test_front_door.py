@@ -13,6 +13,8 @@
 6. `--diff` of a change to vllm_kimi_environment never shows its value.
 7. Through a restart: a stream in flight ends with its last token (the stop drains it), and a request that arrives
    while vLLM is down gets 503 with Retry-After at once, never a refused connection or a 502.
+8. Per client address: the requests in progress (503 past them) and the rate (429 past the burst); per path, the
+   methods vLLM serves there (405); request bodies buffered in a tmpfs of the door's unit only.
 """
 
 import http.client
@@ -138,8 +140,23 @@ def test_a_keyless_upload_is_refused_before_its_body_is_read(sandbox):
         assert reply.status == 401, reply.read()
     finally:
         connection.close()
-    buffers = sandbox.sh('find /var/cache/%s-front/body -type f 2>/dev/null | wc -l' % sandbox.unit).strip()
+    buffers = in_the_front_doors_mounts(sandbox, 'find /var/cache/%s-front -type f | wc -l' % sandbox.unit).strip()
     assert buffers == '0', buffers
+
+
+def in_the_front_doors_mounts(sandbox, command):
+    """command's output, run in the front door unit's mount namespace (its buffers are a tmpfs of its own)."""
+    return sandbox.sh('nsenter --target "$(systemctl show -P MainPID %s-front)" --mount %s' % (sandbox.unit, command))
+
+
+def test_the_front_door_buffers_bodies_in_bounded_memory_only(sandbox):
+    mount = in_the_front_doors_mounts(
+        sandbox, 'findmnt --noheadings --output FSTYPE,OPTIONS /var/cache/%s-front' % (sandbox.unit)
+    ).split()
+    # vllm_kimi_front_buffer_space's default, 1g.
+    assert mount[0] == 'tmpfs' and 'size=1048576k' in mount[1].split(','), mount
+    # The host's own directory holds nothing the workers wrote.
+    assert sandbox.sh('find /var/cache/%s-front -type f | wc -l' % sandbox.unit).strip() == '0'
 
 
 # The start of the scripts below, run on the sandbox: HTTP over vLLM's Unix socket, whose path is the first argument.
@@ -386,3 +403,74 @@ def test_a_restart_drains_the_stream_in_flight_and_answers_503_while_down(sandbo
     gate = sandbox.gate()
     assert not gate.get('failed'), gate.get('msg')
     assert ask(users, sandbox).choices[0].message.content == 'The capital of France is Paris.'
+
+
+def front_connection(sandbox):
+    return http.client.HTTPSConnection(
+        '127.0.0.1',
+        int(sandbox.vars['vllm_kimi_front_port']),
+        context=ssl.create_default_context(cafile=CA),
+        timeout=10,
+    )
+
+
+# vllm_kimi_front_connections_per_client, vllm_kimi_front_requests_per_second and vllm_kimi_front_request_burst:
+# the role's defaults.
+REQUESTS_IN_PROGRESS = 32
+REQUESTS_PER_SECOND = 10
+REQUEST_BURST = 64
+
+
+def refill_the_request_bucket():
+    """Wait until this address may send a whole burst again (the tests before have sent some of it)."""
+    time.sleep(REQUEST_BURST / REQUESTS_PER_SECOND + 1)
+
+
+def test_a_burst_past_the_rate_of_one_address_gets_429_until_it_refills(sandbox):
+    refill_the_request_bucket()
+    connection = front_connection(sandbox)
+    statuses = []
+    try:
+        for _ in range(REQUEST_BURST + 40):
+            connection.request('GET', '/health')
+            reply = connection.getresponse()
+            reply.read()
+            statuses.append(reply.status)
+    finally:
+        connection.close()
+    assert set(statuses) == {200, 429}, statuses
+    # The burst and what refilled while it was sent passed; the rest waited for the rate.
+    assert REQUEST_BURST < statuses.count(200) < REQUEST_BURST + 40, statuses
+    # Later tests reach the door from the same address.
+    refill_the_request_bucket()
+    assert status(sandbox, '/health', 'GET') == 200
+
+
+def test_the_33rd_request_in_progress_from_one_address_is_refused(sandbox):
+    """Each request, with the key, announces a body it does not send: nginx holds it in progress while it waits for
+    the body. The 33rd from the same address gets 503 at once; the 32 before it get nothing yet."""
+    held = []
+    try:
+        for _ in range(REQUESTS_IN_PROGRESS + 1):
+            connection = front_connection(sandbox)
+            connection.putrequest('POST', '/v1/chat/completions')
+            connection.putheader('Content-Type', 'application/json')
+            connection.putheader('Content-Length', '1000')
+            connection.putheader('Authorization', 'Bearer ' + sandbox.vars['vllm_kimi_api_key'])
+            connection.endheaders(b'{"model": "')
+            held.append(connection)
+        reply = held[-1].getresponse()
+        assert reply.status == 503, reply.read()
+        held[0].sock.settimeout(1)
+        with pytest.raises(TimeoutError):
+            held[0].getresponse()
+    finally:
+        for connection in held:
+            connection.close()
+
+
+@pytest.mark.parametrize(
+    'path, method', [('/health', 'POST'), ('/v1/models', 'DELETE'), ('/v1/chat/completions', 'GET')]
+)
+def test_each_path_takes_only_the_methods_vllm_serves_there(sandbox, path, method):
+    assert status(sandbox, path, method) == 405

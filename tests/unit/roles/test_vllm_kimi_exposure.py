@@ -233,3 +233,12 @@ def test_the_nodes_of_a_model_are_let_through_the_fence_by_ip_address(tmp_path):
     assert 'and head.example, b.example is no IP address' in output
     assert cluster_refusal(tmp_path, '10.0.0.1', '10.0.0.2') is None
     assert cluster_refusal(tmp_path, '10.0.0.1', 'fd00::2') is None
+
+
+def test_a_buffer_space_that_is_no_size_is_refused_by_name(tmp_path):
+    # A comma would carry more mount options into the front door's TemporaryFileSystem=, a line break more settings.
+    output = refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_buffer_space': '1g,exec\nUser=root'})
+    assert 'vllm_kimi_front_buffer_space must be a size in bytes, k, m or g (512m, 1g), got "1g,exec\\nUser=root".' in (
+        output
+    ), output
+    assert refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_buffer_space': '512M'}) is None
