@@ -690,7 +690,9 @@ def test_the_front_door_bounds_each_client_and_buffers_in_memory_only(gpu_render
         assert 'client_max_body_size 1k;' in locations[path] and '!~ ^(GET|HEAD)$' in locations[path], path
     for path in ('/v1/chat/completions', '/v1/completions'):
         body = locations[path]
-        assert 'if ($request_method != POST) {\n                return 405;' in body and 'client_max_body_size' not in body
+        assert (
+            'if ($request_method != POST) {\n                return 405;' in body and 'client_max_body_size' not in body
+        )
     service = unit_settings((out / 'front.service').read_text(), 'Service')
     assert service['LimitNOFILE'] == ['8192']
     assert service['TemporaryFileSystem'] == ['/var/cache/vllm-kimi-front:size=1g,mode=0755']
@@ -704,3 +706,29 @@ def test_a_key_with_quotes_and_backslashes_reaches_the_front_door_intact(tmp_pat
     auth = (tmp_path / 'front.auth.conf').read_text()
     pattern = nginx_single_quoted(re.search(r'^    (\'.*\') 1;$', auth, re.M).group(1))
     assert re.fullmatch(pattern[1:], 'Bearer ' + key) and not re.search(pattern[1:], 'Bearer ' + key[:-1])
+
+
+def test_each_client_key_opens_the_door_and_vllm_gets_its_own_key(tmp_path):
+    """vLLM knows one key (VLLM_API_KEY): the door accepts each client's key and sends vLLM's own for it. A "$" in a
+    key is literal, where nginx would read a variable."""
+    key, client_keys = "sk-$main'key", ['ck-one', 'ck-$two\\x']
+    render(tmp_path, GPU_VARS, vllm_kimi_api_key=key, vllm_kimi_front_client_keys=client_keys)
+    auth = (tmp_path / 'front.auth.conf').read_text()
+    authorized, upstream = re.findall(r'^map \$http_authorization (\$\w+) \{\n(.*?)\n\}', auth, re.M | re.S)
+    assert authorized[0] == '$llmserve_authorized' and upstream[0] == '$llmserve_upstream_authorization'
+    accepted = [nginx_single_quoted(source) for source in re.findall(r"^    ('.*') 1;$", authorized[1], re.M)]
+    assert len(accepted) == 3
+    for sent in [key] + client_keys:
+        assert [pattern for pattern in accepted if re.fullmatch(pattern[2:], 'Bearer ' + sent)], sent
+    handed = re.findall(r"^    ('.*') ('.*');$", upstream[1], re.M)
+    assert len(handed) == 2
+    for (source, value), sent in zip(handed, client_keys):
+        assert re.fullmatch(nginx_single_quoted(source)[2:], 'Bearer ' + sent)
+        assert nginx_single_quoted(value).replace('${llmserve_dollar}', '$') == 'Bearer ' + key
+    assert 'geo $llmserve_dollar {\n    default "$";\n}' in auth
+    front = (tmp_path / 'front.nginx.conf').read_text()
+    assert front.count('proxy_set_header Authorization $llmserve_upstream_authorization;') == 1
+    # Without client keys, vLLM gets the client's own header.
+    render(tmp_path, GPU_VARS, vllm_kimi_api_key=key)
+    assert 'llmserve_upstream_authorization' not in (tmp_path / 'front.auth.conf').read_text()
+    assert 'proxy_set_header Authorization' not in (tmp_path / 'front.nginx.conf').read_text()

@@ -4,7 +4,8 @@
 """The front door of the deployed sandbox, as a client on another machine meets it, and what stays behind it.
 
 1. The official `openai` client, trusting only the sandbox's CA (tools/sandbox), gets an answer over TLS; a client
-   without the CA is refused, and so is one without the API key (401).
+   without the CA is refused, and so is one without the API key (401). A client's own key (vllm_kimi_front_client_keys)
+   is answered, and revoked by a reload of the front door alone.
 2. Paths vLLM serves to anyone who reaches its port (/invocations runs chat completions without the key) are
    answered 404 by the front door, however the path is spelled; /metrics only for the Prometheus sources.
 3. vLLM's own port listens on loopback only; the unit's IP fences are set.
@@ -117,6 +118,27 @@ def test_a_request_without_a_key_gets_401(sandbox):
         {'model': sandbox.vars['vllm_kimi_served_model_name'], 'messages': [{'role': 'user', 'content': QUESTION}]}
     )
     assert status(sandbox, '/v1/chat/completions', 'POST', body=body) == 401
+
+
+def test_a_clients_own_key_is_answered_and_revoked_without_a_restart(sandbox, front):
+    """vLLM knows one key; the door accepts each client's own and hands vLLM that one. Removing a client's key from
+    the inventory revokes it at the front door's reload, while vLLM serves on."""
+    client_key = sandbox.vars['vllm_kimi_front_client_keys'][0]
+    served_by = sandbox.show('MainPID')['MainPID']
+    assert ask(client(front, client_key), sandbox).choices[0].message.content == 'The capital of France is Paris.'
+    try:
+        rc, output, report = sandbox.deploy('--tags', 'vllm_kimi_front', '-e', '{"vllm_kimi_front_client_keys": []}')
+        assert rc == 0, output[-3000:]
+        with pytest.raises(openai.AuthenticationError):
+            ask(client(front, client_key), sandbox)
+        assert ask(client(front, sandbox.vars['vllm_kimi_api_key']), sandbox).choices[0].message.content
+        assert sandbox.show('MainPID')['MainPID'] == served_by
+    finally:
+        restore_rc, restore_output, restore_report = sandbox.deploy('--tags', 'vllm_kimi_front')
+    assert restore_rc == 0, restore_output[-3000:]
+    for text in (output, restore_output):
+        assert client_key not in text and sandbox.vars['vllm_kimi_api_key'] not in text
+    assert ask(client(front, client_key), sandbox).choices[0].message.content == 'The capital of France is Paris.'
 
 
 def test_a_keyless_upload_is_refused_before_its_body_is_read(sandbox):

@@ -242,3 +242,13 @@ def test_a_buffer_space_that_is_no_size_is_refused_by_name(tmp_path):
         output
     ), output
     assert refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_buffer_space': '512M'}) is None
+
+
+def test_client_keys_are_refused_by_position_without_showing_them(tmp_path):
+    output = refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': ['ck-good', 'ck bad', '']})
+    assert 'vllm_kimi_front_client_keys must be a list of keys of letters, digits and punctuation only' in output
+    assert 'the entries counted from 1 that are not: 2, 3.' in output and 'ck bad' not in output, output
+    output = refusal(tmp_path, {'vllm_kimi_front_client_keys': ['ck-good'], 'vllm_kimi_allow_anonymous_endpoint': True})
+    assert 'which hands vLLM its own key for them: set vllm_kimi_api_key as well' in output, output
+    assert 'ck-good' not in output
+    assert refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': ['ck-good']}) is None
