@@ -453,7 +453,7 @@ def test_a_burst_past_the_rate_of_one_address_gets_429_until_it_refills(sandbox)
     connection = front_connection(sandbox)
     statuses = []
     try:
-        for _ in range(REQUEST_BURST + 40):
+        for dummy in range(REQUEST_BURST + 40):
             connection.request('GET', '/health')
             reply = connection.getresponse()
             reply.read()
@@ -473,7 +473,7 @@ def test_the_33rd_request_in_progress_from_one_address_is_refused(sandbox):
     the body. The 33rd from the same address gets 503 at once; the 32 before it get nothing yet."""
     held = []
     try:
-        for _ in range(REQUESTS_IN_PROGRESS + 1):
+        for dummy in range(REQUESTS_IN_PROGRESS + 1):
             connection = front_connection(sandbox)
             connection.putrequest('POST', '/v1/chat/completions')
             connection.putheader('Content-Type', 'application/json')
