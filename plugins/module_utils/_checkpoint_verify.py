@@ -21,20 +21,24 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional, Union, overload
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, read_json
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import (
+    DigestCache,
     DigestError,
     describe_mode,
     digest_of_bytes,
     hash_file,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import mask
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import name_problem
+from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import Manifest, ManifestFile, name_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
     RECORD_NAME,
     KvCacheQuantError,
+    Record,
     apply_changes,
     compact,
     get_path,
@@ -67,7 +71,7 @@ class VerifyError(Exception):
     """The check cannot run at all (no checkpoint directory); the message says why."""
 
 
-def printable(text):
+def printable(text: str) -> str:
     """Text as the controller can take it: a file name's bytes that are not UTF-8 (surrogate escapes) as \\xNN."""
     try:
         return text.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')
@@ -75,11 +79,11 @@ def printable(text):
         return text.encode('utf-8', 'backslashreplace').decode('utf-8')
 
 
-def problem(name, kind, detail):
+def problem(name: str, kind: str, detail: str) -> dict[str, str]:
     return {'file': printable(name), 'kind': kind, 'detail': printable(detail)}
 
 
-def masked_result(result, secrets):
+def masked_result(result: dict[str, Any], secrets: Sequence[Optional[str]]) -> dict[str, Any]:
     """The module's result with the secrets masked (see _http.mask) in every text that the Hub's answer may have
     put there: the message, and the file names of the manifest in the problems and the rewritten files."""
     masked = dict(result)
@@ -94,21 +98,21 @@ def masked_result(result, secrets):
     return masked
 
 
-def ignored(name, patterns):
+def ignored(name: str, patterns: Iterable[str]) -> bool:
     """Whether ``name`` (relative, '/'-separated) matches one of the shell patterns; '*' also matches '/'."""
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def default_threads():
+def default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def check_directory(path):
+def check_directory(path: str) -> None:
     """The checkpoint path must be a directory (kv_cache_quant's check, with this module's error)."""
     check_checkpoint_directory(path, VerifyError)
 
 
-def list_files(root, patterns):
+def list_files(root: str, patterns: Sequence[str]) -> dict[str, os.stat_result]:
     """{relative name: os.lstat_result} of everything but directories under ``root``, ignored names left out.
 
     Links to directories are followed once (a directory reached twice is a loop).
@@ -138,15 +142,15 @@ def list_files(root, patterns):
 class FileCheck:
     """What checking one file found: problems, the digest of its content, bytes read, whether the cache answered."""
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.problems = []
-        self.digest = None
+        self.problems: list[dict[str, str]] = []
+        self.digest: Optional[str] = None
         self.hashed_bytes = 0
         self.cache_hit = False
 
 
-def _stat_problem(full, name):
+def _stat_problem(full: str, name: str) -> Union[tuple[os.stat_result, None], tuple[None, dict[str, str]]]:
     """(os.stat_result, None) for a regular file, else (None, problem)."""
     try:
         info = os.stat(full)
@@ -161,7 +165,7 @@ def _stat_problem(full, name):
     return info, None
 
 
-def _size_problem(name, size, expected):
+def _size_problem(name: str, size: int, expected: int) -> Optional[dict[str, str]]:
     if size < expected:
         return problem(
             name,
@@ -173,7 +177,7 @@ def _size_problem(name, size, expected):
     return None
 
 
-def header_problem(full):
+def header_problem(full: str) -> Optional[str]:
     """Why a safetensors file is not one safetensors can load, or None.
 
     safetensors requires the tensors' data to follow the header without gaps or
@@ -198,17 +202,21 @@ def header_problem(full):
     return None
 
 
-def check_file(root, entry, cache, size_may_differ=False):
+def check_file(
+    root: str, entry: ManifestFile, cache: Optional[DigestCache], size_may_differ: bool = False
+) -> FileCheck:
     """Check one manifest file: present, regular, size, digest and, for safetensors, the header.
 
     ``size_may_differ``: a config file kv_cache_quant rewrote, judged after the pool.
     """
     check = FileCheck(entry.name)
     full = os.path.join(root, entry.name)
+    found: Union[dict[str, str], str, None]  # a problem, then the header's verdict
     info, found = _stat_problem(full, entry.name)
     if found:
         check.problems.append(found)
         return check
+    assert info is not None  # _stat_problem gives the stat_result or a problem
     found = _size_problem(entry.name, info.st_size, entry.size)
     if found and not size_may_differ:
         check.problems.append(found)
@@ -241,7 +249,38 @@ def check_file(root, entry, cache, size_may_differ=False):
     return check
 
 
-def _cached_fact(cache, full, info, fact, compute, kind=str):
+@overload
+def _cached_fact(
+    cache: Optional[DigestCache],
+    full: str,
+    info: os.stat_result,
+    fact: str,
+    compute: Callable[[str], Optional[str]],
+    kind: type[str] = ...,
+) -> Optional[str]:
+    """A string fact (a verdict), or None."""
+
+
+@overload
+def _cached_fact(
+    cache: Optional[DigestCache],
+    full: str,
+    info: os.stat_result,
+    fact: str,
+    compute: Callable[[str], Union[str, list[str], None]],
+    kind: type[list[Any]],
+) -> Union[str, list[str], None]:
+    """A list of strings, or the string compute gave instead (a problem), or None."""
+
+
+def _cached_fact(
+    cache: Optional[DigestCache],
+    full: str,
+    info: os.stat_result,
+    fact: str,
+    compute: Callable[[str], Union[str, list[str], None]],
+    kind: Union[type[str], type[list[Any]]] = str,
+) -> Union[str, list[str], None]:
     """compute(full), remembered in the cache for these very bytes ('' stands for None)."""
     value = cache.get(full, info, fact, kind) if cache else None
     if value is None:
@@ -251,7 +290,7 @@ def _cached_fact(cache, full, info, fact, compute, kind=str):
     return value or None
 
 
-def original_config_bytes(path, name, record):
+def original_config_bytes(path: str, name: str, record: Record) -> bytes:
     """The bytes of config file ``name`` as they were before kv_cache_quant stripped it, rebuilt from its record.
 
     Raises KvCacheQuantError when the file is not what the record says it left.
@@ -280,21 +319,21 @@ def original_config_bytes(path, name, record):
 class Report:
     """The outcome of one check."""
 
-    def __init__(self):
-        self.problems = []
-        self.rewritten = []
+    def __init__(self) -> None:
+        self.problems: list[dict[str, str]] = []
+        self.rewritten: list[str] = []
         self.files = 0
         self.bytes = 0
         self.cache_hits = 0
         self.hashed_bytes = 0
-        self.fingerprint = None
+        self.fingerprint: Optional[str] = None
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return not self.problems
 
 
-def fingerprint(digests):
+def fingerprint(digests: list[tuple[str, str, Optional[str]]]) -> str:
     """SHA-256 of the sorted (name, algorithm, digest) triples as JSON: equal on every node that holds the same bytes."""
     return hashlib.sha256(json.dumps(sorted(digests), separators=(',', ':')).encode('utf-8')).hexdigest()
 
@@ -302,9 +341,9 @@ def fingerprint(digests):
 class _Record:
     """kv_cache_quant's record beside the checkpoint: the files it rewrote, or the problem reading it."""
 
-    def __init__(self, path):
-        self.doc = None
-        self.problem = None
+    def __init__(self, path: str) -> None:
+        self.doc: Optional[Record] = None
+        self.problem: Optional[dict[str, str]] = None
         try:
             self.doc = read_record(path)
         except KvCacheQuantError as exc:
@@ -312,11 +351,14 @@ class _Record:
         self.files = set(entry['file'] for entry in self.doc['entries']) if self.doc else set()
 
 
-def _judge_rewritten(path, entry, check, record, report):
+def _judge_rewritten(
+    path: str, entry: ManifestFile, check: FileCheck, record: _Record, report: Report
+) -> Optional[str]:
     """A config file that differs from the manifest and that kv_cache_quant's record lists: the digest to fingerprint, or None."""
     if check.problems or check.digest == entry.digest:
         report.problems.extend(check.problems)
         return entry.digest if not check.problems else None
+    assert record.doc is not None  # record.files, which names entry.name, is empty without it
     try:
         original = original_config_bytes(path, entry.name, record.doc)
     except KvCacheQuantError as exc:
@@ -342,13 +384,19 @@ def _judge_rewritten(path, entry, check, record, report):
     return check.digest
 
 
-def _check_index(path, expected, checks, cache, report):
+def _check_index(
+    path: str,
+    expected: dict[str, ManifestFile],
+    checks: dict[str, FileCheck],
+    cache: Optional[DigestCache],
+    report: Report,
+) -> None:
     """The safetensors index may only name shards that are there."""
     if INDEX_NAME not in expected or checks[INDEX_NAME].problems:
         return
     full = os.path.join(path, INDEX_NAME)
 
-    def shard_names(index_path):
+    def shard_names(index_path: str) -> Union[str, list[str]]:
         try:
             weight_map = read_json(index_path).get('weight_map')
         except CheckpointError as exc:
@@ -385,13 +433,19 @@ def _check_index(path, expected, checks, cache, report):
             )
 
 
-def manifest_totals(manifest, patterns=DEFAULT_IGNORE):
+def manifest_totals(manifest: Manifest, patterns: Sequence[str] = DEFAULT_IGNORE) -> tuple[int, int]:
     """(files, bytes) of the manifest's files a check covers (those the ignore patterns leave in)."""
     sizes = [entry.size for name, entry in manifest.files.items() if not ignored(name, patterns)]
     return len(sizes), sum(sizes)
 
 
-def verify(path, manifest, patterns=DEFAULT_IGNORE, threads=1, cache=None):
+def verify(
+    path: str,
+    manifest: Manifest,
+    patterns: Sequence[str] = DEFAULT_IGNORE,
+    threads: int = 1,
+    cache: Optional[DigestCache] = None,
+) -> Report:
     """Check the checkpoint at ``path`` against ``manifest``; a Report."""
     check_directory(path)
     # Parsing the safetensors headers of a big checkpoint makes millions of short-lived
@@ -405,7 +459,9 @@ def verify(path, manifest, patterns=DEFAULT_IGNORE, threads=1, cache=None):
             gc.enable()
 
 
-def _verify(path, manifest, patterns, threads, cache):
+def _verify(
+    path: str, manifest: Manifest, patterns: Sequence[str], threads: int, cache: Optional[DigestCache]
+) -> Report:
     report = Report()
     on_disk = list_files(path, patterns)
     expected = dict((name, entry) for name, entry in manifest.files.items() if not ignored(name, patterns))
@@ -428,6 +484,7 @@ def _verify(path, manifest, patterns, threads, cache):
         report.hashed_bytes += check.hashed_bytes
         report.cache_hits += check.cache_hit
         if name in rewritable:
+            assert record is not None  # rewritable is empty without a record
             digest = _judge_rewritten(path, entry, check, record, report)
         else:
             report.problems.extend(check.problems)

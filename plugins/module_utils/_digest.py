@@ -17,6 +17,8 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional, Union, overload
 
 SHA256 = 'sha256'
 GIT_SHA1 = 'git-sha1'
@@ -29,7 +31,7 @@ class DigestError(Exception):
     """A file could not be read to the end; the message names it and the cause."""
 
 
-def describe_mode(mode):
+def describe_mode(mode: int) -> str:
     """What kind of file ``mode`` (st_mode) is, for messages."""
     for test, name in (
         (stat.S_ISREG, 'a regular file'),
@@ -45,19 +47,21 @@ def describe_mode(mode):
     return 'a file of unknown type'
 
 
-def _hasher(algorithm, size):
+def _hasher(algorithm: str, size: int) -> 'hashlib._Hash':
     if algorithm == SHA256:
         return hashlib.sha256()
     return hashlib.sha1(b'blob %d\0' % size)
 
 
-def digest_of_bytes(data, algorithm):
+def digest_of_bytes(data: bytes, algorithm: str) -> str:
     hasher = _hasher(algorithm, len(data))
     hasher.update(data)
     return hasher.hexdigest()
 
 
-def hash_file(path, algorithms, chunk_bytes=CHUNK_BYTES):
+def hash_file(
+    path: str, algorithms: Iterable[str], chunk_bytes: int = CHUNK_BYTES
+) -> tuple[dict[str, str], os.stat_result]:
     """({algorithm: hex digest}, os.stat_result) of the regular file at ``path``.
 
     A FIFO or device is refused without waiting on it (the open does not block and
@@ -97,7 +101,7 @@ def hash_file(path, algorithms, chunk_bytes=CHUNK_BYTES):
     return dict((algorithm, hasher.hexdigest()) for algorithm, hasher in hashers.items()), info
 
 
-def identity(info):
+def identity(info: os.stat_result) -> list[int]:
     """What says a file is unchanged since it was read: size, mtime and ctime in ns, inode and device.
 
     The ctime because anyone who may write a file can also set its mtime back (utime); only the kernel sets the
@@ -114,15 +118,15 @@ class DigestCache:
     it could make a corrupt checkpoint pass); it is ignored with a warning and rewritten.
     """
 
-    def __init__(self, directory):
+    def __init__(self, directory: str) -> None:
         self.directory = directory
         self.path = os.path.join(directory, CACHE_NAME) if directory else None
-        self.entries = {}
-        self.seen = set()
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.seen: set[str] = set()
         self.changed = False
-        self.warnings = []
+        self.warnings: list[str] = []
 
-    def load(self):
+    def load(self) -> None:
         if self.path is None:
             return
         try:
@@ -156,7 +160,7 @@ class DigestCache:
             self.changed = True
 
     @staticmethod
-    def _trust_problem(info):
+    def _trust_problem(info: os.stat_result) -> Optional[str]:
         if not stat.S_ISREG(info.st_mode):
             return 'it is %s' % describe_mode(info.st_mode)
         if info.st_uid != os.geteuid():
@@ -165,7 +169,17 @@ class DigestCache:
             return 'others may write it (mode %04o)' % stat.S_IMODE(info.st_mode)
         return None
 
-    def get(self, path, info, name, kind=str):
+    @overload
+    def get(self, path: str, info: os.stat_result, name: str, kind: type[str] = ...) -> Optional[str]:
+        """A string, or None."""
+
+    @overload
+    def get(self, path: str, info: os.stat_result, name: str, kind: type[list[Any]]) -> Optional[list[str]]:
+        """A list of strings, or None."""
+
+    def get(
+        self, path: str, info: os.stat_result, name: str, kind: Union[type[str], type[list[Any]]] = str
+    ) -> Union[str, list[str], None]:
         """The cached value ``name`` for the file at ``path`` as ``info`` describes it, or None.
 
         ``kind``: str (digests, verdicts) or list (of strings); a value of another type was not written here.
@@ -179,7 +193,7 @@ class DigestCache:
             return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
         return value if isinstance(value, str) else None
 
-    def put(self, path, info, values):
+    def put(self, path: str, info: os.stat_result, values: Mapping[str, Union[str, list[str]]]) -> None:
         """Remember ``values`` for the file at ``path``; an entry for other bytes is dropped."""
         self.seen.add(path)
         key = identity(info)
@@ -190,7 +204,7 @@ class DigestCache:
             entry.update(values)
             self.changed = True
 
-    def save(self, root):
+    def save(self, root: str) -> Optional[str]:
         """Write the cache atomically; entries under ``root`` that this run did not see are dropped.
 
         Returns a warning when it cannot be written (the check itself stands).

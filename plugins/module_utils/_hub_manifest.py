@@ -18,7 +18,10 @@ For the others ``blobId`` is the git blob SHA-1 of the content,
 import json
 import re
 import time
+from collections.abc import Iterable, Sequence
+from email.message import Message
 from http.client import HTTPException
+from typing import Any, Optional
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote
 
@@ -66,7 +69,7 @@ class ManifestError(Exception):
 class ManifestFile:
     """One file of the revision: its size and the digest its content must have."""
 
-    def __init__(self, name, size, algorithm, digest):
+    def __init__(self, name: str, size: int, algorithm: str, digest: str) -> None:
         self.name = name
         self.size = size
         self.algorithm = algorithm
@@ -76,22 +79,22 @@ class ManifestFile:
 class Manifest:
     """A revision's commit and its files {rfilename: ManifestFile}."""
 
-    def __init__(self, revision, files):
+    def __init__(self, revision: str, files: dict[str, ManifestFile]) -> None:
         self.revision = revision
         self.files = files
 
 
-def _shown(value, secrets=()):
+def _shown(value: Any, secrets: Sequence[Optional[str]] = ()) -> str:
     """A JSON value for a message, cut short, the secrets masked before the cut."""
     return quote_masked(json.dumps(value), SHOWN_CHARS, *secrets)
 
 
-def _name(name, secrets):
+def _name(name: str, secrets: Sequence[Optional[str]]) -> str:
     """A file name of the manifest for a message, cut short, the secrets masked before the cut."""
     return quote_masked(name, SHOWN_CHARS, *secrets)
 
 
-def revision_problem(revision, allow_unpinned=False, repo_id=None):
+def revision_problem(revision: str, allow_unpinned: bool = False, repo_id: Optional[str] = None) -> Optional[str]:
     """Why ``revision`` cannot be used, or None.
 
     A branch or tag can move between the runs on two nodes (or between the fetch and
@@ -114,7 +117,7 @@ def revision_problem(revision, allow_unpinned=False, repo_id=None):
     )
 
 
-def repo_id_problem(repo_id):
+def repo_id_problem(repo_id: str) -> Optional[str]:
     """Why ``repo_id`` is no Hub repository id, or None."""
     if _REPO_ID.fullmatch(repo_id) and '..' not in repo_id and '--' not in repo_id and not repo_id.endswith(('.', '-')):
         return None
@@ -124,19 +127,19 @@ def repo_id_problem(repo_id):
     )
 
 
-def endpoint_problem(endpoint):
+def endpoint_problem(endpoint: str) -> Optional[str]:
     """Why endpoint is no URL of a Hub, or None; the message shows it without its password."""
     if _ENDPOINT.fullmatch(endpoint):
         return None
     return 'endpoint %s is not an http:// or https:// URL' % _shown(without_credentials(endpoint))
 
 
-def model_info_url(endpoint, repo_id, revision):
+def model_info_url(endpoint: str, repo_id: str, revision: str) -> str:
     """The model-info URL of one revision with its blob metadata."""
     return '%s/api/models/%s/revision/%s?blobs=true' % (endpoint.rstrip('/'), repo_id, quote(revision, safe=''))
 
 
-def name_problem(name):
+def name_problem(name: object) -> Optional[str]:
     """Why a file name from the Hub cannot be a file inside the checkpoint directory, or None."""
     if not isinstance(name, str) or not name:
         return 'is not a non-empty string'
@@ -152,16 +155,16 @@ def name_problem(name):
     return None
 
 
-def _byte_count(value):
+def _byte_count(value: Any) -> Optional[int]:
     # A JSON true is an int to Python, and no size; no file holds more bytes than a signed 64-bit offset counts.
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_FILE_BYTES else None
 
 
-def _file_entry(sibling, where, position, secrets):
+def _file_entry(sibling: Any, where: str, position: int, secrets: Sequence[Optional[str]]) -> ManifestFile:
     """ManifestFile of one sibling; raises ManifestError naming it."""
     if not isinstance(sibling, dict):
         raise ManifestError('%s: siblings[%d] is %s, not an object' % (where, position, _shown(sibling, secrets)))
-    name = sibling.get('rfilename')
+    name: Any = sibling.get('rfilename')  # a str once name_problem passes it
     problem = name_problem(name)
     if problem:
         raise ManifestError('%s: siblings[%d].rfilename %s %s' % (where, position, _shown(name, secrets), problem))
@@ -194,7 +197,7 @@ def _file_entry(sibling, where, position, secrets):
     return ManifestFile(name, size, GIT_SHA1, digest.lower())
 
 
-def parse_manifest(data, where, secrets=()):
+def parse_manifest(data: bytes, where: str, secrets: Sequence[Optional[str]] = ()) -> Manifest:
     """The Manifest in ``data`` (bytes of model-info JSON); ``where`` names its source in messages.
 
     ``secrets``: masked in what the messages quote of ``data`` (a Hub's answer may echo the token).
@@ -221,7 +224,7 @@ def parse_manifest(data, where, secrets=()):
     return Manifest(revision.lower(), files)
 
 
-def read_manifest_file(path):
+def read_manifest_file(path: str) -> Manifest:
     """The Manifest in a file saved from the Hub (air-gapped sites)."""
     try:
         with open_regular(path) as handle:
@@ -235,7 +238,16 @@ def read_manifest_file(path):
     return parse_manifest(data, 'manifest %s' % path)
 
 
-def _status_problem(status, headers, body, url, repo_id, revision, token, endpoint_secrets=()):
+def _status_problem(
+    status: int,
+    headers: Optional[Message],
+    body: bytes,
+    url: str,
+    repo_id: str,
+    revision: str,
+    token: Optional[str],
+    endpoint_secrets: Iterable[str] = (),
+) -> str:
     """The message for a model-info answer other than 200, the token and endpoint_secrets masked in it.
 
     What the Hub says is masked before it is shortened, so that no cut leaves part of a secret.
@@ -271,7 +283,14 @@ def _status_problem(status, headers, body, url, repo_id, revision, token, endpoi
     return mask('%s answered HTTP %d: %s%s' % (url, status, cause, detail), *secrets)
 
 
-def fetch_manifest(endpoint, repo_id, revision, token=None, timeout=60, validate_certs=True):
+def fetch_manifest(
+    endpoint: str,
+    repo_id: str,
+    revision: str,
+    token: Optional[str] = None,
+    timeout: float = 60,
+    validate_certs: bool = True,
+) -> Manifest:
     """The Manifest of one revision, fetched from the Hub (or a mirror) within ``timeout`` seconds.
 
     No message shows the token or the endpoint's password: the URL is shown without the password, and both
