@@ -38,6 +38,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._journal import (
 from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
     DEFAULT_FORBIDDEN_MARKUP,
     answer_matches,
+    assemble_stream,
     error_message,
     expect_problem,
     extra_body_problem,
@@ -140,6 +141,7 @@ class ChatCheck:
         expect_reasoning: Optional[bool] = None,
         forbidden_markup: Sequence[str] = DEFAULT_FORBIDDEN_MARKUP,
         tool_call: Optional[dict[str, Any]] = None,
+        stream: bool = False,
         unit: Optional[str] = None,
         probe_unit: Optional[Callable[[float], dict[str, str]]] = None,
         read_journal: Optional[Callable[..., str]] = None,
@@ -165,6 +167,7 @@ class ChatCheck:
         self.expect_reasoning = expect_reasoning
         self.forbidden_markup = list(forbidden_markup)
         self.tool_call = tool_call
+        self.stream = stream
         self.unit = unit
         self.probe_unit = probe_unit
         self.read_journal = read_journal
@@ -379,6 +382,9 @@ class ChatCheck:
     def _post(self, model: str, payload: dict[str, Any], what: str) -> Optional[dict[str, Any]]:
         """POST one chat completion (payload and extra_body); the parsed reply, or None to wait on."""
         payload.update(self.extra_body)
+        if self.stream:
+            # As agents ask: the answer in deltas, which vLLM's parsers make on a path of their own.
+            payload.update(stream=True, stream_options={'include_usage': True})
         began = self.clock()
         # The first request after a load can be slow; it may use what is left of the wait.
         try:
@@ -401,7 +407,7 @@ class ChatCheck:
                 explain=status >= 500,
             )
         try:
-            reply = parse_chat(text)
+            reply = parse_chat(assemble_stream(text) if self.stream else text)
         except ValueError as exc:
             self._fail('The %s from %s at %s answered with %s' % (what, model, self.url, exc))
         tokens = reply['completion_tokens']

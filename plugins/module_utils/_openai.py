@@ -223,6 +223,84 @@ def parse_chat(text: str) -> dict[str, Any]:
     }
 
 
+def assemble_stream(text: str) -> str:
+    """The chat completion a streamed answer (text/event-stream) adds up to, as the JSON body parse_chat reads.
+
+    The deltas of the first choice are joined as the OpenAI clients join them: content and reasoning in order, each
+    tool call by its index (its id from the first delta that has one, its name and arguments in pieces); the last
+    finish_reason and the usage event count. Raises ValueError for an event that is no JSON chunk, an error event, or
+    a stream that ends before `data: [DONE]`.
+    """
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish_reason = None
+    usage = None
+    for line in text.splitlines():
+        if not line.startswith('data:'):
+            continue
+        data = line[len('data:') :].strip()
+        if data == '[DONE]':
+            break
+        chunk, error = parse_json(data)
+        if error:
+            raise ValueError('a stream with ' + error)
+        if not isinstance(chunk, dict) or 'error' in chunk:
+            raise ValueError('a stream that ended in an error: %s' % error_message(data))
+        if isinstance(chunk.get('usage'), dict):
+            usage = chunk['usage']
+        choices = chunk.get('choices')
+        if not isinstance(choices, list) or not choices:
+            continue
+        choice = choices[0]
+        delta = choice.get('delta') if isinstance(choice, dict) else None
+        if not isinstance(delta, dict):
+            raise ValueError('a stream whose event has no delta: %s' % quote(data, 200))
+        _add_text(content, delta.get('content'), data)
+        _add_text(
+            reasoning,
+            delta.get('reasoning') if delta.get('reasoning') is not None else delta.get('reasoning_content'),
+            data,
+        )
+        for piece in delta.get('tool_calls') or []:
+            _add_call_piece(calls, piece, data)
+        if isinstance(choice.get('finish_reason'), str):
+            finish_reason = choice['finish_reason']
+    else:
+        raise ValueError('a stream that ended before data: [DONE]: %s' % quote(text[-200:], 200))
+    message = {
+        'content': ''.join(content) if content else None,
+        'reasoning': ''.join(reasoning) if reasoning else None,
+        'tool_calls': [calls[index] for index in sorted(calls)] or None,
+    }
+    return json.dumps({'choices': [{'message': message, 'finish_reason': finish_reason}], 'usage': usage})
+
+
+def _add_text(pieces: list[str], piece: Any, data: str) -> None:
+    if piece is None:
+        return
+    if not isinstance(piece, str):
+        raise ValueError('a stream whose delta holds text that is not text: %s' % quote(data, 200))
+    pieces.append(piece)
+
+
+def _add_call_piece(calls: dict[int, dict[str, Any]], piece: Any, data: str) -> None:
+    """Join one delta of a tool call into the call of its index."""
+    function = piece.get('function') if isinstance(piece, dict) else None
+    index = piece.get('index') if isinstance(piece, dict) else None
+    if not isinstance(index, int) or isinstance(index, bool) or not isinstance(function or {}, dict):
+        raise ValueError('a stream whose tool call delta has no index or function: %s' % quote(data, 200))
+    call = calls.setdefault(index, {'id': None, 'type': 'function', 'function': {'name': '', 'arguments': ''}})
+    if call['id'] is None and isinstance(piece.get('id'), str):
+        call['id'] = piece['id']
+    for key in ('name', 'arguments'):
+        value = (function or {}).get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise ValueError('a stream whose tool call %s is not text: %s' % (key, quote(data, 200)))
+            call['function'][key] += value
+
+
 def parse_tool_calls(calls: Any, text: str) -> list[dict[str, Any]]:
     """The tool calls of a message as [{'id', 'name', 'arguments'}]; the arguments stay the server's text.
 

@@ -177,6 +177,16 @@ options:
         type: str
         choices: [subset, exact, pattern]
         default: subset
+  stream:
+    description:
+      - Ask for the answers as a stream (C(stream), with C(stream_options) C(include_usage)), as agents and chat
+        front ends ask, and judge what the deltas add up to, joined as the OpenAI clients join them (the content
+        and reasoning in order, each tool call by its index). vLLM's reasoning and tool parsers take a path of their
+        own for a stream, which a non-streamed check never runs.
+      - The same judgement follows as without it, the tool gate's included; a stream that breaks off before
+        its C([DONE]) event, or that carries an error event, fails the check with what came.
+    type: bool
+    default: false
   api_key:
     description:
       - The server's API key (vLLM C(--api-key)), sent as a C(Bearer) token in the C(Authorization) header.
@@ -603,6 +613,7 @@ def main():
                     arguments_match=dict(type='str', choices=list(ARGUMENTS_MATCHES), default='subset'),
                 ),
             ),
+            stream=dict(type='bool', default=False),
             api_key=dict(type='str', no_log=True),
             timeout=dict(type='int', default=DEFAULT_TIMEOUT),
             interval=dict(type='float', default=DEFAULT_INTERVAL),
@@ -649,6 +660,7 @@ def main():
         expect_reasoning=p['expect_reasoning'],
         forbidden_markup=p['forbidden_markup'],
         tool_call=p['tool_call'],
+        stream=p['stream'],
         unit=unit,
         probe_unit=unit_probe(module, unit, api_key) if unit else None,
         read_journal=journal_reader(module, unit, api_key) if unit else None,

@@ -2,6 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
+import json
 import time
 
 import pytest
@@ -1225,3 +1226,115 @@ def test_arguments_of_the_gates_are_refused_before_any_request(kwargs, expected_
         world.check(**kwargs).run()
     assert err.value.msg == expected_msg
     assert world.calls == []
+
+
+# ---------------------------------------------------------------- streamed answers
+
+
+def sse(*events):
+    """A text/event-stream body of these events (dicts, or text for [DONE]), one data line and a blank line each."""
+    return ''.join('data: %s\n\n' % (event if isinstance(event, str) else json.dumps(event)) for event in events)
+
+
+def chunk(delta, finish=None):
+    """One chat.completion.chunk in vLLM's shape, its first choice carrying delta."""
+    return {
+        'id': 'chatcmpl-7',
+        'object': 'chat.completion.chunk',
+        'created': 1800000000,
+        'model': 'tiny-chat',
+        'choices': [{'index': 0, 'delta': delta, 'logprobs': None, 'finish_reason': finish}],
+    }
+
+
+USAGE = {'id': 'chatcmpl-7', 'object': 'chat.completion.chunk', 'choices': [], 'usage': {'completion_tokens': 21}}
+# The tool call as vLLM's Kimi parser streams it: the id, type and name first, then the arguments in pieces.
+STREAMED_CALL = sse(
+    chunk({'role': 'assistant', 'content': ''}),
+    chunk({'reasoning': 'Weather: '}),
+    chunk({'reasoning': 'a tool.'}),
+    chunk(
+        {
+            'tool_calls': [
+                {
+                    'index': 0,
+                    'id': 'functions.get_weather:0',
+                    'type': 'function',
+                    'function': {'name': 'get_weather', 'arguments': ''},
+                }
+            ]
+        }
+    ),
+    chunk({'tool_calls': [{'index': 0, 'function': {'arguments': '{"city": '}}]}),
+    chunk({'tool_calls': [{'index': 0, 'function': {'arguments': '"Paris"}'}}]}),
+    chunk({}, finish='tool_calls'),
+    USAGE,
+    '[DONE]',
+)
+STREAMED_PARIS = sse(
+    chunk({'role': 'assistant', 'content': ''}),
+    *[chunk({'content': piece}) for piece in ('The capital', ' of France', ' is Paris.')],
+    chunk({}, finish='stop'),
+    USAGE,
+    '[DONE]',
+)
+
+
+def test_a_streamed_tool_call_is_joined_as_a_client_joins_it_and_judged():
+    world = World(chat=[(200, STREAMED_PARIS), (200, STREAMED_CALL)])
+    result = world.check(tool_call=WEATHER, max_tokens=256, stream=True).run()
+    assert result['answer'] == PARIS
+    assert result['tool_call']['arguments'] == {'city': 'Paris'}
+    assert result['tool_call']['tool_calls'] == [
+        {'id': 'functions.get_weather:0', 'name': 'get_weather', 'arguments': '{"city": "Paris"}'}
+    ]
+    assert (result['tool_call']['reasoning'], result['tool_call']['finish_reason']) == (
+        'Weather: a tool.',
+        'tool_calls',
+    )
+    assert result['tool_call']['completion_tokens'] == 21
+    for payload in world.payloads:
+        assert payload['stream'] is True and payload['stream_options'] == {'include_usage': True}
+
+
+def test_a_streamed_call_whose_arguments_break_off_fails_the_tool_gate():
+    # The last piece of the arguments never came: what the deltas add up to is no JSON object.
+    broken = STREAMED_CALL.replace(json.dumps('"Paris"}'), json.dumps('"Par'))
+    assert broken != STREAMED_CALL
+    with pytest.raises(CheckFailed) as failed:
+        World(chat=[(200, STREAMED_PARIS), (200, broken)]).check(tool_call=WEATHER, stream=True).run()
+    assert 'called get_weather with arguments that are not JSON' in str(failed.value), failed.value
+    assert '\'{"city": "Par\'' in str(failed.value), failed.value
+
+
+@pytest.mark.parametrize(
+    'body, reason',
+    [
+        pytest.param(
+            STREAMED_PARIS.replace('data: [DONE]\n\n', ''), 'a stream that ended before data: [DONE]', id='cut'
+        ),
+        pytest.param(
+            sse(chunk({'content': 'The'}), {'error': {'message': 'engine dead', 'code': 500}}, '[DONE]'),
+            'a stream that ended in an error: engine dead',
+            id='error-event',
+        ),
+        pytest.param(
+            sse(chunk({'content': 'The'}), '{"choices": [', '[DONE]'),
+            'a stream with a body that is not JSON',
+            id='torn',
+        ),
+        pytest.param(
+            sse(chunk({'content': 7}), '[DONE]'), 'a stream whose delta holds text that is not text', id='not-text'
+        ),
+    ],
+)
+def test_a_broken_stream_fails_the_check_naming_what_broke(body, reason):
+    with pytest.raises(CheckFailed) as failed:
+        World(chat=[(200, body)]).check(stream=True).run()
+    assert reason in str(failed.value), failed.value
+
+
+def test_without_stream_the_request_asks_for_one_answer():
+    world = World()
+    world.check().run()
+    assert 'stream' not in world.payloads[0] and 'stream_options' not in world.payloads[0]

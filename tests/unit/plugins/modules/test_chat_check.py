@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.fake_openai import reply
+from ansible_collections.llmserve.vllm.tests.fake_openai import reply, stream
 from ansible_collections.llmserve.vllm.tests.support import chat_completion, recorded
 
 PARIS = 'The capital of France is Paris.'
@@ -548,3 +548,58 @@ def test_a_healthy_unit_returns_its_loading_progress(tmp_path, serve, module_res
     assert result['answer'] == PARIS
     assert result['restarts'] == 0
     assert result['progress'] == fixture('vllm-started.progress.txt').splitlines()
+
+
+def streamed_events(*deltas, finish):
+    """vLLM's chat.completion.chunk events for these deltas, then the finish, the usage and [DONE], one per chunk."""
+    events = [{'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]} for delta in deltas]
+    events += [
+        {'choices': [{'index': 0, 'delta': {}, 'finish_reason': finish}]},
+        {'choices': [], 'usage': {'completion_tokens': 9}},
+    ]
+    return [b'data: %s\n\n' % json.dumps(event).encode('utf-8') for event in events] + [b'data: [DONE]\n\n']
+
+
+def test_a_streamed_answer_and_tool_call_pass_through_the_module(serve, module_result):
+    """Over HTTP as uvicorn sends a stream (one event per chunk, a little apart), the module joins the deltas."""
+    answer = streamed_events(
+        *({'content': piece} for piece in ('The capital of ', 'France is', ' Paris.')), finish='stop'
+    )
+    call = streamed_events(
+        {
+            'tool_calls': [
+                {
+                    'index': 0,
+                    'id': 'functions.get_weather:0',
+                    'type': 'function',
+                    'function': {'name': 'get_weather', 'arguments': ''},
+                }
+            ]
+        },
+        {'tool_calls': [{'index': 0, 'function': {'arguments': '{"city": '}}]},
+        {'tool_calls': [{'index': 0, 'function': {'arguments': '"Paris"}'}}]},
+        finish='tool_calls',
+    )
+    bodies = []
+
+    def chat(handler, stop):
+        body = json.loads(handler.body)
+        bodies.append(body)
+        stream(call if 'tools' in body else answer, gap=0.05)(handler, stop)
+
+    fake = FakeVllm()
+    server = serve(fake)
+    server.routes['/v1/chat/completions'] = chat
+    args = dict(
+        FAST,
+        url=server.url,
+        stream=True,
+        tool_call={'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'arguments': {'city': 'Paris'}},
+    )
+    rc, result = module_result('chat_check', args)
+    assert rc == 0, result
+    assert result['answer'] == PARIS and result['completion_tokens'] == 9
+    assert (
+        result['tool_call']['arguments'] == {'city': 'Paris'} and result['tool_call']['finish_reason'] == 'tool_calls'
+    )
+    assert [(body['stream'], body['stream_options']) for body in bodies] == [(True, {'include_usage': True})] * 2
