@@ -148,3 +148,27 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc,
     assert code == rc, out
     for text in expected + ['Verdict: FITS with max_model_len 1024', 'GPUs: none (accelerator cpu)']:
         assert text in out
+
+
+def test_a_host_the_preflight_cannot_answer_for_fails_with_the_cause(tmp_path):
+    """A missing checkpoint: the preflight has no plan to print, and the host fails with the cause, not with an
+    error of the playbook's own templates."""
+    missing = str(tmp_path / 'no-such-checkpoint')
+    code, out = run_playbook(
+        tmp_path,
+        {
+            'lost': {
+                'vllm_kimi_model_path': missing,
+                'vllm_kimi_accelerator': 'cpu',
+                'vllm_kimi_tensor_parallel_size': 1,
+                'vllm_kimi_kv_cache_memory_bytes': 1048576,
+                'vllm_kimi_max_model_len': 1024,
+                'vllm_kimi_port': 18433,
+                'vllm_kimi_api_key': 'preflight-test-key',
+            }
+        },
+    )
+    assert code == 2, out
+    assert 'The preflight could not answer: ' in out and missing in out, out
+    assert 'has no attribute' not in out, out
+    assert 'TASK [Ensure vLLM would start on this host]' in out and 'failed=1' in out, out
