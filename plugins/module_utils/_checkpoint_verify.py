@@ -23,7 +23,7 @@ import os
 import stat
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional, Union, overload
+from typing import Any, Callable, Optional, Union, cast, overload
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, read_json
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import (
@@ -216,7 +216,8 @@ def check_file(
     if found:
         check.problems.append(found)
         return check
-    assert info is not None  # _stat_problem gives the stat_result or a problem
+    # _stat_problem gives the stat_result or a problem.
+    info = cast(os.stat_result, info)
     found = _size_problem(entry.name, info.st_size, entry.size)
     if found and not size_may_differ:
         check.problems.append(found)
@@ -358,9 +359,9 @@ def _judge_rewritten(
     if check.problems or check.digest == entry.digest:
         report.problems.extend(check.problems)
         return entry.digest if not check.problems else None
-    assert record.doc is not None  # record.files, which names entry.name, is empty without it
     try:
-        original = original_config_bytes(path, entry.name, record.doc)
+        # record.files, which names entry.name, is empty without a record.
+        original = original_config_bytes(path, entry.name, cast(Record, record.doc))
     except KvCacheQuantError as exc:
         report.problems.append(
             problem(
@@ -484,8 +485,8 @@ def _verify(
         report.hashed_bytes += check.hashed_bytes
         report.cache_hits += check.cache_hit
         if name in rewritable:
-            assert record is not None  # rewritable is empty without a record
-            digest = _judge_rewritten(path, entry, check, record, report)
+            # rewritable is empty without a record.
+            digest = _judge_rewritten(path, entry, check, cast(_Record, record), report)
         else:
             report.problems.extend(check.problems)
             digest = entry.digest
