@@ -67,6 +67,7 @@ PACKAGES = [
     # What the role's toolchain step installs (vllm_kimi_toolchain_packages), in the tree so that each sandbox's
     # deploy finds it there rather than fetching it: Triton's launcher build and the pre-load smoke need them.
     'gcc',
+    'g++',
     'libc6-dev',
     'python3-dev',
 ]

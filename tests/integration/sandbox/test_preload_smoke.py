@@ -3,11 +3,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The pre-load smoke refuses, before any restart, what would fail only after the load (molecule verify).
 
-One change carries four faults at once, each of which real hosts met after a long load: a flag the release's
+One change carries five faults at once, each of which real hosts met after a long load: a flag the release's
 parser rejects, TP 2 on a node whose devices (the CPU build's worker groups: one NUMA node here) cannot hold two
 ranks, the previous unit's shape for a parallel start (on TCP behind the IP fence, no GLOO_SOCKET_IFNAME: Gloo binds
-to the address the host name resolves to, which the unit's enforced IP fence drops), and no C compiler. The smoke runs in the service's own
-sandbox and must name each; the host keeps serving what it served, untouched.
+to the address the host name resolves to, which the unit's enforced IP fence drops), no C compiler, and no C++ compiler for torch inductor (the CPU build's first
+request compiles with it). The smoke runs in the service's own sandbox and must name each; the host keeps serving what it served, untouched.
 """
 
 import json
@@ -17,6 +17,7 @@ from sandbox_helpers import first_failure, served, task_results
 
 SMOKE_TASK = 'Refuse the change before any restart when the smoke failed'
 NO_COMPILER = '/usr/bin/llmserve-no-such-cc'
+NO_CXX = '/usr/bin/llmserve-no-such-cxx'
 
 
 @pytest.fixture(scope='module')
@@ -26,7 +27,7 @@ def faulty_change(sandbox):
     # An empty GLOO_SOCKET_IFNAME is what the unit rendered before a single node's ranks were kept on lo. That unit
     # served on TCP behind the IP fence: in the Unix socket's shape (a network namespace of its own, the default)
     # Gloo finds no such address there and falls back to loopback by itself.
-    environment.update(CC=NO_COMPILER, GLOO_SOCKET_IFNAME='')
+    environment.update(CC=NO_COMPILER, CXX=NO_CXX, GLOO_SOCKET_IFNAME='')
     change = {
         'vllm_kimi_listen': 'tcp',
         'vllm_kimi_extra_args': list(sandbox.vars['vllm_kimi_extra_args']) + ['--no-such-flag'],
@@ -57,6 +58,9 @@ def test_the_smoke_refuses_the_change(sandbox, faulty_change):
         'GLOO_SOCKET_IFNAME',
         'compiler failed',
         NO_COMPILER,
+        'inductor failed',
+        # torch inductor's own words, before the load rather than at the first request.
+        "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, '%s')" % NO_CXX,
     ],
 )
 def test_the_refusal_names_each_cause_and_its_remedy(sandbox, faulty_change, cause):

@@ -17,7 +17,6 @@ import pytest
 HERE = os.path.dirname(__file__)
 SMOKE = os.path.join(HERE, '..', '..', '..', 'roles', 'vllm_kimi', 'files', 'llmserve-preload-smoke')
 FIXTURES = os.path.join(HERE, '..', '..', 'fixtures', 'preload_smoke')
-GPU_CHECKS = ('devices', 'allreduce', 'compiler', 'triton', 'flashinfer', 'writable')
 
 
 def _load():
@@ -393,6 +392,7 @@ def test_compiler_and_writable_pass_with_gcc(tmp_path):
         'parser',
         'devices',
         'allreduce',
+        'inductor',
         'triton',
         'flashinfer',
     ]
@@ -482,6 +482,13 @@ def test_h200_pass_fixture():
     assert report['versions']['nccl'] == '2.28.9'
     assert smoke.driver_problem(report['versions']['driver'], report['versions']['cuda']) is None
     assert checks['parser']['status'] == 'skipped'
+    # On a GPU inductor's kernels are Triton's, which the triton check runs.
+    assert checks['inductor'] == {
+        'name': 'inductor',
+        'status': 'skipped',
+        'seconds': 0.0,
+        'detail': "GPU: torch.compile's kernels are Triton's (the triton check)",
+    }
     # flashinfer is not installed there: the check says so and skips.
     assert checks['flashinfer']['status'] == 'skipped'
     assert checks['flashinfer']['detail'].startswith('flashinfer is not installed in ')
@@ -598,3 +605,56 @@ def test_gloo_group_of_two_with_bound_cpu_groups(tmp_path):
     assert checks['allreduce']['detail'].startswith(
         'gloo group of 2 rank(s) formed and all-reduced 3 on every rank in '
     )
+
+
+# torch inductor's own words where CXX is unset and g++ is not on PATH.
+NO_GXX = "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, 'g++')"
+
+
+def _run_inductor(tmp_path, path):
+    # torch (of .venv-vllm) finds its C++ compiler on PATH; the writable directory holds the scratch library.
+    proc = subprocess.run(
+        [VLLM_PYTHON, SMOKE, '--ranks', '1', '--checks', 'inductor', '--writable', str(tmp_path / 'cache')]
+        + ['--', VLLM_PYTHON, VLLM_CLI, 'serve', '/models/x'],
+        capture_output=True,
+        text=True,
+        env={'PATH': path, 'HOME': str(tmp_path)},
+        timeout=300,
+        check=False,
+    )
+    return proc.returncode, {check['name']: check for check in json.loads(proc.stdout)['checks']}
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.skipif(shutil.which('g++') is None, reason='needs g++ on PATH')
+def test_inductor_builds_with_the_cxx_torch_finds(tmp_path):
+    rc, checks = _run_inductor(tmp_path, os.environ['PATH'])
+    assert rc == 0, checks['inductor']
+    assert checks['inductor']['detail'].startswith(
+        "%s (torch inductor's C++ compiler) built and loaded a C++ library in %s/" % (shutil.which('g++'), tmp_path)
+    )
+    assert os.listdir(tmp_path / 'cache') == []
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.skipif(shutil.which('gcc') is None, reason='needs gcc on PATH')
+def test_inductor_fails_with_a_c_compiler_alone(tmp_path):
+    """The sandbox's first TP 2 request failed so: gcc was there, g++ was not."""
+    alone = tmp_path / 'bin'
+    alone.mkdir()
+    os.symlink(shutil.which('gcc'), str(alone / 'gcc'))
+    rc, checks = _run_inductor(tmp_path, str(alone))
+    assert rc == 1
+    assert checks['inductor'] == {
+        'name': 'inductor',
+        'status': 'failed',
+        'seconds': checks['inductor']['seconds'],
+        'detail': NO_GXX,
+        'cause': "vLLM's CPU build compiles parts of a request with torch.compile, whose inductor kernels are C++ "
+        'built at the first request, and finds no C++ compiler (%s): the first request would fail after the load'
+        % NO_GXX,
+        'remedy': 'install g++ on the host (the role installs it with vllm_kimi_toolchain_packages) or set CXX to a '
+        'C++ compiler in vllm_kimi_environment',
+    }
