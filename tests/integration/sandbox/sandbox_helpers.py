@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 import time
 
+import requests
 import testinfra
 import yaml
 
@@ -189,3 +190,44 @@ def first_failure(report, host):
         if entry['host'] == host and entry['status'] in ('failed', 'unreachable'):
             return entry['task'], entry['result']
     return None, None
+
+
+class Prometheus:
+    def __init__(self, port):
+        self.url = 'http://127.0.0.1:%d/api/v1' % port
+
+    def query(self, expression):
+        """{frozenset of labels: value} of an instant query."""
+        reply = requests.get(self.url + '/query', params={'query': expression}, timeout=10)
+        reply.raise_for_status()
+        body = reply.json()
+        assert body['status'] == 'success', body
+        return {frozenset(item['metric'].items()): float(item['value'][1]) for item in body['data']['result']}
+
+    def value(self, expression):
+        result = self.query(expression)
+        assert len(result) <= 1, result
+        return next(iter(result.values())) if result else None
+
+    def wait(self, what, expression, predicate, timeout=90):
+        """Poll until predicate(result of expression) holds: scrapes come every 5 s."""
+        deadline = time.time() + timeout
+        while True:
+            result = self.query(expression)
+            if predicate(result):
+                return result
+            if time.time() > deadline:
+                raise AssertionError('%s: %s is %s after %d s' % (what, expression, result, timeout))
+            time.sleep(2)
+
+
+def prometheus_of(sandbox):
+    """The Prometheus that scrapes this sandbox (molecule's default scenario, prepare.yml), or None: make demo's has
+    none."""
+    port = sandbox.vars.get('sandbox_prometheus_port')
+    return Prometheus(int(port)) if port else None
+
+
+def ours(name, sandbox):
+    """One of the role's own series (node_exporter's textfile) of this sandbox's service."""
+    return '%s{service="%s"}' % (name, sandbox.unit)

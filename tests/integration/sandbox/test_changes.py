@@ -15,9 +15,14 @@
    the unit uses (one restart for the three, as a removal would stay). An engine that hangs
    after its first line fails the gate once it made no progress for
    vllm_kimi_stall_timeout, quoting that line, and is rolled back too.
-4. A good change: recorded as the new last good deployment, the previous one
-   kept, older deployments and unused releases pruned.
-5. A failed change with no good deployment to go back to (as on a first
+4. A model revision that answers exactly as the served one but does several times the work
+   (tools/make_tiny_models.py's tiny-kimi-heavy): the coherence gate passes, the performance gate
+   finds it far below the last good figure, the host is rolled back, and Prometheus (molecule's
+   scenario) shows the failed gates and one more rollback.
+5. A good change: it costs no speed and passes the performance gate against the last good figure;
+   recorded as the new last good deployment, the previous one kept, older deployments and unused
+   releases pruned; Prometheus shows the gates passed again.
+6. A failed change with no good deployment to go back to (as on a first
    deploy): the failed unit is stopped and disabled instead of crash-looping or starting at the next boot.
 
 The tests run in file order; each leaves the host serving the converged deployment.
@@ -29,7 +34,18 @@ import os
 import re
 
 import pytest
-from sandbox_helpers import BIN, DEPLOYMENTS, REPO, first_failure, item_labels, revision, served, task_results
+from sandbox_helpers import (
+    BIN,
+    DEPLOYMENTS,
+    REPO,
+    first_failure,
+    item_labels,
+    ours,
+    prometheus_of,
+    revision,
+    served,
+    task_results,
+)
 
 GATE_TASK = 'Wait until vLLM answers the coherence prompt correctly'
 INSTALL_TASK = "Install vLLM into the release's venv"
@@ -304,6 +320,68 @@ def test_a_stalled_start_is_rolled_back(sandbox, stalled_start):
     assert after['process']['ActiveState'] == 'active'
 
 
+# The heavy revision of the staged repository (inventories/sandbox): same answers, several times the work.
+HEAVY_REVISION = revision('heavy')
+PERF_TASK = 'Measure the deployment under load and judge its throughput'
+
+
+@pytest.fixture(scope='module')
+def prometheus(sandbox):
+    """The Prometheus of molecule's default scenario; the tests of what it shows skip on make demo's sandbox."""
+    scraper = prometheus_of(sandbox)
+    if scraper is None:
+        pytest.skip('no Prometheus scrapes this sandbox (molecule/default/prepare.yml runs one)')
+    return scraper
+
+
+@pytest.fixture(scope='module')
+def heavy_revision(sandbox):
+    scraper = prometheus_of(sandbox)
+    rollbacks = (scraper.value(ours('llmserve_rollbacks_total', sandbox)) or 0) if scraper else None
+    before = {'record': last_good_record(sandbox), 'rollbacks': rollbacks}
+    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=' + HEAVY_REVISION)
+    return before, rc, output, report
+
+
+def test_heavy_revision_answers_correctly_but_fails_the_performance_gate(sandbox, heavy_revision):
+    before, rc, output, report = heavy_revision
+    results = dict(task_results(report, sandbox.name))
+    assert rc != 0, output[-3000:]
+    # The coherence gate passed: only the load showed the change was bad.
+    assert 'Paris' in results[GATE_TASK]['answer']
+    perf = results[PERF_TASK]
+    assert "below the previous release's" in perf['msg']
+    assert perf['failed_requests'] == 0 and perf['requests'] > 0
+    assert perf['baseline_tokens_per_second'] == pytest.approx(before['record']['perf']['output_tokens_per_second'])
+    assert perf['regression_percent'] > 50
+    task, result = first_failure(report, sandbox.name)
+    assert task == PERF_TASK
+
+
+def test_heavy_revision_is_rolled_back(sandbox, heavy_revision):
+    before, rc, output, report = heavy_revision
+    message = dict(task_results(report, sandbox.name))[FINAL_TASK]['msg']
+    assert 'Rolled back: %s is back on deployment %s' % (sandbox.name, before['record']['deployment']) in message
+    assert last_good_record(sandbox)['deployment'] == before['record']['deployment']
+    assert HEAVY_REVISION not in sandbox.sh('systemctl cat %s' % sandbox.unit)
+    assert last_good_record(sandbox)['model_revision'] == before['record']['model_revision']
+
+
+def test_prometheus_shows_the_failed_gate_and_one_more_rollback(sandbox, prometheus, heavy_revision):
+    before, rc, output, report = heavy_revision
+    prometheus.wait(
+        'the rollback counted',
+        ours('llmserve_rollbacks_total', sandbox),
+        lambda r: list(r.values()) == [before['rollbacks'] + 1],
+    )
+    assert prometheus.value(ours('llmserve_gate_success', sandbox)) == 0
+    assert prometheus.value(ours('llmserve_perf_gate_success', sandbox)) == 0
+    assert prometheus.value('time() - ' + ours('llmserve_rollback_last_timestamp_seconds', sandbox)) < 600
+    # What serves is the release rolled back to.
+    release = prometheus.query(ours('llmserve_release_info', sandbox))
+    assert [dict(labels)['release'] for labels in release] == [before['record']['release']]
+
+
 PLANTED_RELEASE = '0123456789ab'
 
 
@@ -315,8 +393,10 @@ def good_change(sandbox):
     planted = '%s/%s' % (root, PLANTED_RELEASE)
     sandbox.sh("mkdir -p %s/bin && echo '{}' > %s/.llmserve-release.json" % (planted, planted))
     before = deployments(sandbox)
+    replaced = last_good_record(sandbox)
     rc, output, report = sandbox.deploy('-e', 'vllm_kimi_max_model_len=2048')
     changed = {
+        'replaced': replaced,
         'rc': rc,
         'output': output,
         'report': report,
@@ -340,6 +420,27 @@ def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
     assert max_model_len(record) == '2048'
     assert record['gate']['answer'] == RIGHT_ANSWER
     assert record['deployment'] == changed['deployments'][-1]
+
+
+def test_good_change_costs_no_speed_and_passes_against_the_last_good_figure(sandbox, good_change):
+    """The performance gate judged the change against the figure of the deployment it replaced (after the heavy
+    revision's failed gate, which recorded nothing), and the new record carries the change's own figure."""
+    before, changed = good_change
+    assert changed['rc'] == 0, changed['output'][-3000:]
+    perf = dict(task_results(changed['report'], sandbox.name))[PERF_TASK]
+    assert perf['baseline_tokens_per_second'] == pytest.approx(changed['replaced']['perf']['output_tokens_per_second'])
+    assert perf['regression_percent'] <= sandbox.vars['vllm_kimi_perf_max_regression_percent']
+    assert changed['record']['perf']['output_tokens_per_second'] == pytest.approx(perf['output_tokens_per_second'])
+
+
+def test_prometheus_shows_the_gates_passed_again(sandbox, prometheus, good_change):
+    before, changed = good_change
+    prometheus.wait('the gate passed again', ours('llmserve_gate_success', sandbox), lambda r: list(r.values()) == [1])
+    prometheus.wait(
+        'the performance gate passed again',
+        ours('llmserve_perf_gate_success', sandbox),
+        lambda r: list(r.values()) == [1],
+    )
 
 
 def logged_kv_tokens(sandbox):
