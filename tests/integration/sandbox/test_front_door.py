@@ -24,6 +24,7 @@ import shlex
 import ssl
 import time
 
+import anthropic
 import httpx2
 import openai
 import pytest
@@ -96,6 +97,52 @@ def status(sandbox, path, method='GET', source='127.0.0.1', body=None):
 def test_the_openai_client_gets_an_answer_over_tls(sandbox, front):
     reply = ask(client(front, sandbox.vars['vllm_kimi_api_key']), sandbox)
     assert reply.choices[0].message.content == 'The capital of France is Paris.'
+
+
+def anthropic_client(front, api_key):
+    """Anthropic's official client as coding agents configure it for a Bearer-token gateway (auth_token): vLLM takes
+    its key as a Bearer token on /v1/messages too."""
+    return anthropic.Anthropic(
+        base_url=front,
+        auth_token=api_key,
+        http_client=httpx2.Client(verify=ssl.create_default_context(cafile=CA), timeout=120),
+        max_retries=0,
+    )
+
+
+def test_openais_responses_api_answers_through_the_front_door(sandbox, front):
+    """/v1/responses, the default of OpenAI's agent SDK, with the same key as chat completions."""
+    reply = client(front, sandbox.vars['vllm_kimi_api_key']).responses.create(
+        model=sandbox.vars['vllm_kimi_served_model_name'], input=QUESTION, max_output_tokens=256, temperature=0
+    )
+    assert (reply.status, reply.output_text) == ('completed', 'The capital of France is Paris.')
+
+
+def test_anthropics_messages_api_answers_through_the_front_door_with_its_thinking_apart(sandbox, front):
+    message = anthropic_client(front, sandbox.vars['vllm_kimi_api_key']).messages.create(
+        model=sandbox.vars['vllm_kimi_served_model_name'],
+        max_tokens=256,
+        messages=[{'role': 'user', 'content': QUESTION}],
+        # The tiny model answers greedily; the Messages API's default samples.
+        extra_body={'temperature': 0},
+    )
+    blocks = [
+        (block.type, getattr(block, 'text', None) or getattr(block, 'thinking', None)) for block in message.content
+    ]
+    assert message.stop_reason == 'end_turn', blocks
+    assert [text for kind, text in blocks if kind == 'text'] == ['The capital of France is Paris.'], blocks
+    # Kimi's reasoning arrives as a thinking block, not in the answer.
+    assert [kind for kind, text in blocks] == ['thinking', 'text'], blocks
+
+
+def test_the_messages_api_with_a_wrong_key_gets_401(sandbox, front):
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        anthropic_client(front, 'not-the-key').messages.create(
+            model=sandbox.vars['vllm_kimi_served_model_name'],
+            max_tokens=16,
+            messages=[{'role': 'user', 'content': QUESTION}],
+        )
+    assert refused.value.status_code == 401
 
 
 def test_a_client_that_does_not_trust_the_sandbox_ca_is_refused(sandbox, front):
