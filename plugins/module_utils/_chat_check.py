@@ -46,6 +46,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
     markup_problem,
     parse_chat,
     parse_models,
+    stream_events,
     tool_call_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import startup_figures
@@ -410,6 +411,7 @@ class ChatCheck:
             reply = parse_chat(assemble_stream(text) if self.stream else text)
         except ValueError as exc:
             self._fail('The %s from %s at %s answered with %s' % (what, model, self.url, exc))
+        reply['stream_events'] = stream_events(text) if self.stream else None
         tokens = reply['completion_tokens']
         reply['tokens_per_second'] = round(tokens / took, 3) if tokens and took > 0 else 0.0
         reply['request_seconds'] = round(took, 3)
@@ -505,6 +507,7 @@ class ChatCheck:
                 'completion_tokens': reply['completion_tokens'],
                 'tokens_per_second': reply['tokens_per_second'],
                 'request_seconds': reply['request_seconds'],
+                'stream_events': reply['stream_events'],
             }
         )
         result.pop('last_state', None)
@@ -623,6 +626,7 @@ class ChatCheck:
             'finish_reason': reply['finish_reason'],
             'completion_tokens': reply['completion_tokens'],
             'request_seconds': reply['request_seconds'],
+            'stream_events': reply['stream_events'],
         }
         if msg:
             raise CheckFailed(msg, **result)

@@ -276,6 +276,17 @@ def assemble_stream(text: str) -> str:
     return json.dumps({'choices': [{'message': message, 'finish_reason': finish_reason}], 'usage': usage})
 
 
+def stream_events(text: str) -> int:
+    """How many events a streamed answer came in before its `data: [DONE]`: the chunks assemble_stream joined."""
+    events = 0
+    for line in text.splitlines():
+        if line.startswith('data:'):
+            if line[len('data:') :].strip() == '[DONE]':
+                break
+            events += 1
+    return events
+
+
 def _add_text(pieces: list[str], piece: Any, data: str) -> None:
     if piece is None:
         return

@@ -386,6 +386,13 @@ request_seconds:
   returned: success, or when the answer did not match
   type: float
   sample: 0.192
+stream_events:
+  description:
+    - How many events the streamed answer came in before its end event (C([DONE])); null when O(stream) is off.
+    - More than one shows the answer was joined from its deltas, as a streaming client joins them.
+  returned: success, or when the answer did not match
+  type: int
+  sample: 12
 tool_call:
   description:
     - The answer to the O(tool_call) request.
@@ -431,6 +438,10 @@ tool_call:
       description: Wall time of the request in seconds.
       type: float
       sample: 0.412
+    stream_events:
+      description: How many events the streamed call came in; null when O(stream) is off.
+      type: int
+      sample: 9
 startup:
   description:
     - vLLM's own figures of the unit's current run, read from the same journal lines (M(llmserve.vllm.gpu_preflight)

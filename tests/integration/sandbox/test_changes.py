@@ -420,6 +420,9 @@ def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
     assert max_model_len(record) == '2048'
     assert record['gate']['answer'] == RIGHT_ANSWER
     assert record['deployment'] == changed['deployments'][-1]
+    # The gate streams, as agents do (vllm_kimi_gate_stream): its answer and its tool call were joined from deltas.
+    gate = dict(task_results(changed['report'], sandbox.name))[GATE_TASK]
+    assert gate['stream_events'] > 1 and gate['tool_call']['stream_events'] > 1, gate
 
 
 def test_good_change_costs_no_speed_and_passes_against_the_last_good_figure(sandbox, good_change):

@@ -118,6 +118,7 @@ def test_waits_through_refused_and_503_then_judges_the_answer():
         'completion_tokens': 8,
         'tokens_per_second': 16.0,
         'request_seconds': 0.5,
+        'stream_events': None,
     }
     assert paths(world) == ['/health', '/health', '/health', '/v1/models', '/v1/chat/completions']
     assert world.sleeps == [2.0, 2.0]
@@ -867,6 +868,7 @@ def test_the_tool_gate_passes_on_the_call_and_returns_it():
         'finish_reason': 'tool_calls',
         'completion_tokens': 21,
         'request_seconds': 0.5,
+        'stream_events': None,
     }
     # The coherence verdict stays; elapsed counts both requests.
     assert (result['answer'], result['request_seconds'], result['elapsed']) == (PARIS, 0.5, 1.0)
@@ -1293,6 +1295,8 @@ def test_a_streamed_tool_call_is_joined_as_a_client_joins_it_and_judged():
         'tool_calls',
     )
     assert result['tool_call']['completion_tokens'] == 21
+    # Every chunk counts, the usage event included; [DONE] ends the stream and is none.
+    assert (result['stream_events'], result['tool_call']['stream_events']) == (6, 8)
     for payload in world.payloads:
         assert payload['stream'] is True and payload['stream_options'] == {'include_usage': True}
 
@@ -1336,5 +1340,6 @@ def test_a_broken_stream_fails_the_check_naming_what_broke(body, reason):
 
 def test_without_stream_the_request_asks_for_one_answer():
     world = World()
-    world.check().run()
+    result = world.check().run()
     assert 'stream' not in world.payloads[0] and 'stream_options' not in world.payloads[0]
+    assert result['stream_events'] is None

@@ -21,6 +21,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
     expect_problem,
     parse_chat,
     parse_models,
+    stream_events,
 )
 from ansible_collections.llmserve.vllm.tests.support import chat_completion_body, recorded, vllm_tool_calls
 
@@ -376,3 +377,4 @@ def test_a_recorded_streamed_tool_call_adds_up_as_the_openai_clients_add_it_up()
     assert reply['finish_reason'] == theirs.finish_reason == 'tool_calls'
     assert reply['reasoning'] == 'The user wants the weather in Paris. I will call get_weather.'
     assert reply['content'] == theirs.message.content == '' and reply['completion_tokens'] == 35
+    assert stream_events(text) == len(recorded_stream_chunks(text))

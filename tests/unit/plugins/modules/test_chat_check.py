@@ -603,3 +603,5 @@ def test_a_streamed_answer_and_tool_call_pass_through_the_module(serve, module_r
         result['tool_call']['arguments'] == {'city': 'Paris'} and result['tool_call']['finish_reason'] == 'tool_calls'
     )
     assert [(body['stream'], body['stream_options']) for body in bodies] == [(True, {'include_usage': True})] * 2
+    # Each event but the last, [DONE].
+    assert (result['stream_events'], result['tool_call']['stream_events']) == (len(answer) - 1, len(call) - 1) == (5, 5)
