@@ -353,23 +353,6 @@ def test_good_change_keeps_a_down_host_out_of_the_endpoints_file(fleet, endpoint
         assert sorted(f.read().split()) == sorted('127.0.0.1:%d' % ports[host] for host in hosts)
 
 
-def test_host_three_serves_tensor_parallel_two_behind_its_enforced_fence(fleet, good_change):
-    """Host three's change restarted vLLM with two CPU workers on TCP behind the unit's IP fence, which systemd
-    enforces on this cgroup-v2 sandbox: before the restart the pre-load smoke formed the group of two in the service's
-    own sandbox, and both workers serve."""
-    hosts, ports, settings = fleet
-    rc, output, report, watch = good_change
-    assert rc == 0, output[-3000:]
-    three = hosts[2]
-    proved = [result['msg'] for name, result in task_results(report, three) if name == 'Show what the smoke proved']
-    assert len(proved) == 1 and 'gloo group of 2 rank(s) formed' in json.dumps(proved), proved
-    assert sh(three, 'stat -fc %T /sys/fs/cgroup').split()[-1] == 'cgroup2fs'
-    fence = sh(three, 'systemctl show vllm-kimi -p IPAddressDeny').split()
-    assert 'IPAddressDeny=0.0.0.0/0' in fence and '::/0' in fence, fence
-    workers = sh(three, 'ps -u %s -o args=' % settings['vllm_kimi_user']).split()
-    assert 'VLLM::Worker_TP0' in workers and 'VLLM::Worker_TP1' in workers, workers
-
-
 def test_memory_peak_of_the_three_vllms(fleet, good_change):
     """Peak resident memory of each replica's processes (VmHWM, summed per host), written for the README."""
     hosts, ports, settings = fleet
