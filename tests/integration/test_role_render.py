@@ -270,7 +270,7 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
     assert 'NCCL_P2P_LEVEL="SYS"' in environment.splitlines()
     assert 'VLLM_ENGINE_READY_TIMEOUT_S="3600"' in environment.splitlines()
     # One request asks for 16 completions at most, not vLLM's 16384.
-    assert 'VLLM_MAX_N_SEQUENCES=16' in environment.splitlines()
+    assert 'VLLM_MAX_N_SEQUENCES=8' in environment.splitlines()
 
 
 def test_extra_arguments_reach_vllm_unchanged(tmp_path):

@@ -145,6 +145,21 @@ def test_the_messages_api_with_a_wrong_key_gets_401(sandbox, front):
     assert refused.value.status_code == 401
 
 
+def test_a_request_for_more_completions_than_the_bound_gets_400(sandbox, front):
+    """vllm_kimi_max_n_sequences (8 by default, VLLM_MAX_N_SEQUENCES) bounds n: vLLM's own 16384 would let one request
+    take a whole batch."""
+    limit = sandbox.vars['vllm_kimi_max_n_sequences']
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(front, sandbox.vars['vllm_kimi_api_key']).chat.completions.create(
+            model=sandbox.vars['vllm_kimi_served_model_name'],
+            n=limit + 1,
+            max_tokens=1,
+            messages=[{'role': 'user', 'content': QUESTION}],
+        )
+    assert refused.value.status_code == 400
+    assert 'n must be at most %d, got %d' % (limit, limit + 1) in str(refused.value), refused.value
+
+
 def test_a_client_that_does_not_trust_the_sandbox_ca_is_refused(sandbox, front):
     with pytest.raises(openai.APIConnectionError) as refused:
         ask(client(front, sandbox.vars['vllm_kimi_api_key'], verify=False), sandbox)
