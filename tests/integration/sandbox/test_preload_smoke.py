@@ -6,8 +6,9 @@
 One change carries five faults at once, each of which real hosts met after a long load: a flag the release's
 parser rejects, TP 2 on a node whose devices (the CPU build's worker groups: one NUMA node here) cannot hold two
 ranks, the previous unit's shape for a parallel start (on TCP behind the IP fence, no GLOO_SOCKET_IFNAME: Gloo binds
-to the address the host name resolves to, which the unit's enforced IP fence drops), no C compiler, and no C++ compiler for torch inductor (the CPU build's first
-request compiles with it). The smoke runs in the service's own sandbox and must name each; the host keeps serving what it served, untouched.
+to the address the host name resolves to, which the unit's enforced IP fence drops), no C compiler, and no C++
+compiler for torch inductor (the CPU build's first request compiles with it). The smoke runs in the service's own
+sandbox and must name each; the host keeps serving what it served, untouched.
 """
 
 import json
