@@ -231,3 +231,16 @@ def prometheus_of(sandbox):
 def ours(name, sandbox):
     """One of the role's own series (node_exporter's textfile) of this sandbox's service."""
     return '%s{service="%s"}' % (name, sandbox.unit)
+
+
+def textfile_value(sandbox, name):
+    """The value of one of the role's own samples as the host's textfile holds it now (what node_exporter serves
+    at its next scrape), or None where the file has no such sample."""
+    path = '%s/llmserve_%s.prom' % (
+        sandbox.vars['vllm_kimi_metrics_textfile_dir'],
+        re.sub('[^A-Za-z0-9_]', '_', sandbox.unit),
+    )
+    for line in sandbox.sh('cat %s 2>/dev/null || true' % path).splitlines():
+        if line.startswith(ours(name, sandbox) + ' '):
+            return float(line.rsplit(' ', 1)[1])
+    return None
