@@ -88,7 +88,7 @@ def test_uv_installs_wheels_only_too(tmp_path):
     )
     python = RELEASE % release['id'] + '/bin/python'
     assert release['install'] == [
-        '/usr/bin/uv', 'pip', 'install', '--python', python,
+        '/usr/bin/uv', 'pip', 'install', '--compile-bytecode', '--python', python,
         '--only-binary=:all:', 'vllm==0.33.0', '--index-url', 'https://pypi.example.com/simple',
     ]  # fmt: skip
 
