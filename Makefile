@@ -98,6 +98,8 @@ lint: tools
 	$(BIN)/mypy --config-file .mypy.ini --ignore-missing-imports tests $(wildcard tools/*.py) bench molecule
 	# The role's programs have no .py name: each is a __main__ of its own, checked on its own.
 	for program in $(ROLE_PROGRAMS); do $(BIN)/mypy --config-file .mypy.ini --ignore-missing-imports $$program; done
+	# No function of the collection's code or the role's programs over 60 lines: what a reader holds at once.
+	$(PYTHON) tools/function_length.py --limit 60 plugins $(ROLE_PROGRAMS)
 
 # ansible-test needs a real ansible_collections/<ns>/<name> tree, so sanity runs on a copy.
 # Its pip bootstrap script comes from a host these machines cannot reach: seed its cache

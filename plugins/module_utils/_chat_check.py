@@ -178,7 +178,10 @@ class ChatCheck:
         self.clock = clock
         self.epoch = epoch
         self.sleep = sleep
-        # Set when run() begins.
+        self._clear_run_state()
+
+    def _clear_run_state(self) -> None:
+        """What run() finds out as it goes, before it begins."""
         self.start = 0.0
         self.start_epoch = 0.0
         self.baseline_restarts: Optional[int] = None

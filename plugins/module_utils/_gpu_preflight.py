@@ -155,11 +155,81 @@ def plan(
     Returns the result dict (without changed).
     """
     host = host or {}
+    cpu = params.get('accelerator') == 'cpu'
+    found = Findings()
+    memory, figures, gpus_used, dtype = memory_inputs(
+        params, config, checkpoint, gpus, apps, dtype_info, host, hf_quant_config, found
+    )
+    key = memory_key(params, gpus_used, dtype, cpu)
+    key_id = memory_key_id(key)
+    measured = measurement_for(key_id, measurements or [])
+    predicted = size_or_measure(memory, figures, measured, found)
+    fit, chosen, requested_fits = choose_context_length(params, config, memory, found)
+    if cpu and memory.explicit is None:
+        found.problems.append('accelerator cpu needs kv_cache_memory_bytes')
+    check_host(params, host, found)
+    if not cpu:
+        check_nvidia_devices(params, gpus_used, host, found)
+    figures.update(
+        kv_cache_bytes=max(memory.budget, 0),
+        kv_cache_tokens=memory.tokens,
+        kv_cache_tokens_source='measured' if measured is not None else 'predicted',
+        predicted=predicted,
+        measured=measured or {},
+        memory_key=key,
+        memory_key_id=key_id,
+        max_model_len_fit=fit,
+        max_model_len=chosen,
+        fits=bool(requested_fits and memory.budget > 0 and not found.problems),
+        unified_vision_chunk=unified_vision_chunk(config),
+        problems=found.problems,
+        remedies=found.remedies,
+        warnings=found.warnings,
+    )
+    return figures
+
+
+def size_or_measure(
+    memory: Memory, figures: dict[str, Any], measured: Optional[dict[str, Any]], found: Findings
+) -> dict[str, Any]:
+    """Size the KV cache: by the prediction, whose findings then count, or, where a start of this memory key
+    measured it, by vLLM's own count. Returns the prediction's figures either way."""
+    sizing = Findings()
+    size_kv_cache(memory, sizing)
+    predicted = {
+        'kv_cache_tokens': memory.tokens,
+        'kv_cache_bytes': max(memory.budget, 0),
+        'weights_bytes_per_gpu': figures['weights_bytes_per_gpu'],
+        'weights_margin_bytes_per_gpu': figures['weights_margin_bytes_per_gpu'],
+        'reserve_bytes_per_gpu': figures['reserve_bytes_per_gpu'],
+    }
+    if measured is None:
+        for name in ('warnings', 'problems', 'remedies'):
+            getattr(found, name).extend(getattr(sizing, name))
+    else:
+        # vLLM's own count of this key's cache: what it holds, whatever the prediction said.
+        memory.tokens = measured['startup']['kv_tokens']
+        memory.budget = bytes_for(memory.tokens, figures['kv_cache_bytes_per_token'], memory.block)
+    return predicted
+
+
+def memory_inputs(
+    params: Params,
+    config: Config,
+    checkpoint: Optional[Checkpoint],
+    gpus: list[Gpu],
+    apps: list[App],
+    dtype_info: DtypeInfo,
+    host: Host,
+    hf_quant_config: Optional[Config],
+    found: Findings,
+) -> tuple[Memory, dict[str, Any], list[Gpu], str]:
+    """What sizes the KV cache on one GPU: (the Memory that the KV-cache dtype, the weights with their margin and
+    the reserve leave, those figures as the plan reports them, the GPUs used, the KV-cache dtype)."""
     tp = params['tensor_parallel_size']
     pp = params['pipeline_parallel_size']
     cpu = params.get('accelerator') == 'cpu'
     gpus_used = gpus[: tp * pp]
-    found = Findings()
     dtype, source, strip, stripped = kv_cache_dtype(params, config, gpus_used, dtype_info, cpu, found)
     dtype_bytes = kv_dtype_bytes(dtype)
     if dtype_bytes is None:
@@ -174,33 +244,7 @@ def plan(
     gpu_name = str(gpus_used[0].get('name') or '') if gpus_used and not cpu else ''
     reserve_parts = reserve_per_gpu(params, config, total, cpu, found, gpu_name)
     reserve = int(reserve_parts['total'])  # type: ignore[call-overload]
-    memory = Memory(params, total, weights + weights_margin, reserve, per_token)
-    sizing = Findings()
-    size_kv_cache(memory, sizing)
-    predicted = {
-        'kv_cache_tokens': memory.tokens,
-        'kv_cache_bytes': max(memory.budget, 0),
-        'weights_bytes_per_gpu': weights,
-        'weights_margin_bytes_per_gpu': weights_margin,
-        'reserve_bytes_per_gpu': reserve,
-    }
-    key = memory_key(params, gpus_used, dtype, cpu)
-    key_id = memory_key_id(key)
-    measured = measurement_for(key_id, measurements or [])
-    if measured is None:
-        for name in ('warnings', 'problems', 'remedies'):
-            getattr(found, name).extend(getattr(sizing, name))
-    else:
-        # vLLM's own count of this key's cache: what it holds, whatever the prediction said.
-        memory.tokens = measured['startup']['kv_tokens']
-        memory.budget = bytes_for(memory.tokens, per_token, memory.block)
-    fit, chosen, requested_fits = choose_context_length(params, config, memory, found)
-    if cpu and memory.explicit is None:
-        found.problems.append('accelerator cpu needs kv_cache_memory_bytes')
-    check_host(params, host, found)
-    if not cpu:
-        check_nvidia_devices(params, gpus_used, host, found)
-    return {
+    figures = {
         'gpus': gpus_used if not cpu else [],
         'weights_bytes_total': weights_total,
         'weights_bytes_per_gpu': weights,
@@ -212,23 +256,10 @@ def plan(
         'kv_cache_dtype_source': source,
         'attention': attention,
         'kv_cache_bytes_per_token': per_token,
-        'kv_cache_bytes': max(memory.budget, 0),
-        'kv_cache_tokens': memory.tokens,
-        'kv_cache_tokens_source': 'measured' if measured is not None else 'predicted',
-        'predicted': predicted,
-        'measured': measured or {},
-        'memory_key': key,
-        'memory_key_id': key_id,
-        'max_model_len_fit': fit,
-        'max_model_len': chosen,
-        'fits': bool(requested_fits and memory.budget > 0 and not found.problems),
-        'unified_vision_chunk': unified_vision_chunk(config),
         'strip_fp8_kv_cache': bool(strip),
         'fp8_kv_cache_stripped': bool(stripped),
-        'problems': found.problems,
-        'remedies': found.remedies,
-        'warnings': found.warnings,
     }
+    return Memory(params, total, weights + weights_margin, reserve, per_token), figures, gpus_used, dtype
 
 
 def unified_vision_chunk(config: Config) -> bool:

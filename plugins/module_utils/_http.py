@@ -471,6 +471,18 @@ def format_seconds(value: float) -> str:
     return '%.1f' % value
 
 
+def json_request(payload: Optional[dict[str, Any]], api_key: Optional[str]) -> tuple[Optional[str], dict[str, str]]:
+    """The body and headers of a JSON request: no body where payload is None, the api_key as a bearer token."""
+    headers = {'Accept': 'application/json'}
+    data = None
+    if payload is not None:
+        data = json.dumps(payload)
+        headers['Content-Type'] = 'application/json'
+    if api_key:
+        headers['Authorization'] = 'Bearer %s' % api_key
+    return data, headers
+
+
 def make_transport(
     base_url: str,
     api_key: Optional[str] = None,
@@ -499,13 +511,7 @@ def make_transport(
         timeout: float,
         limit: int,
     ) -> tuple[int, str]:
-        headers = {'Accept': 'application/json'}
-        data = None
-        if payload is not None:
-            data = json.dumps(payload)
-            headers['Content-Type'] = 'application/json'
-        if api_key:
-            headers['Authorization'] = 'Bearer %s' % api_key
+        data, headers = json_request(payload, api_key)
         try:
             with deadline(timeout):
                 try:

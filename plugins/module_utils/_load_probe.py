@@ -381,6 +381,34 @@ def probe_secrets(base_url: str, api_key: Optional[str]) -> tuple[str, ...]:
     return tuple(secret for secret in (api_key,) + url_secrets(base_url) if secret)
 
 
+def refusal(exc: HTTPError, secrets: tuple[str, ...]) -> str:
+    """What a server's answer other than 200 says, its body read within MAX_ERROR_BODY_BYTES, the secrets masked."""
+    try:
+        body = to_text(read_body(exc, MAX_ERROR_BODY_BYTES), errors='replace')
+    except Exception:  # the status alone says enough
+        body = ''
+    finally:
+        exc.close()
+    # error_message shortens what it quotes: the body is masked before.
+    reason = error_message(mask(body, *secrets)) if body else to_text(exc.reason)
+    return mask('answered %d: %s' % (exc.code, reason), *secrets)
+
+
+def bounded_lines(response: Any) -> Iterator[bytes]:
+    """The lines of a stream, each at most MAX_LINE_BYTES and all of them at most MAX_STREAM_BYTES."""
+    read = 0
+    while True:
+        line = response.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        read += len(line)
+        if len(line) > MAX_LINE_BYTES or read > MAX_STREAM_BYTES:
+            raise StreamError(
+                'a stream with a line over %d bytes or over %d bytes in all' % (MAX_LINE_BYTES, MAX_STREAM_BYTES)
+            )
+        yield line
+
+
 def make_stream(
     base_url: str,
     api_key: Optional[str] = None,
@@ -427,28 +455,9 @@ def make_stream(
                     unix_socket=unix_socket,
                 )
             except HTTPError as exc:
-                try:
-                    body = to_text(read_body(exc, MAX_ERROR_BODY_BYTES), errors='replace')
-                except Exception:  # the status alone says enough
-                    body = ''
-                finally:
-                    exc.close()
-                # error_message shortens what it quotes: the body is masked before.
-                reason = error_message(mask(body, *secrets)) if body else to_text(exc.reason)
-                raise StreamError(mask('answered %d: %s' % (exc.code, reason), *secrets)) from None
+                raise StreamError(refusal(exc, secrets)) from None
             try:
-                read = 0
-                while True:
-                    line = response.readline(MAX_LINE_BYTES + 1)
-                    if not line:
-                        return
-                    read += len(line)
-                    if len(line) > MAX_LINE_BYTES or read > MAX_STREAM_BYTES:
-                        raise StreamError(
-                            'a stream with a line over %d bytes or over %d bytes in all'
-                            % (MAX_LINE_BYTES, MAX_STREAM_BYTES)
-                        )
-                    yield line
+                yield from bounded_lines(response)
             finally:
                 response.close()
         except (URLError, HTTPException, OSError) as exc:

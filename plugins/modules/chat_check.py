@@ -602,44 +602,44 @@ def validate(module):
     return None
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            url=dict(type='str', default=DEFAULT_URL),
-            model=dict(type='str'),
-            prompt=dict(type='str', default=DEFAULT_PROMPT),
-            expect=dict(type='str', default=DEFAULT_EXPECT),
-            max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS, no_log=False),
-            extra_body=dict(type='dict', default={}),
-            judge_reasoning=dict(type='bool', default=False),
-            expect_reasoning=dict(type='bool'),
-            forbidden_markup=dict(type='list', elements='str', default=list(DEFAULT_FORBIDDEN_MARKUP)),
-            tool_call=dict(
-                type='dict',
-                options=dict(
-                    tool=dict(type='dict', required=True),
-                    prompt=dict(type='str', required=True),
-                    name=dict(type='str'),
-                    arguments=dict(type='dict', default={}),
-                    arguments_match=dict(type='str', choices=list(ARGUMENTS_MATCHES), default='subset'),
-                ),
-            ),
-            stream=dict(type='bool', default=False),
-            api_key=dict(type='str', no_log=True),
-            timeout=dict(type='int', default=DEFAULT_TIMEOUT),
-            interval=dict(type='float', default=DEFAULT_INTERVAL),
-            request_timeout=dict(type='int', default=DEFAULT_REQUEST_TIMEOUT),
-            validate_certs=dict(type='bool', default=True),
-            ca_path=dict(type='path'),
-            use_proxy=dict(type='bool', default=True),
-            unix_socket=dict(type='path'),
-            unit=dict(type='str'),
-            max_restarts=dict(type='int', default=DEFAULT_MAX_RESTARTS),
-            journal_lines=dict(type='int', default=DEFAULT_JOURNAL_LINES),
-            stall_timeout=dict(type='int', default=DEFAULT_STALL_TIMEOUT),
+ARGUMENT_SPEC = dict(
+    url=dict(type='str', default=DEFAULT_URL),
+    model=dict(type='str'),
+    prompt=dict(type='str', default=DEFAULT_PROMPT),
+    expect=dict(type='str', default=DEFAULT_EXPECT),
+    max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS, no_log=False),
+    extra_body=dict(type='dict', default={}),
+    judge_reasoning=dict(type='bool', default=False),
+    expect_reasoning=dict(type='bool'),
+    forbidden_markup=dict(type='list', elements='str', default=list(DEFAULT_FORBIDDEN_MARKUP)),
+    tool_call=dict(
+        type='dict',
+        options=dict(
+            tool=dict(type='dict', required=True),
+            prompt=dict(type='str', required=True),
+            name=dict(type='str'),
+            arguments=dict(type='dict', default={}),
+            arguments_match=dict(type='str', choices=list(ARGUMENTS_MATCHES), default='subset'),
         ),
-        supports_check_mode=True,
-    )
+    ),
+    stream=dict(type='bool', default=False),
+    api_key=dict(type='str', no_log=True),
+    timeout=dict(type='int', default=DEFAULT_TIMEOUT),
+    interval=dict(type='float', default=DEFAULT_INTERVAL),
+    request_timeout=dict(type='int', default=DEFAULT_REQUEST_TIMEOUT),
+    validate_certs=dict(type='bool', default=True),
+    ca_path=dict(type='path'),
+    use_proxy=dict(type='bool', default=True),
+    unix_socket=dict(type='path'),
+    unit=dict(type='str'),
+    max_restarts=dict(type='int', default=DEFAULT_MAX_RESTARTS),
+    journal_lines=dict(type='int', default=DEFAULT_JOURNAL_LINES),
+    stall_timeout=dict(type='int', default=DEFAULT_STALL_TIMEOUT),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     hide_url_password(module)
     problem = validate(module)

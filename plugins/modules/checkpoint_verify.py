@@ -333,23 +333,50 @@ def failure_message(path, source, report):
     )
 
 
+ARGUMENT_SPEC = dict(
+    path=dict(type=nul_free_path, required=True),
+    manifest=dict(type=nul_free_path),
+    repo_id=dict(type='str'),
+    revision=dict(type='str'),
+    allow_unpinned_revision=dict(type='bool', default=False),
+    endpoint=dict(type='str', fallback=(env_fallback, ['HF_ENDPOINT'])),
+    token=dict(type='str', no_log=True, fallback=(env_fallback, ['HF_TOKEN'])),
+    timeout=dict(type='int', default=60),
+    validate_certs=dict(type='bool', default=True),
+    cache_dir=dict(type=nul_free_path),
+    threads=dict(type='int'),
+    ignore=dict(type='list', elements='str', default=list(DEFAULT_IGNORE)),
+    fail_on_mismatch=dict(type='bool', default=True),
+)
+
+
+def not_fetched_yet(manifest, params, path, source):
+    """The result for a checkpoint directory that does not exist yet: all of the manifest is still to come, and
+    the fetch's progress counts against it."""
+    files, size = manifest_totals(manifest, params['ignore'])
+    return dict(
+        files=files,
+        bytes=size,
+        problems=[{'file': '.', 'kind': 'missing', 'detail': 'the checkpoint directory does not exist'}],
+        revision=manifest.revision,
+        msg='checkpoint %s does not exist yet: nothing of revision %s of %s is fetched'
+        % (path, manifest.revision, source),
+    )
+
+
+def keep_cache(module, cache, path):
+    """Show the digest cache's warnings, and save it (not in check mode), warning where it could not be."""
+    warnings = list(cache.warnings)
+    if not module.check_mode:
+        warnings.append(cache.save(path))
+    for warning in warnings:
+        if warning:
+            module.warn(warning)
+
+
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type=nul_free_path, required=True),
-            manifest=dict(type=nul_free_path),
-            repo_id=dict(type='str'),
-            revision=dict(type='str'),
-            allow_unpinned_revision=dict(type='bool', default=False),
-            endpoint=dict(type='str', fallback=(env_fallback, ['HF_ENDPOINT'])),
-            token=dict(type='str', no_log=True, fallback=(env_fallback, ['HF_TOKEN'])),
-            timeout=dict(type='int', default=60),
-            validate_certs=dict(type='bool', default=True),
-            cache_dir=dict(type=nul_free_path),
-            threads=dict(type='int'),
-            ignore=dict(type='list', elements='str', default=list(DEFAULT_IGNORE)),
-            fail_on_mismatch=dict(type='bool', default=True),
-        ),
+        argument_spec=ARGUMENT_SPEC,
         mutually_exclusive=[('manifest', 'repo_id')],
         required_one_of=[('manifest', 'repo_id')],
         required_by={'repo_id': 'revision'},
@@ -373,17 +400,7 @@ def main():
         manifest = load_manifest(params)
         source = params['repo_id'] or 'manifest %s' % params['manifest']
         if not params['fail_on_mismatch'] and not os.path.lexists(path):
-            # What is still to come: the fetch's progress counts against it.
-            files, size = manifest_totals(manifest, params['ignore'])
-            result.update(
-                files=files,
-                bytes=size,
-                problems=[{'file': '.', 'kind': 'missing', 'detail': 'the checkpoint directory does not exist'}],
-                revision=manifest.revision,
-                msg='checkpoint %s does not exist yet: nothing of revision %s of %s is fetched'
-                % (path, manifest.revision, source),
-                elapsed=round(time.monotonic() - started, 3),
-            )
+            result.update(not_fetched_yet(manifest, params, path, source), elapsed=round(time.monotonic() - started, 3))
             module.exit_json(**masked_result(result, secrets))
         check_directory(path)
     except (VerifyError, ManifestError) as exc:
@@ -397,12 +414,8 @@ def main():
         fail(str(exc))
     if manifest.files and not report.files:
         fail('the ignore patterns leave none of the %d files of %s to check' % (len(manifest.files), source))
-    warnings = list(cache.warnings) if cache else []
-    if cache and not module.check_mode:
-        warnings.append(cache.save(path))
-    for warning in warnings:
-        if warning:
-            module.warn(warning)
+    if cache:
+        keep_cache(module, cache, path)
     result.update(
         ok=report.ok,
         problems=report.problems,

@@ -327,6 +327,24 @@ def start_lines(module, unit):
         return []
 
 
+def wait_for_job(module, results_file, wait):
+    """(finished, modified) of the async job's results file, once the job ended or wait seconds passed."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            finished, modified = read_job(results_file)
+        except ResultsUnreadable as exc:
+            module.fail_json(msg=str(exc))
+        if finished is None:
+            module.fail_json(
+                msg='no async job results file at %s: was the task started with async and poll 0, on this host '
+                'and as this user?' % results_file
+            )
+        if finished or time.monotonic() >= deadline:
+            return finished, modified
+        time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -354,22 +372,7 @@ def main():
         if download and download[total] is not None and not 0 <= download[total] <= MAX_TOTAL:
             module.fail_json(msg='download.%s must be from 0 to %d, got %d' % (total, MAX_TOTAL, download[total]))
     previous = p['previous'] or {}
-
-    deadline = time.monotonic() + p['wait']
-    while True:
-        try:
-            finished, modified = read_job(p['results_file'])
-        except ResultsUnreadable as exc:
-            module.fail_json(msg=str(exc))
-        if finished is None:
-            module.fail_json(
-                msg='no async job results file at %s: was the task started with async and poll 0, on this host '
-                'and as this user?' % p['results_file']
-            )
-        if finished or time.monotonic() >= deadline:
-            break
-        time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
-
+    finished, modified = wait_for_job(module, p['results_file'], p['wait'])
     now = time.time()
     started = finite_number(previous.get('started'))
     if started is not None and started > now:
