@@ -557,7 +557,7 @@ def test_bad_input(tmp_path, verdict, setup, args, expected):
     setup(ck, tmp_path)
     outside = tree(str(tmp_path / 'outside'))
     before = tree(str(ck))
-    run = harness.run_module(MODULE, tmp_path, dict({'path': str(ck)}, **args), timeout=6)
+    run = harness.run_module(MODULE, tmp_path, dict({'path': str(ck)}, **args))
     after = tree(str(ck))
     if callable(expected):
         stray = ours(after)
