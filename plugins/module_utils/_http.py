@@ -64,6 +64,17 @@ class TooLarge(Exception):
         super().__init__(self.reason)
 
 
+def endpoint_argument_spec() -> dict[str, dict[str, Any]]:
+    """The options of how a module reaches the endpoint, as the llmserve.vllm.endpoint documentation fragment
+    documents them (a new dict each call: AnsibleModule keeps what it is given)."""
+    return dict(
+        validate_certs=dict(type='bool', default=True),
+        ca_path=dict(type='path'),
+        use_proxy=dict(type='bool', default=True),
+        unix_socket=dict(type='path'),
+    )
+
+
 def api_key_problem(api_key: str) -> Optional[str]:
     """Why api_key cannot travel as a Bearer token, or None. The message never quotes the key."""
     for position, char in enumerate(api_key, 1):
