@@ -8,7 +8,7 @@ DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 DEMO_FRONT_PORT := 8443
 
-.PHONY: cache-report models models-core fakehub-early fakehub-up sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
+.PHONY: cache-report models models-core fakehub-early fakehub-up fakehub-down sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
 
 # The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
 # own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
@@ -69,6 +69,10 @@ fakehub-up: models
 fakehub-early: models-core
 	$(call fakehub_start,--publish-when-ready,[ -f $$models/DONE ] || { setsid $(MAKE_MODELS) > $(FAKEHUB_DIR)/models.log 2>&1 < /dev/null & };)
 
+# Stops the fake Hub a molecule target started: once its scenario is done, nothing of make test is left running.
+fakehub-down:
+	if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
+
 # Builds the Debian tree once ($(LLMSERVE_CACHE)/sandbox/rootfs-*), then boots in seconds;
 # a sandbox that is up is left as it is.
 sandbox-up: models fakehub-up
@@ -97,12 +101,12 @@ molecule-create: tools
 	$(BIN)/molecule create
 
 molecule-test: tools models-core fakehub-early
-	$(BIN)/molecule test
+	$(BIN)/molecule test; status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a
 # capacity floor, a change bad for one host, drain and undrain.
 molecule-fleet: tools models fakehub-up
-	$(BIN)/molecule test -s fleet
+	$(BIN)/molecule test -s fleet; status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # First deploy, no-op rerun, restart-to-coherent-answer: bench/deploy_figures.py.
 bench-deploy: tools models fakehub-up
