@@ -157,10 +157,9 @@ def plan(
     host = host or {}
     cpu = params.get('accelerator') == 'cpu'
     found = Findings()
-    memory, figures, gpus_used, dtype = memory_inputs(
-        params, config, checkpoint, gpus, apps, dtype_info, host, hf_quant_config, found
-    )
-    key = memory_key(params, gpus_used, dtype, cpu)
+    memory, figures = memory_inputs(params, config, checkpoint, gpus, apps, dtype_info, host, hf_quant_config, found)
+    # figures['gpus'] is the GPUs used: none on the CPU build.
+    key = memory_key(params, figures['gpus'], figures['kv_cache_dtype'], cpu)
     key_id = memory_key_id(key)
     measured = measurement_for(key_id, measurements or [])
     predicted = size_or_measure(memory, figures, measured, found)
@@ -169,7 +168,7 @@ def plan(
         found.problems.append('accelerator cpu needs kv_cache_memory_bytes')
     check_host(params, host, found)
     if not cpu:
-        check_nvidia_devices(params, gpus_used, host, found)
+        check_nvidia_devices(params, figures['gpus'], host, found)
     figures.update(
         kv_cache_bytes=max(memory.budget, 0),
         kv_cache_tokens=memory.tokens,
@@ -223,9 +222,9 @@ def memory_inputs(
     host: Host,
     hf_quant_config: Optional[Config],
     found: Findings,
-) -> tuple[Memory, dict[str, Any], list[Gpu], str]:
+) -> tuple[Memory, dict[str, Any]]:
     """What sizes the KV cache on one GPU: (the Memory that the KV-cache dtype, the weights with their margin and
-    the reserve leave, those figures as the plan reports them, the GPUs used, the KV-cache dtype)."""
+    the reserve leave, those figures as the plan reports them)."""
     tp = params['tensor_parallel_size']
     pp = params['pipeline_parallel_size']
     cpu = params.get('accelerator') == 'cpu'
@@ -259,7 +258,7 @@ def memory_inputs(
         'strip_fp8_kv_cache': bool(strip),
         'fp8_kv_cache_stripped': bool(stripped),
     }
-    return Memory(params, total, weights + weights_margin, reserve, per_token), figures, gpus_used, dtype
+    return Memory(params, total, weights + weights_margin, reserve, per_token), figures
 
 
 def unified_vision_chunk(config: Config) -> bool:
