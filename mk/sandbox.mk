@@ -43,12 +43,15 @@ cache-report:
 models-core: vllm-venv
 	$(MAKE_MODELS) --core >/dev/null
 
+# Stops the fake Hub this checkout started, where one runs.
+FAKEHUB_STOP = if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
+
 # The fake Hub, (re)started each time on a fresh root, so that it serves the models as they are now:
 # tiny-kimi from the shell variable core's directory, each failing revision from the variable models' directory
 # with the option $(1) (--publish: at once; --publish-when-ready: once that directory exists).
 define fakehub_start
 	mkdir -p $(FAKEHUB_DIR)
-	if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
+	$(FAKEHUB_STOP)
 	rm -rf $(FAKEHUB_DIR)/root
 	core=$$($(MAKE_MODELS) --core | tail -1); models=$${core%-core}; \
 	  $(2) \
@@ -71,7 +74,7 @@ fakehub-early: models-core
 
 # Stops the fake Hub a molecule target started: once its scenario is done, nothing of make test is left running.
 fakehub-down:
-	if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
+	$(FAKEHUB_STOP)
 
 # Builds the Debian tree once ($(LLMSERVE_CACHE)/sandbox/rootfs-*), then boots in seconds;
 # a sandbox that is up is left as it is.
