@@ -59,6 +59,7 @@ BAD_SAFETENSORS_HEADER = 'bad_safetensors_header'
 BAD_SAFETENSORS_INDEX = 'bad_safetensors_index'
 INDEX_NAMES_MISSING_SHARD = 'index_names_missing_shard'
 UNREADABLE = 'unreadable'
+LINK_OUTSIDE = 'link_outside'
 
 # What huggingface_hub's local_dir mode writes beside the files (download metadata, locks, tree listings).
 DEFAULT_IGNORE = ('.cache/huggingface/**',)
@@ -112,12 +113,29 @@ def check_directory(path: str) -> None:
     check_checkpoint_directory(path, VerifyError)
 
 
-def list_files(root: str, patterns: Sequence[str]) -> dict[str, os.stat_result]:
-    """{relative name: os.lstat_result} of everything but directories under ``root``, ignored names left out.
+def inside(real: str, real_root: str) -> bool:
+    """Whether the resolved path ``real`` is ``real_root`` or under it."""
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
-    Links to directories are followed once (a directory reached twice is a loop).
+
+class Listing:
+    """What list_files found under a checkpoint: {relative name: os.lstat_result} of everything but directories,
+    and {relative name: resolved target} of the links that leave it."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, os.stat_result] = {}
+        self.outside: dict[str, str] = {}
+
+
+def list_files(root: str, patterns: Sequence[str], links_outside: bool = False) -> Listing:
+    """Everything but directories under ``root``, ignored names left out.
+
+    Links to directories are followed once (a directory reached twice is a loop). A link that resolves outside
+    ``root`` is listed in ``outside``; unless ``links_outside``, a directory it leads to is not walked (a link to
+    ``/`` would walk the whole host).
     """
-    found = {}
+    listing = Listing()
+    real_root = os.path.realpath(root)
     visited = set()
     for top, dirs, files in os.walk(root, followlinks=True):
         info = os.stat(top)
@@ -128,15 +146,25 @@ def list_files(root: str, patterns: Sequence[str]) -> dict[str, os.stat_result]:
         rel_top = os.path.relpath(top, root)
         prefix = '' if rel_top == '.' else rel_top.replace(os.sep, '/') + '/'
         dirs[:] = [d for d in dirs if not ignored(prefix + d + '/', patterns)]
+        for name in list(dirs):
+            real = os.path.realpath(os.path.join(top, name))
+            if not inside(real, real_root):
+                listing.outside[prefix + name] = real
+                if not links_outside:
+                    dirs.remove(name)
         for name in files:
             rel = prefix + name
             if ignored(rel, patterns):
                 continue
+            full = os.path.join(top, name)
             try:
-                found[rel] = os.lstat(os.path.join(top, name))
+                listing.files[rel] = os.lstat(full)
             except FileNotFoundError:
-                pass  # removed since the listing (a temporary file of a running download)
-    return found
+                continue  # removed since the listing (a temporary file of a running download)
+            real = os.path.realpath(full)
+            if not inside(real, real_root) and not any(rel.startswith(link + '/') for link in listing.outside):
+                listing.outside[rel] = real
+    return listing
 
 
 class FileCheck:
@@ -446,25 +474,39 @@ def verify(
     patterns: Sequence[str] = DEFAULT_IGNORE,
     threads: int = 1,
     cache: Optional[DigestCache] = None,
+    links_outside: bool = False,
 ) -> Report:
-    """Check the checkpoint at ``path`` against ``manifest``; a Report."""
+    """Check the checkpoint at ``path`` against ``manifest``; a Report. A link that leaves the checkpoint is a
+    problem unless ``links_outside``."""
     check_directory(path)
     # Parsing the safetensors headers of a big checkpoint makes millions of short-lived
     # objects and no cycles: the cyclic collector would only rescan them (see _safetensors.scan).
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _verify(path, manifest, patterns, threads, cache)
+        return _verify(path, manifest, patterns, threads, cache, links_outside)
     finally:
         if enabled:
             gc.enable()
 
 
 def _verify(
-    path: str, manifest: Manifest, patterns: Sequence[str], threads: int, cache: Optional[DigestCache]
+    path: str,
+    manifest: Manifest,
+    patterns: Sequence[str],
+    threads: int,
+    cache: Optional[DigestCache],
+    links_outside: bool,
 ) -> Report:
     report = Report()
-    on_disk = list_files(path, patterns)
+    listing = list_files(path, patterns, links_outside)
+    on_disk = listing.files
+    if not links_outside:
+        # What --trust-remote-code would run, or a weight read from elsewhere, must be the checkpoint's own.
+        for name, target in sorted(listing.outside.items()):
+            report.problems.append(
+                problem(name, LINK_OUTSIDE, 'a link that leads outside the checkpoint, to %s' % printable(target))
+            )
     expected = dict((name, entry) for name, entry in manifest.files.items() if not ignored(name, patterns))
     # Read even when an ignore pattern hides it: it is what makes a rewritten config pass.
     record = _Record(path) if os.path.lexists(os.path.join(path, RECORD_NAME)) else None

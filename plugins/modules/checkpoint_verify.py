@@ -18,7 +18,8 @@ description:
     directory that the manifest does not list is a problem too.
   - "Each problem names the file and its kind: V(missing), V(truncated) (smaller than the manifest says),
     V(oversized), V(digest_mismatch), V(extra_file), V(bad_safetensors_header), V(bad_safetensors_index),
-    V(index_names_missing_shard), V(unreadable) (a FIFO, a device, a read error)."
+    V(index_names_missing_shard), V(unreadable) (a FIFO, a device, a read error), V(link_outside) (a symbolic
+    link that resolves outside the checkpoint directory, see O(allow_links_outside))."
   - Config files that M(llmserve.vllm.kv_cache_quant) rewrote pass when putting back the values its record
     (C(.llmserve-kv-cache-quant.json) beside the checkpoint) keeps gives exactly the manifest's bytes; they
     are listed in RV(rewritten_by_kv_cache_quant), not reported as corrupt.
@@ -111,6 +112,15 @@ options:
     type: list
     elements: str
     default: ['.cache/huggingface/**']
+  allow_links_outside:
+    description:
+      - Accept symbolic links that resolve outside O(path), as in a snapshot of the Hugging Face cache
+        (C(snapshots/COMMIT/) holds links to C(../../blobs/)).
+      - By default each such link is a V(link_outside) problem and a directory it leads to is not walked: a
+        checkpoint served with C(--trust-remote-code) runs its Python files, and a link swapped in by whoever
+        can write the directory would run or load something the manifest never described.
+    type: bool
+    default: false
   fail_on_mismatch:
     description:
       - With V(false), a checkpoint that does not match its manifest, or whose directory does not exist yet, is
@@ -178,7 +188,7 @@ problems:
     kind:
       description:
         - V(missing), V(truncated), V(oversized), V(digest_mismatch), V(extra_file), V(bad_safetensors_header),
-          V(bad_safetensors_index), V(index_names_missing_shard) or V(unreadable).
+          V(bad_safetensors_index), V(index_names_missing_shard), V(unreadable) or V(link_outside).
       returned: always
       type: str
       sample: truncated
@@ -346,6 +356,7 @@ ARGUMENT_SPEC = dict(
     cache_dir=dict(type=nul_free_path),
     threads=dict(type='int'),
     ignore=dict(type='list', elements='str', default=list(DEFAULT_IGNORE)),
+    allow_links_outside=dict(type='bool', default=False),
     fail_on_mismatch=dict(type='bool', default=True),
 )
 
@@ -372,6 +383,22 @@ def keep_cache(module, cache, path):
     for warning in warnings:
         if warning:
             module.warn(warning)
+
+
+def verify_with_cache(params, path, manifest):
+    """The check, with the digest cache of O(cache_dir) loaded first where there is one; (report, cache or None)."""
+    cache = DigestCache(params['cache_dir']) if params['cache_dir'] else None
+    if cache:
+        cache.load()
+    report = verify(
+        path,
+        manifest,
+        params['ignore'],
+        params['threads'] or default_threads(),
+        cache,
+        links_outside=params['allow_links_outside'],
+    )
+    return report, cache
 
 
 def main():
@@ -405,11 +432,8 @@ def main():
         check_directory(path)
     except (VerifyError, ManifestError) as exc:
         fail(str(exc))
-    cache = DigestCache(params['cache_dir']) if params['cache_dir'] else None
-    if cache:
-        cache.load()
     try:
-        report = verify(path, manifest, params['ignore'], params['threads'] or default_threads(), cache)
+        report, cache = verify_with_cache(params, path, manifest)
     except VerifyError as exc:
         fail(str(exc))
     if manifest.files and not report.files:

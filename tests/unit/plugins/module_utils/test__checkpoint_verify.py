@@ -175,9 +175,9 @@ def sha256_of(path):
         (
             lambda d: (
                 os.unlink(os.path.join(d, 'tokenizer.json')),
-                os.symlink('../blobs/x', os.path.join(d, 'tokenizer.json')),
+                os.symlink('blobs/x', os.path.join(d, 'tokenizer.json')),
             ),
-            [('tokenizer.json', 'missing', 'a broken symbolic link to ../blobs/x')],
+            [('tokenizer.json', 'missing', 'a broken symbolic link to blobs/x')],
         ),
         (
             lambda d: (os.unlink(os.path.join(d, 'config.json')), os.mkdir(os.path.join(d, 'config.json'))),
@@ -379,14 +379,64 @@ def test_a_link_loop_ends(checkpoint):
     assert verify(path, manifest).ok
 
 
-def test_a_directory_link_is_followed(tmp_path):
+def test_links_inside_the_checkpoint_pass(checkpoint):
+    """A file and a directory reached through links that stay inside the checkpoint."""
+    path, manifest = checkpoint
+    os.rename(os.path.join(path, 'tokenizer.json'), os.path.join(path, 'tokenizer.real'))
+    os.symlink('tokenizer.real', os.path.join(path, 'tokenizer.json'))
+    os.symlink('.', os.path.join(path, 'here'))
+    report = verify(path, manifest, patterns=['tokenizer.real', 'here/**'])
+    assert (report.ok, report.problems) == (True, [])
+
+
+def link_everything_to(real, linked):
+    os.makedirs(str(linked))
+    for name in os.listdir(str(real)):
+        os.symlink(os.path.join(str(real), name), os.path.join(str(linked), name))
+
+
+def test_links_out_of_the_checkpoint_are_problems_by_default(tmp_path):
+    """Each link that leaves the checkpoint is named with where it leads, even when its content matches."""
     real = make_checkpoint(tmp_path / 'real')
     manifest = manifest_of(real)
-    linked = tmp_path / 'linked'
-    linked.mkdir()
-    for name in os.listdir(real):
-        os.symlink(os.path.join(real, name), str(linked / name))
-    assert verify(str(linked), manifest).ok
+    link_everything_to(real, tmp_path / 'linked')
+    report = verify(str(tmp_path / 'linked'), manifest)
+    assert not report.ok
+    assert problems(report) == [
+        (name, 'link_outside', 'a link that leads outside the checkpoint, to %s' % os.path.join(str(real), name))
+        for name in sorted(os.listdir(str(real)))
+    ]
+
+
+def test_links_out_of_the_checkpoint_pass_when_allowed(tmp_path):
+    """As a Hugging Face cache snapshot's links to its blobs."""
+    real = make_checkpoint(tmp_path / 'real')
+    manifest = manifest_of(real)
+    link_everything_to(real, tmp_path / 'linked')
+    report = verify(str(tmp_path / 'linked'), manifest, links_outside=True)
+    assert (report.ok, report.problems) == (True, [])
+
+
+def test_a_directory_link_out_of_the_checkpoint_is_not_walked(checkpoint, tmp_path):
+    """A link to / would walk the whole host: the link is the problem, what it leads to is never listed."""
+    path, manifest = checkpoint
+    elsewhere = tmp_path / 'elsewhere'
+    (elsewhere / 'deep').mkdir(parents=True)
+    (elsewhere / 'deep' / 'secret.py').write_text('import os\n')
+    os.symlink(str(elsewhere), os.path.join(path, 'code'))
+    report = verify(path, manifest)
+    assert problems(report) == [('code', 'link_outside', 'a link that leads outside the checkpoint, to %s' % elsewhere)]
+    allowed = verify(path, manifest, links_outside=True)
+    assert [(p['file'], p['kind']) for p in allowed.problems] == [('code/deep/secret.py', 'extra_file')]
+
+
+def test_a_checkpoint_reached_through_a_link_is_judged_by_where_it_resolves(checkpoint, tmp_path):
+    """The path itself may be a link (a "current" link to a revision): inside means inside what it resolves to."""
+    path, manifest = checkpoint
+    os.symlink(path, str(tmp_path / 'current'))
+    os.symlink(os.path.join(path, 'tokenizer.json'), os.path.join(path, 'tokenizer.alias'))
+    report = verify(str(tmp_path / 'current'), manifest, patterns=['tokenizer.alias'])
+    assert (report.ok, report.problems) == (True, [])
 
 
 # ---------------------------------------------------------------- kv_cache_quant's rewrites

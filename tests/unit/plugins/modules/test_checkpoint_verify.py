@@ -278,3 +278,22 @@ def test_without_fail_on_mismatch_what_prevents_the_check_still_fails(tmp_path, 
         'checkpoint_verify', {'path': path, 'manifest': str(tmp_path / 'bad.json'), 'fail_on_mismatch': False}
     )
     assert rc == 1 and result['failed'], result
+
+
+def test_a_config_linked_from_outside_fails_unless_links_outside_are_allowed(tmp_path, model, module_result):
+    """The same bytes through a link that leaves the checkpoint: refused by default, named with where it leads."""
+    path, root, commit, manifest = model
+    outside = str(tmp_path / 'outside-config.json')
+    os.rename(os.path.join(path, 'config.json'), outside)
+    os.symlink(outside, os.path.join(path, 'config.json'))
+    rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest})
+    assert rc == 1 and result['failed'], result
+    assert result['problems'] == [
+        {
+            'file': 'config.json',
+            'kind': 'link_outside',
+            'detail': 'a link that leads outside the checkpoint, to %s' % outside,
+        }
+    ]
+    rc, result = module_result('checkpoint_verify', {'path': path, 'manifest': manifest, 'allow_links_outside': True})
+    assert rc == 0 and result['ok'], result
