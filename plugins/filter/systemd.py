@@ -6,6 +6,8 @@
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import systemd_environment_value
+
 # systemd reads these at the start of an ExecStart= program, after removing its quotes (systemd.service(5), Command
 # lines): - ignores its failure, @ takes argv[0] from the next word, : stops variable expansion, + runs it with full
 # privileges, ! without the unit's user, | through a shell. None belongs to a program's path.
@@ -64,7 +66,7 @@ def systemd_env_quote(value):
     if '\0' in text:
         raise AnsibleFilterError('systemd_env_quote: a value contains a NUL, which an environment file cannot carry')
     # systemd expands ${VAR} and $VAR in EnvironmentFile= values; a backslash keeps "$" literal.
-    return '"%s"' % text.replace('\\', '\\\\').replace('"', '\\"').replace('$', '\\$').replace('`', '\\`')
+    return systemd_environment_value(text)
 
 
 class FilterModule:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import cause, file_kind
+from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import systemd_environment_value
 
 LAST_GOOD = 'last-good'
 RECORD = 'record.json'
@@ -51,6 +52,8 @@ NEW_PREFIX = TEMP_PREFIX + 'new-'
 OLD_PREFIX = TEMP_PREFIX + 'old-'
 
 Record = dict[str, Any]
+# A variable's name in an environment file, as the role writes them.
+ENVIRONMENT_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*')
 
 
 class DeploymentError(Exception):
@@ -451,11 +454,53 @@ def point_last_good(path: str, name: str) -> None:
         raise
 
 
+def secrets_problem(secrets: dict[str, Any]) -> Optional[str]:
+    """Why these secrets cannot go into an environment file, naming the variable but never its value; or None."""
+    for name, value in sorted(secrets.items()):
+        if not ENVIRONMENT_NAME.fullmatch(name):
+            return 'environment_secrets: %r is not the name of an environment variable' % (name,)
+        if not isinstance(value, str):
+            return 'environment_secrets: the value of %s must be a text, got %s' % (name, type(value).__name__)
+        if '\n' in value or '\r' in value or '\0' in value:
+            return (
+                'environment_secrets: the value of %s holds a line break or a NUL, which an environment file cannot carry'
+                % (name)
+            )
+    return None
+
+
+def with_secrets(environment: bytes, secrets: dict[str, str]) -> bytes:
+    """The environment file with each of the secrets set to its value (quoted as systemd reads it; an empty value
+    removes the variable), in the place its first line had, else at the end. Checked by secrets_problem first."""
+    lines = environment.decode('utf-8').split('\n')
+    ends_with_newline = lines[-1] == ''
+    if ends_with_newline:
+        lines.pop()
+    kept = []
+    seen = set()
+    for line in lines:
+        name = line.split('=', 1)[0].strip() if '=' in line and not line.lstrip().startswith('#') else None
+        if name not in secrets:
+            kept.append(line)
+        elif name not in seen:
+            seen.add(name)
+            if secrets[name]:
+                kept.append('%s=%s' % (name, systemd_environment_value(secrets[name])))
+    kept.extend('%s=%s' % (n, systemd_environment_value(v)) for n, v in sorted(secrets.items()) if v and n not in seen)
+    return ('\n'.join(kept) + ('\n' if ends_with_newline or not lines else '')).encode('utf-8')
+
+
 def restore(
-    path: str, unit_file: str, environment_file: str, now: Callable[[], float], check_mode: bool
+    path: str,
+    unit_file: str,
+    environment_file: str,
+    now: Callable[[], float],
+    check_mode: bool,
+    secrets: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
-    """Put back the last good deployment's unit and environment file and count the rollback, all or nothing. Returns
-    deployment, record, rolled_back, rollbacks, unit_before/unit_after (for a diff)."""
+    """Put back the last good deployment's unit and environment file and count the rollback, all or nothing; the
+    secrets are set to their values of now, never to those the last good deployment had (a key rotated since must
+    not come back). Returns deployment, record, rolled_back, rollbacks, unit_before/unit_after (for a diff)."""
     name, good = last_good(path)
     if name is None:
         raise DeploymentError(
@@ -463,6 +508,13 @@ def restore(
         )
     with _deployment_directory(path, name) as fd:
         unit, environment = (_read_regular(n, os.path.join(path, name, n), fd) for n in (UNIT, ENVIRONMENT))
+    if secrets:
+        try:
+            environment = with_secrets(environment, secrets)
+        except UnicodeDecodeError:
+            raise DeploymentError(
+                '%s is not UTF-8 text: its secrets cannot be set' % os.path.join(path, name, ENVIRONMENT)
+            ) from None
     unit_before = _read_optional(unit_file)
     counted = rollbacks(path)
     counted = {'total': counted['total'] + 1, 'last': int(now())}

@@ -31,6 +31,12 @@ JOURNAL_SECONDS = 5
 MAX_JOURNAL_BYTES = 4 * 1024 * 1024
 
 
+def systemd_environment_value(text: str) -> str:
+    """text as a value of an environment file systemd reads (EnvironmentFile=): quoted, and with the characters that
+    systemd would expand ($VAR, ${VAR}) or end the quote at escaped. No line break nor NUL: the caller checks."""
+    return '"%s"' % text.replace('\\', '\\\\').replace('"', '\\"').replace('$', '\\$').replace('`', '\\`')
+
+
 class UnitUnreadable(Exception):
     """systemctl did not tell the unit's state; msg says why."""
 

@@ -80,6 +80,16 @@ options:
       - The service's environment file (secrets), snapshotted by O(state=recorded) and put back by O(state=restored).
         Required for both, an absolute path other than O(unit_file).
     type: path
+  environment_secrets:
+    description:
+      - For O(state=restored), environment variables whose values of now replace those of the last good deployment's
+        environment file, such as the API key. A rollback brings back the settings that passed, never an old secret:
+        a key rotated since, and found in a leak, must not come back.
+      - Each value is written quoted as systemd reads it (C($) and C(`) kept literal); an empty value removes the
+        variable; a variable the file lacks is added at its end. A value with a line break or a NUL is refused.
+      - Never shown: neither the values nor the environment file appear in the result or a diff.
+    type: dict
+    default: {}
   releases_dir:
     description:
       - Where the releases (virtual environments named by 12 hexadecimal digits) live, for O(state=recorded)'s prune,
@@ -122,6 +132,9 @@ EXAMPLES = r"""
     state: restored
     unit_file: /etc/systemd/system/vllm-kimi.service
     environment_file: /etc/llmserve-vllm/vllm-kimi.env
+    # The key of now, not the one the last good deployment served with.
+    environment_secrets:
+      VLLM_API_KEY: "{{ vllm_api_key }}"
   register: restored
 """
 
@@ -187,6 +200,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._deployment import (
     remove_stale,
     restore,
     rollbacks,
+    secrets_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import (
     DirectoryLock,
@@ -197,6 +211,28 @@ MODULE_NAME = 'llmserve.vllm.deployment'
 PATH_OPTIONS = ('path', 'unit_file', 'environment_file', 'releases_dir')
 
 
+def input_problem(p):
+    """Why the options cannot be acted on, or None."""
+    if p['keep'] < 1:
+        return 'keep must be at least 1, got %d' % p['keep']
+    if p['lock_timeout'] < 0:
+        return 'lock_timeout must not be negative, got %d' % p['lock_timeout']
+    if p['state'] != 'read' and not (p['unit_file'] and p['environment_file']):
+        return 'state %s needs unit_file and environment_file' % p['state']
+    for option in PATH_OPTIONS:
+        # A relative path would name a place under the task's temporary directory, gone once the task ends.
+        if p[option] and not os.path.isabs(p[option]):
+            return '%s must be an absolute path, got %r' % (option, p[option])
+    if p['state'] != 'read' and os.path.normpath(p['unit_file']) == os.path.normpath(p['environment_file']):
+        return 'unit_file and environment_file must be two files, got %s for both' % p['unit_file']
+    if p['environment_secrets'] and p['state'] != 'restored':
+        return 'environment_secrets applies to state restored only, not to state %s' % p['state']
+    release = p['record'].get('release')
+    if p['state'] == 'recorded' and not is_release(release):
+        return 'record must hold release, the 12 hexadecimal digits of the release that passed, got %r' % (release,)
+    return secrets_problem(p['environment_secrets'])
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -205,6 +241,7 @@ def main():
             record=dict(type='dict', default={}),
             unit_file=dict(type=nul_free_path),
             environment_file=dict(type=nul_free_path),
+            environment_secrets=dict(type='dict', default={}, no_log=True),
             releases_dir=dict(type=nul_free_path),
             keep=dict(type='int', default=3),
             lock_timeout=dict(type='int', default=60),
@@ -213,23 +250,9 @@ def main():
     )
     p = module.params
     # Checked before anything is touched: bad input changes nothing.
-    if p['keep'] < 1:
-        module.fail_json(msg='keep must be at least 1, got %d' % p['keep'])
-    if p['lock_timeout'] < 0:
-        module.fail_json(msg='lock_timeout must not be negative, got %d' % p['lock_timeout'])
-    if p['state'] != 'read' and not (p['unit_file'] and p['environment_file']):
-        module.fail_json(msg='state %s needs unit_file and environment_file' % p['state'])
-    for option in PATH_OPTIONS:
-        # A relative path would name a place under the task's temporary directory, gone once the task ends.
-        if p[option] and not os.path.isabs(p[option]):
-            module.fail_json(msg='%s must be an absolute path, got %r' % (option, p[option]))
-    if p['state'] != 'read' and os.path.normpath(p['unit_file']) == os.path.normpath(p['environment_file']):
-        module.fail_json(msg='unit_file and environment_file must be two files, got %s for both' % p['unit_file'])
-    release = p['record'].get('release')
-    if p['state'] == 'recorded' and not is_release(release):
-        module.fail_json(
-            msg='record must hold release, the 12 hexadecimal digits of the release that passed, got %r' % (release,)
-        )
+    problem = input_problem(p)
+    if problem:
+        module.fail_json(msg=problem)
     result = dict(changed=False, last_good={}, deployment='', record={}, pruned=[], rolled_back=False)
     warnings = []
     failure = None
@@ -275,7 +298,9 @@ def apply(module, created, result):
         warnings = done.pop('warnings')
         result.update(done, changed=True)
     elif p['state'] == 'restored':
-        done = restore(p['path'], p['unit_file'], p['environment_file'], time.time, module.check_mode)
+        done = restore(
+            p['path'], p['unit_file'], p['environment_file'], time.time, module.check_mode, p['environment_secrets']
+        )
         before, after = done.pop('unit_before'), done.pop('unit_after')
         if module._diff and before != after:
             result['diff'] = dict(before=before, after=after, before_header=p['unit_file'], after_header=p['unit_file'])

@@ -134,13 +134,14 @@ class Sandbox:
             [os.path.join(BIN, 'ansible-playbook'), '-i', self.inventory, '--limit', self.name, PLAYBOOK] + list(extra)
         )
 
-    def gate(self, timeout=300):
-        """The role's coherence gate (llmserve.vllm.chat_check) run on its own; the module's result."""
+    def gate(self, timeout=300, api_key=None):
+        """The role's coherence gate (llmserve.vllm.chat_check) run on its own, with the inventory's key unless another
+        is given; the module's result."""
         args = {
             'url': 'http://localhost' if self.unix_socket else 'http://127.0.0.1:%s' % self.vars['vllm_kimi_port'],
             'unix_socket': self.unix_socket,
             'model': self.vars['vllm_kimi_served_model_name'],
-            'api_key': self.vars['vllm_kimi_api_key'],
+            'api_key': api_key or self.vars['vllm_kimi_api_key'],
             'prompt': self.vars['vllm_kimi_coherence_prompt'],
             'expect': self.vars['vllm_kimi_coherence_expect'],
             'timeout': timeout,

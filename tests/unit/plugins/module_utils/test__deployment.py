@@ -17,6 +17,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._deployment import (
     record,
     restore,
     rollbacks,
+    with_secrets,
 )
 
 OLD = '20261101T120000Z-00112233aabb'
@@ -202,3 +203,33 @@ def test_deployment_names():
     assert deployment_name('20261201T120000Z', '0123456789ab') == NEW
     with pytest.raises(DeploymentError):
         deployment_name('20261201T120000Z', '../../etc')
+
+
+@pytest.mark.parametrize(
+    'environment, secrets, expected',
+    [
+        (b'A=1\nVLLM_API_KEY="old"\nB=2\n', {'VLLM_API_KEY': 'new'}, b'A=1\nVLLM_API_KEY="new"\nB=2\n'),
+        # A key set where the last good deployment had none is added; an empty one removes it.
+        (b'A=1\n', {'VLLM_API_KEY': 'new'}, b'A=1\nVLLM_API_KEY="new"\n'),
+        (b'VLLM_API_KEY="old"\nA=1\n', {'VLLM_API_KEY': ''}, b'A=1\n'),
+        # A second line of the same name would win in systemd: only the first place is kept.
+        (b'VLLM_API_KEY="old"\nA=1\nVLLM_API_KEY="older"\n', {'VLLM_API_KEY': 'n'}, b'VLLM_API_KEY="n"\nA=1\n'),
+        # Comments and other names that begin alike stay.
+        (
+            b'# VLLM_API_KEY=x\nVLLM_API_KEY_FILE=f\n',
+            {'VLLM_API_KEY': 'k'},
+            b'# VLLM_API_KEY=x\nVLLM_API_KEY_FILE=f\nVLLM_API_KEY="k"\n',
+        ),
+        (b'', {'VLLM_API_KEY': 'a$b'}, b'VLLM_API_KEY="a\\$b"\n'),
+    ],
+    ids=['replaced', 'added', 'removed', 'duplicates', 'look-alikes', 'empty-file'],
+)
+def test_secrets_take_their_values_of_now(environment, secrets, expected):
+    assert with_secrets(environment, secrets) == expected
+
+
+def test_a_restore_with_secrets_replaces_them_in_the_restored_file(host):
+    deployments, unit, env, releases = host
+    recorded(host, NEW)
+    restore(deployments, unit, env, lambda: 1, False, {'VLLM_API_KEY': 'rotated'})
+    assert read(env) == 'VLLM_API_KEY="rotated"\n'

@@ -61,6 +61,29 @@ def test_recorded_then_read_then_restored(host, module_result):
     assert SECRET not in str(restored)
 
 
+ROTATED = 'rotated-key-$HOME`x`"'
+
+
+def test_a_rollback_keeps_the_secret_of_now_not_the_last_good_ones(host, module_result):
+    """The key was rotated by the change that failed: the restored environment file has the new key, quoted as
+    systemd reads it, and the rest as it passed; neither key shows in the result, the diff included."""
+    rc, done = module_result('deployment', dict(host, state='recorded', record=dict(release='0123456789ab')))
+    assert rc == 0, done
+    with open(host['environment_file'], 'w') as f:
+        f.write('VLLM_API_KEY="%s"\nBROKEN=1\n' % ROTATED)
+    rc, restored = module_result(
+        'deployment', dict(host, state='restored', environment_secrets={'VLLM_API_KEY': ROTATED}, _ansible_diff=True)
+    )
+    assert rc == 0, restored
+    with open(host['environment_file']) as f:
+        assert f.read() == 'VLLM_API_KEY="rotated-key-\\$HOME\\`x\\`\\""\n'
+    assert SECRET not in str(restored) and 'rotated-key' not in str(restored)
+    # Without the secrets, the last good file comes back as it was.
+    rc, restored = module_result('deployment', dict(host, state='restored'))
+    with open(host['environment_file']) as f:
+        assert f.read() == 'VLLM_API_KEY="%s"\n' % SECRET
+
+
 def test_a_first_deploy_cannot_be_restored(host, module_result):
     rc, r = module_result('deployment', dict(host, state='restored'))
     assert (rc, r['failed'], r['rolled_back']) == (1, True, False)
@@ -80,8 +103,34 @@ def test_a_first_deploy_cannot_be_restored(host, module_result):
         ),
         (dict(keep=0), 'keep must be at least 1, got 0'),
         (dict(state='restored', unit_file=''), 'state restored needs unit_file and environment_file'),
+        (
+            dict(state='read', environment_secrets={'VLLM_API_KEY': 'k'}),
+            'environment_secrets applies to state restored only, not to state read',
+        ),
+        (
+            dict(state='restored', environment_secrets={'VLLM API KEY': 'k'}),
+            "environment_secrets: 'VLLM API KEY' is not the name of an environment variable",
+        ),
+        (
+            dict(state='restored', environment_secrets={'VLLM_API_KEY': SECRET + '\nLD_PRELOAD=/tmp/x.so'}),
+            'environment_secrets: the value of VLLM_API_KEY holds a line break or a NUL, which an environment file '
+            'cannot carry',
+        ),
+        (
+            dict(state='restored', environment_secrets={'VLLM_API_KEY': 12}),
+            'environment_secrets: the value of VLLM_API_KEY must be a text, got int',
+        ),
     ],
-    ids=['no-release', 'bad-release', 'keep-0', 'restored-without-unit'],
+    ids=[
+        'no-release',
+        'bad-release',
+        'keep-0',
+        'restored-without-unit',
+        'secrets-not-restoring',
+        'secret-name',
+        'secret-line-break',
+        'secret-not-text',
+    ],
 )
 def test_bad_input_is_refused_and_writes_nothing(host, module_result, args, message):
     rc, r = module_result('deployment', dict(host, **args))
