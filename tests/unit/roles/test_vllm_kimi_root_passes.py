@@ -3,10 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Root's passes over a revision the fetch's user owns (tasks/model.yml): root never follows that user's links.
 
-The open pass (its directories to the fetch) and the seals (root's and read-only) chown what find printed. A process
-of the fetch's user that swapped a path for a link between the two would have root change the link's target. So
-every pass comes after the fetch's own unit is stopped, which ends every process of the fetch, an interrupted run's
-included; and chown -h changes a link itself, never its target.
+The open pass (its directories to the fetch) and the seals (root's and read-only) change owners and modes in a tree
+the fetch's user owns. Every pass comes after the fetch's own unit is stopped, which ends every process of the fetch,
+an interrupted run's included; and every pass is llmserve-own-tree, which resolves no path through a link (raced for
+real in test_own_tree.py).
 """
 
 import os
@@ -39,13 +39,11 @@ def role_vars():
 def argv_of(task):
     command = task.get('ansible.builtin.command') or {}
     argv = command.get('argv', [])
-    if argv == '{{ _vllm_kimi_seal_argv }}':
-        return ['(seal)']
     return argv if isinstance(argv, list) else [argv]
 
 
 def is_root_pass(task):
-    return 'chown' in argv_of(task) or argv_of(task) == ['(seal)']
+    return argv_of(task) in (['{{ _vllm_kimi_seal_argv }}'], ['{{ _vllm_kimi_open_argv }}'])
 
 
 def stops_the_fetch(task):
@@ -72,8 +70,13 @@ def test_the_fetch_runs_in_the_unit_that_is_stopped():
     assert "['systemd-run', '--unit=' ~ _vllm_kimi_fetch_unit," in variables['_vllm_kimi_fetch_argv']
 
 
-def test_chown_changes_a_link_itself_never_its_target():
-    seal = role_vars()['_vllm_kimi_seal_argv']
-    assert "'-exec', 'chown', '-h', 'root:' ~ vllm_kimi_group, '{}', '+'" in seal
-    opens = [argv_of(task) for task in model_tasks() if 'chown' in argv_of(task)]
-    assert opens and all(argv[argv.index('chown') + 1] == '-h' for argv in opens), opens
+def test_every_root_pass_is_the_tree_owner_that_follows_no_link():
+    variables = role_vars()
+    assert variables['_vllm_kimi_own_tree'] == ['/usr/bin/python3', '-I', '{{ _vllm_kimi_libexec }}/llmserve-own-tree']
+    assert variables['_vllm_kimi_open_argv'].startswith("{{ _vllm_kimi_own_tree + ['open', _vllm_kimi_model_dir,")
+    assert variables['_vllm_kimi_seal_argv'].startswith("{{ _vllm_kimi_own_tree + ['seal', _vllm_kimi_model_dir,")
+    passes = [task for task in model_tasks() if is_root_pass(task)]
+    # No other command of the model phase changes owners or modes.
+    others = [argv_of(task) for task in model_tasks() if not is_root_pass(task)]
+    assert not [argv for argv in others if {'chown', 'chmod', 'find'} & {str(word) for word in argv}], others
+    assert len(passes) == 3
