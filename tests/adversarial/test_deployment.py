@@ -450,6 +450,29 @@ CASES = [
      re.compile(r'{d}/[0-9]{{8}}T[0-9]{{6}}Z-fedcba987654 is already there: a deployment of release fedcba987654 '
                 r'was recorded in this same second; nothing was recorded')),
     ('restored', lambda host: None, ('restored', {}), restored_good),
+    # The secrets of now, in place of the last good deployment's.
+    ('environment_secrets to read', lambda host: None, ('read', {'environment_secrets': {'VLLM_API_KEY': CHANGED_SECRET}}),
+     'environment_secrets applies to state restored only, not to state read'),
+    ('environment_secrets with a line break', lambda host: None,
+     ('restored', {'environment_secrets': {'VLLM_API_KEY': CHANGED_SECRET + '\nLD_PRELOAD=/tmp/x.so'}}),
+     'environment_secrets: the value of VLLM_API_KEY holds a line break or a NUL, which an environment file cannot '
+     'carry'),
+    ('environment_secrets with a NUL', lambda host: None,
+     ('restored', {'environment_secrets': {'VLLM_API_KEY': CHANGED_SECRET + '\0'}}),
+     'environment_secrets: the value of VLLM_API_KEY holds a line break or a NUL, which an environment file cannot '
+     'carry'),
+    ('environment_secrets named with a newline', lambda host: None,
+     ('restored', {'environment_secrets': {'VLLM_API_KEY\nLD_PRELOAD': CHANGED_SECRET}}),
+     "environment_secrets: 'VLLM_API_KEY\\nLD_PRELOAD' is not the name of an environment variable"),
+    ('environment_secrets a list value', lambda host: None,
+     ('restored', {'environment_secrets': {'VLLM_API_KEY': [CHANGED_SECRET]}}),
+     'environment_secrets: the value of VLLM_API_KEY must be a text, got list'),
+    ('environment snapshot not UTF-8, with secrets', write('deployments/%s/environment' % GOOD, b'A=\xff\n'),
+     ('restored', {'environment_secrets': {'VLLM_API_KEY': CHANGED_SECRET}}),
+     SNAP + '/environment is not UTF-8 text: its secrets cannot be set'),
+    ('restored with the key of now', lambda host: None,
+     ('restored', {'environment_secrets': {'VLLM_API_KEY': CHANGED_SECRET}}),
+     lambda result, host: host.env.read_text() == GOOD_ENV.replace(SECRET, CHANGED_SECRET)),
 ]  # fmt: skip
 
 

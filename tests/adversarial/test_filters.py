@@ -14,6 +14,7 @@ import json
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llmserve.vllm.plugins.filter.checkpoint import checkpoint_writers
 from ansible_collections.llmserve.vllm.plugins.filter.network import host_port
 from ansible_collections.llmserve.vllm.plugins.filter.pip import pip_source_credentials
 from ansible_collections.llmserve.vllm.plugins.filter.systemd import systemd_env_quote, systemd_exec_quote
@@ -372,3 +373,37 @@ def test_preload_smoke_report_reads_a_report_of_odd_types(verdict, journal, chec
 def test_preload_smoke_report_refuses_a_line_nested_past_the_parser(verdict):
     journal = '{"checks": %s%s}' % ('[' * 100000, ']' * 100000)
     refused(verdict, 'preload_smoke_report', lambda: preload_smoke_report(journal), 'printed no report')
+
+
+ROOTS_FILE = {'path': '/m/config.json', 'uid': 0, 'gid': 0, 'islnk': False, 'wgrp': False, 'woth': False}
+
+
+@pytest.mark.parametrize(
+    'entries, parts',
+    [
+        ('/m', ('expects a list of stat or find results, got str',)),
+        ({'files': []}, ('expects a list of stat or find results, got dict',)),
+        (None, ('got NoneType',)),
+        ([ROOTS_FILE, None], ('entry 1 is not a stat or find result (no path, uid, gid, islnk, wgrp, woth)',)),
+        # A stat of a path that does not exist: {'exists': false}.
+        ([{'exists': False}], ('entry 0 is not a stat or find result (no path, uid, gid, islnk, wgrp, woth)',)),
+    ],
+    ids=['a text', 'the whole find result', 'nothing', 'an entry that is nothing', 'a missing path'],
+)
+def test_checkpoint_writers_refuses_what_is_no_list_of_entries(verdict, entries, parts):
+    refused(verdict, 'checkpoint_writers', lambda: checkpoint_writers(entries), *parts)
+
+
+@pytest.mark.parametrize(
+    'entry, expected',
+    [
+        (dict(ROOTS_FILE), []),
+        # Ansible's find gives the owner's name where it has one; a uid without a name is still another user.
+        (dict(ROOTS_FILE, uid=4242, pw_name=''), ['/m/config.json is owned by uid 4242']),
+        (dict(ROOTS_FILE, islnk=True, uid=0), ['/m/config.json is a symbolic link']),
+        (dict(ROOTS_FILE, path='/m/a\nb', woth=True), ['/m/a\nb is writable by every user']),
+    ],
+    ids=['root alone', 'a uid with no name', "root's link", 'a name with a line break'],
+)
+def test_checkpoint_writers_names_each_entry_another_user_could_change(verdict, entry, expected):
+    answered(verdict, 'checkpoint_writers', lambda: checkpoint_writers([entry]), lambda answer: answer == expected)
