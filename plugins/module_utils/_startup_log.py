@@ -16,6 +16,8 @@ weights and the smallest KV memory. The lines, as vLLM 0.6 to 0.33 print them:
 - "Maximum concurrency for 32,768 tokens per request: 7.24x"
 - "Graph capturing finished in 39 secs, took 3.45 GiB"
 - "# GPU blocks: 18418, # CPU blocks: 4681" (V0; "# cuda blocks" in 0.7), "num_gpu_blocks is: 14834" (V1)
+- the backends it chose: "Using FLASH_ATTN attention backend out of potential backends: [...]", "Using CPU_MLA
+  backend.", "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: [...]"
 - V0's profiling table ("model weights take 14.96GiB", "available_kv_cache_memory 53.29GiB") and summary
   ("kv_cache_size=3.81GiB"), V1's summary ("3.45 GiB for CUDAGraph memory", "Current kv cache memory in use is
   27.85 GiB")
@@ -133,6 +135,38 @@ _INTEGERS = ('kv_tokens', 'gpu_blocks')
 LINE_PATTERNS = _FIGURES
 
 
+# The backends a start chose, as vLLM names them: "Using CPU_MLA backend.", "Using FLASH_ATTN attention backend out of
+# potential backends: [...]", "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of ...", "Using TRITON_MLA MLA prefill
+# backend." The name is what lies between the words, at most MAX_BACKEND_CHARS; a start names a handful.
+_BACKEND_START = 'Using '
+_BACKEND_END = ' backend'
+MAX_BACKEND_CHARS = 80
+MAX_BACKENDS = 16
+
+
+def _backend_named(line: str) -> Optional[str]:
+    """The backend the line says vLLM uses, else None; found with str.find, in time linear in the line."""
+    at = line.find(_BACKEND_START)
+    while at >= 0:
+        begin = at + len(_BACKEND_START)
+        end = line.find(_BACKEND_END, begin, begin + MAX_BACKEND_CHARS + len(_BACKEND_END))
+        name = line[begin:end].replace("'", '').strip() if end > begin else ''
+        if name and name.isprintable():
+            return name
+        at = line.find(_BACKEND_START, begin)
+    return None
+
+
+def startup_backends(lines: list[str]) -> list[str]:
+    """The backends the lines of one start name, in the order they first do, each once (every rank names its own)."""
+    named: list[str] = []
+    for line in lines:
+        name = _backend_named(line)
+        if name and name not in named and len(named) < MAX_BACKENDS:
+            named.append(name)
+    return named
+
+
 def startup_figures(lines: list[str]) -> dict[str, Any]:
     """The figures found in the lines of one start, each only where a line gives it; {} for none.
 
@@ -158,4 +192,7 @@ def startup_figures(lines: list[str]) -> dict[str, Any]:
             figures[name] = int(value) if name in _INTEGERS else value
     if device:
         figures['kv_cache_device'] = device
+    backends = startup_backends(lines)
+    if backends:
+        figures['backends'] = backends
     return figures

@@ -479,12 +479,21 @@ startup:
       description: V(GPU), or V(CPU) for the CPU build.
       type: str
       returned: when logged
+    backends:
+      description:
+        - The backends vLLM said it chose at this start, in the order it first named each (every rank names its
+          own), from its C(Using ... backend) lines, at most 16; what lies between those words, quotes removed.
+      type: list
+      elements: str
+      returned: when logged
+      sample: [TRITON_MLA attention, FLASHINFER_CUTLASS NvFp4 MoE]
   sample:
     weights_gib: 67.2
     available_kv_gib: 12.28
     kv_tokens: 178912
     max_concurrency: 1.36
     kv_cache_device: GPU
+    backends: [TRITON_MLA attention, FLASHINFER_CUTLASS NvFp4 MoE]
 progress:
   description:
     - Loading-progress lines from the unit's journal for its current run (safetensors shards, model

@@ -80,3 +80,45 @@ def test_the_cpu_builds_lines_as_the_sandbox_logs_them():
 
 def test_no_figure_no_key():
     assert startup_figures(['INFO:     Application startup complete.']) == {}
+
+
+def test_the_backends_of_real_starts_are_read_from_their_lines():
+    """Kimi-K2.6 on eight H200 NVL (its experts on Marlin) and a V1 start on an A100 (FlashAttention), as logged."""
+    assert startup_figures(load(fixture_path('startup_logs', 'kimi-k26-int4-h200nvl-tp8-v1-0200.json'))['excerpt'])[
+        'backends'
+    ] == ['Marlin']
+    assert startup_figures(load(fixture_path('startup_logs', 'r1-distill-qwen-15b-a100-40gb-v1-0901.json'))['excerpt'])[
+        'backends'
+    ] == ['Flash Attention']
+
+
+@pytest.mark.parametrize(
+    'line, backend',
+    [
+        # vLLM 0.32's own wordings (platforms/cpu.py, platforms/cuda.py, the MoE oracles, the MLA prefill selector).
+        ('(EngineCore pid=583) INFO 12-01 16:25:20 [cpu.py:175] Using CPU_MLA backend.', 'CPU_MLA'),
+        (
+            '(Worker_TP3 pid=9) INFO [cuda.py:507] Using TRITON_MLA attention backend out of potential backends: '
+            "['TRITON_MLA'].",
+            'TRITON_MLA attention',
+        ),
+        (
+            "(Worker_TP0 pid=9) INFO [nvfp4.py:242] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential "
+            "backends: ['FLASHINFER_CUTLASS', 'MARLIN'].",
+            'FLASHINFER_CUTLASS NvFp4 MoE',
+        ),
+        ('INFO [selector.py:106] Using FLASHINFER MLA prefill backend.', 'FLASHINFER MLA prefill'),
+        # What names no backend.
+        ('INFO [cuda.py:179] Cannot use FlashAttention-2 backend for Volta and Turing GPUs.', None),
+        ('INFO Using backend TORCH_SDPA for vit attention', None),
+        ('INFO Using ' + 'x' * 200 + ' backend.', None),
+    ],
+)
+def test_a_backend_is_what_vllm_says_it_uses(line, backend):
+    assert startup_figures([line]).get('backends') == ([backend] if backend else None)
+
+
+def test_each_backend_once_in_the_order_first_named_and_a_bounded_list():
+    ranks = ['(Worker_TP%d pid=%d) INFO [cpu.py:175] Using CPU_MLA backend.' % (rank, rank) for rank in range(8)]
+    many = ['INFO Using B%02d backend.' % number for number in range(40)]
+    assert startup_figures(ranks + many)['backends'] == ['CPU_MLA'] + ['B%02d' % number for number in range(15)]
