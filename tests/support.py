@@ -24,6 +24,13 @@ from ansible.module_utils import basic
 import ansible_collections.llmserve.vllm as collection
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VLLM_KIMI = os.path.join(REPO, 'roles', 'vllm_kimi')
+# The first tasks of a play that runs some of vllm_kimi's tasks on their own (run_local_play): the role's defaults,
+# then its variables, as the role itself has them.
+LOAD_VLLM_KIMI_VARS = [
+    {'ansible.builtin.include_vars': os.path.join(VLLM_KIMI, 'defaults', 'main.yml')},
+    {'ansible.builtin.include_vars': os.path.join(VLLM_KIMI, 'vars', 'main.yml')},
+]
 # Recorded output of real programs (vLLM, nvidia-smi, /proc) and real checkpoint configs; README.md there says whence.
 FIXTURES = os.path.join(REPO, 'tests', 'fixtures')
 # The directory that holds ansible_collections/, wherever this checkout is linked from.

@@ -9,27 +9,22 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
+from ansible_collections.llmserve.vllm.tests.support import LOAD_VLLM_KIMI_VARS, REPO, VLLM_KIMI, run_local_play
 
-ROLE = os.path.join(REPO, 'roles', 'vllm_kimi')
 GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
-LOAD_VARS = [
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'defaults', 'main.yml')},
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'vars', 'main.yml')},
-]
 REFUSAL_TASK = 'Refuse settings that open the service beyond its front door'
 KEY = 'sk-t3st-key'
 
 
 def preflight_refusal():
-    with open(os.path.join(ROLE, 'tasks', 'preflight.yml')) as handle:
+    with open(os.path.join(VLLM_KIMI, 'tasks', 'preflight.yml')) as handle:
         return [task for task in yaml.safe_load(handle) if task.get('name') == REFUSAL_TASK]
 
 
 def refusal(tmp_path, extra_vars, more_vars=()):
     """The preflight's message for these settings (the role's variables, then more_vars's files), or None where it
     lets them through."""
-    loads = LOAD_VARS + [{'ansible.builtin.include_vars': path} for path in more_vars]
+    loads = LOAD_VLLM_KIMI_VARS + [{'ansible.builtin.include_vars': path} for path in more_vars]
     rc, output = run_local_play(tmp_path, loads + preflight_refusal(), extra_vars)
     if rc == 0:
         return None
@@ -130,16 +125,16 @@ LIST_REFUSAL_TASK = 'Refuse list settings given as text'
 
 
 def list_refusal(tmp_path, extra_vars):
-    with open(os.path.join(ROLE, 'tasks', 'preflight.yml')) as handle:
+    with open(os.path.join(VLLM_KIMI, 'tasks', 'preflight.yml')) as handle:
         task = [task for task in yaml.safe_load(handle) if task.get('name') == LIST_REFUSAL_TASK]
-    rc, output = run_local_play(tmp_path, LOAD_VARS + task, extra_vars)
+    rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + task, extra_vars)
     return None if rc == 0 else output
 
 
 def test_the_list_settings_are_the_argument_specs_lists():
-    with open(os.path.join(ROLE, 'meta', 'argument_specs.yml')) as handle:
+    with open(os.path.join(VLLM_KIMI, 'meta', 'argument_specs.yml')) as handle:
         options = yaml.safe_load(handle)['argument_specs']['main']['options']
-    with open(os.path.join(ROLE, 'vars', 'main.yml')) as handle:
+    with open(os.path.join(VLLM_KIMI, 'vars', 'main.yml')) as handle:
         listed = yaml.safe_load(handle)['_vllm_kimi_list_settings']
     assert listed == sorted(name for name, option in options.items() if option.get('type') == 'list')
 
@@ -165,9 +160,9 @@ OVERRIDE_TASK = "Refuse extra arguments and environment that would undo the role
 
 
 def override_refusal(tmp_path, extra_vars, more_vars=()):
-    with open(os.path.join(ROLE, 'tasks', 'preflight.yml')) as handle:
+    with open(os.path.join(VLLM_KIMI, 'tasks', 'preflight.yml')) as handle:
         task = [task for task in yaml.safe_load(handle) if task.get('name') == OVERRIDE_TASK]
-    loads = LOAD_VARS + [{'ansible.builtin.include_vars': path} for path in more_vars]
+    loads = LOAD_VLLM_KIMI_VARS + [{'ansible.builtin.include_vars': path} for path in more_vars]
     rc, output = run_local_play(tmp_path, loads + task, extra_vars)
     return None if rc == 0 else output
 
@@ -221,7 +216,9 @@ def cluster_refusal(tmp_path, head_host, worker_address):
         {'ansible.builtin.add_host': {'name': 'node-b', 'groups': 'kimi', 'vllm_kimi_cluster_address': worker_address}},
     ]
     rc, output = run_local_play(
-        tmp_path, nodes + LOAD_VARS + preflight_refusal(), {'vllm_kimi_cluster_group': 'kimi', 'vllm_kimi_api_key': KEY}
+        tmp_path,
+        nodes + LOAD_VLLM_KIMI_VARS + preflight_refusal(),
+        {'vllm_kimi_cluster_group': 'kimi', 'vllm_kimi_api_key': KEY},
     )
     return None if rc == 0 else output
 

@@ -5,17 +5,10 @@
 Ansible renders it after the preflight: Kimi-K2.5's images and videos are one modality, vision_chunk."""
 
 import json
-import os
 
 import pytest
 
-from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
-
-ROLE = os.path.join(REPO, 'roles', 'vllm_kimi')
-LOAD_VARS = [
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'defaults', 'main.yml')},
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'vars', 'main.yml')},
-]
+from ansible_collections.llmserve.vllm.tests.support import LOAD_VLLM_KIMI_VARS, run_local_play
 
 
 def media_limits(tmp_path, preflight, limits=None):
@@ -26,7 +19,7 @@ def media_limits(tmp_path, preflight, limits=None):
     extra = {'__vllm_kimi_preflight': preflight}
     if limits is not None:
         extra['vllm_kimi_limit_mm_per_prompt'] = limits
-    rc, output = run_local_play(tmp_path, LOAD_VARS + [task], extra)
+    rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + [task], extra)
     assert rc == 0, output
     return json.loads(out.read_text())
 

@@ -12,13 +12,8 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
+from ansible_collections.llmserve.vllm.tests.support import LOAD_VLLM_KIMI_VARS, VLLM_KIMI, run_local_play
 
-ROLE = os.path.join(REPO, 'roles', 'vllm_kimi')
-LOAD_VARS = [
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'defaults', 'main.yml')},
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'vars', 'main.yml')},
-]
 # The id of the default spec before the lock and wheels-only settings existed: a role upgrade must not rebuild
 # (and restart onto) a release that is already built.
 DEFAULT_RELEASE_ID = '8eab15594598'
@@ -28,7 +23,7 @@ SECRET = 'hunter2-t0ken'
 
 
 def _tasks(name):
-    with open(os.path.join(ROLE, 'tasks', name)) as handle:
+    with open(os.path.join(VLLM_KIMI, 'tasks', name)) as handle:
         return yaml.safe_load(handle)
 
 
@@ -64,7 +59,7 @@ def render(tmp_path, extra_vars=None, uv=''):
         'ansible.builtin.copy': {'content': '{{ _values | to_json }}', 'dest': str(out), 'mode': '0644'},
         'vars': dict(BUILD['vars'], _values=values, __vllm_kimi_uv={'stdout': uv}),
     }
-    rc, output = run_local_play(tmp_path, LOAD_VARS + [task], extra_vars)
+    rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + [task], extra_vars)
     assert rc == 0, output
     return json.loads(out.read_text())
 
@@ -149,7 +144,7 @@ REFUSALS = [
 
 
 def preflight(tmp_path, extra_vars):
-    return run_local_play(tmp_path, LOAD_VARS + REFUSALS, extra_vars)
+    return run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + REFUSALS, extra_vars)
 
 
 def test_the_preflight_passes_clean_sources(tmp_path):

@@ -11,13 +11,8 @@ import pwd
 import pytest
 import yaml
 
-from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
+from ansible_collections.llmserve.vllm.tests.support import LOAD_VLLM_KIMI_VARS, VLLM_KIMI, run_local_play
 
-ROLE = os.path.join(REPO, 'roles', 'vllm_kimi')
-LOAD_VARS = [
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'defaults', 'main.yml')},
-    {'ansible.builtin.include_vars': os.path.join(ROLE, 'vars', 'main.yml')},
-]
 REFUSAL_BLOCK = 'Refuse a checkpoint served as it is that a user other than root could change'
 REFUSAL_TASK = 'Refuse the checkpoint when a user other than root could change it'
 
@@ -25,14 +20,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason='makes files of anothe
 
 
 def refusal_block():
-    with open(os.path.join(ROLE, 'tasks', 'preflight.yml')) as handle:
+    with open(os.path.join(VLLM_KIMI, 'tasks', 'preflight.yml')) as handle:
         return [task for task in yaml.safe_load(handle) if task.get('name') == REFUSAL_BLOCK]
 
 
 def refusal(tmp_path, model_path, extra_vars=None):
     """The preflight's message for this checkpoint, or None where it lets it through."""
     settings = dict({'vllm_kimi_model_path': str(model_path)}, **(extra_vars or {}))
-    rc, output = run_local_play(tmp_path, LOAD_VARS + refusal_block(), settings)
+    rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + refusal_block(), settings)
     if rc == 0:
         return None
     assert 'TASK [%s]' % REFUSAL_TASK in output and 'fatal: [localhost]' in output, output
