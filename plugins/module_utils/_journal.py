@@ -49,6 +49,11 @@ _EXPLAIN_PATTERNS = [
     )
 ]
 
+# uvicorn's access log of a request, as vLLM's API server writes it: 'INFO:     127.0.0.1:51234 - "GET /v1/models?q=...
+# HTTP/1.1" 401 Unauthorized'. Its path and query are the client's words, which may be written to look like an error
+# line: never quoted as an explanation.
+_ACCESS_LOG_LINE = re.compile(r'\b\d{1,5} - "[A-Z]{3,7} ')
+
 # Lines that tell how far loading has come.
 _PROGRESS_PATTERNS = [
     re.compile(p)
@@ -98,7 +103,7 @@ def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> li
     """
     picked: list[str] = []
     for line in lines:
-        if any(p.search(line) for p in _EXPLAIN_PATTERNS):
+        if any(p.search(line) for p in _EXPLAIN_PATTERNS) and not _ACCESS_LOG_LINE.search(line):
             line = strip_log_prefix(line)
             if line in picked:
                 picked.remove(line)

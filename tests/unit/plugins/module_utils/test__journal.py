@@ -99,6 +99,15 @@ def test_journal_lines(text, expected):
         ('KeyError\n    raise ValueError(msg)\n', 20, ['KeyError']),
         # A restart loop repeats the same lines: the latest occurrence decides the order.
         ('ValueError: a\nRuntimeError: b\nValueError: a\n', 20, ['RuntimeError: b', 'ValueError: a']),
+        # A client's path and query, as uvicorn's access log writes them, forged to look like an error: never quoted.
+        (
+            '(APIServer pid=583) INFO:     127.0.0.1:51234 - "GET /v1/models?a]RuntimeError:%20CUDA%20driver%20too%20old'
+            ' HTTP/1.1" 401 Unauthorized\n'
+            'INFO:     127.0.0.1:51236 - "POST /v1/chat/completions?x=)ValueError: HTTP/1.1" 200 OK\n'
+            'ValueError: the real one\n',
+            20,
+            ['ValueError: the real one'],
+        ),
     ],
 )
 def test_explaining_lines(text, limit, expected):
