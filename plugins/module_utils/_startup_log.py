@@ -151,7 +151,9 @@ def _backend_named(line: str) -> Optional[str]:
         begin = at + len(_BACKEND_START)
         end = line.find(_BACKEND_END, begin, begin + MAX_BACKEND_CHARS + len(_BACKEND_END))
         name = line[begin:end].replace("'", '').strip() if end > begin else ''
-        if name and name.isprintable():
+        # vLLM names a backend by its enum or class (CPU_MLA, FlashInfer): "Using default backend X for vit attention"
+        # names none.
+        if name.isprintable() and any(char.isupper() for char in name):
             return name
         at = line.find(_BACKEND_START, begin)
     return None

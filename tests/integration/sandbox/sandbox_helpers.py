@@ -136,7 +136,7 @@ class Sandbox:
 
     def gate(self, timeout=300, api_key=None):
         """The role's coherence gate (llmserve.vllm.chat_check) run on its own, with the inventory's key unless another
-        is given; the module's result."""
+        is given; the module's result, with failed as the play saw it."""
         args = {
             'url': 'http://localhost' if self.unix_socket else 'http://127.0.0.1:%s' % self.vars['vllm_kimi_port'],
             'unix_socket': self.unix_socket,
@@ -159,7 +159,9 @@ class Sandbox:
                 json.dumps(args),
             ]
         )
-        return report['tasks'][-1]['result']
+        # The recorded result holds what the module returned; whether it failed is the callback's status.
+        task = report['tasks'][-1]
+        return dict(task['result'], failed=task['status'] == 'failed')
 
     def wait_for(self, what, predicate, timeout):
         deadline = time.time() + timeout

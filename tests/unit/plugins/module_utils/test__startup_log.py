@@ -111,6 +111,16 @@ def test_the_backends_of_real_starts_are_read_from_their_lines():
         # What names no backend.
         ('INFO [cuda.py:179] Cannot use FlashAttention-2 backend for Volta and Turing GPUs.', None),
         ('INFO Using backend TORCH_SDPA for vit attention', None),
+        (
+            '(Worker_TP0 pid=6458) INFO 12-04 20:57:27 [interface.py:429] Using default backend '
+            'AttentionBackendEnum.TORCH_SDPA for vit attention',
+            None,
+        ),
+        (
+            '[W1204 20:58:29.923995797 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for memory allocation '
+            'on the NUMA nodes (0).',
+            None,
+        ),
         ('INFO Using ' + 'x' * 200 + ' backend.', None),
     ],
 )
@@ -122,3 +132,25 @@ def test_each_backend_once_in_the_order_first_named_and_a_bounded_list():
     ranks = ['(Worker_TP%d pid=%d) INFO [cpu.py:175] Using CPU_MLA backend.' % (rank, rank) for rank in range(8)]
     many = ['INFO Using B%02d backend.' % number for number in range(40)]
     assert startup_figures(ranks + many)['backends'] == ['CPU_MLA'] + ['B%02d' % number for number in range(15)]
+
+
+def test_the_sandboxs_start_names_its_cpu_backends():
+    """A tiny-kimi start on vLLM 0.32.0's CPU build with tensor parallel 2, as the sandbox's journal has it."""
+    lines = [
+        '(Worker_TP0 pid=6458) INFO 12-04 20:57:27 [interface.py:429] Using default backend '
+        'AttentionBackendEnum.TORCH_SDPA for vit attention',
+        '(Worker_TP0 pid=6458) INFO 12-04 20:57:27 [mm_encoder_attention.py:372] Using AttentionBackendEnum.TORCH_SDPA '
+        'for MMEncoderAttention.',
+        '(Worker_TP0 pid=6458) INFO 12-04 20:57:27 [cpu.py:175] Using CPU_MLA backend.',
+        '(Worker_TP0 pid=6458) INFO 12-04 20:57:27 [selector.py:131] Using CPU_SDPA_MLA MLA prefill backend.',
+        '(Worker_TP0 pid=6458) INFO 12-04 20:57:27 [unquantized.py:364] Using CPU Unquantized MoE backend out of '
+        "potential backends: ['CPU'].",
+        '(Worker_TP0 pid=6458) INFO 12-04 20:57:28 [unquantized.py:528] Using MoEPrepareAndFinalizeNoDPEPModular',
+        '(Worker_TP0 pid=6458) INFO 12-04 20:57:28 [unquantized.py:529] Using CPUUnquantizedExperts MoE backend',
+    ]
+    assert startup_figures(lines)['backends'] == [
+        'CPU_MLA',
+        'CPU_SDPA_MLA MLA prefill',
+        'CPU Unquantized MoE',
+        'CPUUnquantizedExperts MoE',
+    ]
