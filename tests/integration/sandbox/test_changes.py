@@ -16,9 +16,10 @@
    after its first line fails the gate once it made no progress for
    vllm_kimi_stall_timeout, quoting that line, and is rolled back too.
 4. A model revision that answers exactly as the served one but does several times the work
-   (tools/make_tiny_models.py's tiny-kimi-heavy): the coherence gate passes, the performance gate
-   finds it far below the last good figure, the host is rolled back, and Prometheus (molecule's
-   scenario) shows the failed gates and one more rollback.
+   (tools/make_tiny_models.py's tiny-kimi-heavy), served by tensor parallel 2 (two CPU workers over Gloo inside
+   the unit's own network, as a multi-GPU host's start): the coherence gate passes, the performance gate
+   finds it far below the last good figure, the host is rolled back to tensor parallel 1, and Prometheus
+   (molecule's scenario) shows the failed gates and one more rollback.
 5. A good change: it costs no speed and passes the performance gate against the last good figure;
    recorded as the new last good deployment, the previous one kept, older deployments and unused
    releases pruned; Prometheus shows the gates passed again.
@@ -282,6 +283,9 @@ STALLING_ENGINE = [
     'flush=True); time.sleep(10 ** 6)',
 ]
 STALL_TIMEOUT = 20
+# The stalled change also rotates the API key, as a site does after a leak: the rollback must serve the new key, never
+# bring the old one back (the next change's deploy puts the inventory's key back).
+ROTATED_KEY = 'sk-rotated-by-the-stalled-change'
 
 
 @pytest.fixture(scope='module')
@@ -293,10 +297,15 @@ def stalled_start(sandbox):
             'vllm_kimi_entrypoint': STALLING_ENGINE,
             'vllm_kimi_stall_timeout': STALL_TIMEOUT,
             'vllm_kimi_preload_smoke': False,
+            'vllm_kimi_api_key': ROTATED_KEY,
         }
     )
     rc, output, report = sandbox.deploy('-e', extra)
-    return before, served(sandbox), rc, output, report
+    yield before, served(sandbox), rc, output, report
+    # The file's next change puts the inventory's key back; where none ran (a selection of tests), this does.
+    if sandbox.sh('grep -c -F -- %s /etc/%s/environment || true' % (ROTATED_KEY, sandbox.unit)).strip() != '0':
+        restore_rc, restore_output, restore_report = sandbox.deploy()
+        assert restore_rc == 0, restore_output[-3000:]
 
 
 def test_a_stalled_start_fails_the_gate_early_quoting_its_last_line(sandbox, stalled_start):
@@ -318,13 +327,36 @@ def test_a_stalled_start_is_rolled_back(sandbox, stalled_start):
     before, after, rc, output, report = stalled_start
     final = dict(task_results(report, sandbox.name))[FINAL_TASK]
     assert 'Rolled back: %s is back on deployment' % sandbox.name in final['msg'], final['msg']
-    assert after['files'] == before['files']
+    # The unit as it served; the environment file as it served but for the key (below).
+    assert after['files'].splitlines()[0] == before['files'].splitlines()[0]
     assert after['process']['ActiveState'] == 'active'
+
+
+def test_the_key_the_failed_change_rotated_is_the_one_served_after_the_rollback(sandbox, stalled_start):
+    """The rollback put back the last good environment file with the key of this run: vLLM answers the rotated key
+    and refuses the one it served with before, and neither key shows in the play's output."""
+    before, after, rc, output, report = stalled_start
+    old_key = sandbox.vars['vllm_kimi_api_key']
+    rotated = sandbox.gate(api_key=ROTATED_KEY)
+    assert not rotated.get('failed') and rotated['answer'] == RIGHT_ANSWER, rotated.get('msg')
+    refused = sandbox.gate(api_key=old_key, timeout=30)
+    assert refused.get('failed') and 'the api_key is wrong' in refused['msg'], refused
+    assert ROTATED_KEY not in output and old_key not in output
 
 
 # The heavy revision of the staged repository (inventories/sandbox): same answers, several times the work.
 HEAVY_REVISION = revision('heavy')
 PERF_TASK = 'Measure the deployment under load and judge its throughput'
+SMOKE_FIGURES_TASK = 'Show what the smoke proved'
+# The heavy revision is served by tensor parallel 2, as a multi-GPU host serves: two CPU workers whose Gloo group forms
+# inside the unit (its own network namespace on the Unix socket), one core each, under the fences this cgroup-v2 sandbox
+# enforces. Its coherence gates (answer, reasoning, streamed tool call) judge that start; its performance gate fails
+# on the revision's own work (512 times the MLP), which a second core cannot make up.
+TENSOR_PARALLEL_TWO = {
+    'vllm_kimi_tensor_parallel_size': 2,
+    'vllm_kimi_environment': {'VLLM_CPU_OMP_THREADS_BIND': '0|1'},
+    'vllm_kimi_service_settings': {'CPUAffinity': '0 1'},
+}
 
 
 @pytest.fixture(scope='module')
@@ -344,7 +376,12 @@ def heavy_revision(sandbox):
         'rollbacks': textfile_value(sandbox, 'llmserve_rollbacks_total') or 0,
         'started': time.time(),
     }
-    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=' + HEAVY_REVISION)
+    rc, output, report = sandbox.deploy(
+        '-e', json.dumps(dict(TENSOR_PARALLEL_TWO, vllm_kimi_model_revision=HEAVY_REVISION))
+    )
+    before['journal'] = sandbox.sh(
+        'journalctl -u %s -o cat --no-pager --since @%d' % (sandbox.unit, int(before['started']))
+    )
     return before, rc, output, report
 
 
@@ -363,12 +400,34 @@ def test_heavy_revision_answers_correctly_but_fails_the_performance_gate(sandbox
     assert task == PERF_TASK
 
 
+def test_heavy_revision_was_served_by_two_workers_inside_the_units_own_network(sandbox, heavy_revision):
+    """Before the restart the smoke formed the group of two in the service's own sandbox; vLLM then started two
+    workers whose Gloo group formed behind the unit's private network, and they answered the gates."""
+    before, rc, output, report = heavy_revision
+    results = dict(task_results(report, sandbox.name))
+    smoke = json.dumps(results[SMOKE_FIGURES_TASK]['msg'])
+    assert 'gloo group of 2 rank(s) formed' in smoke, smoke
+    # vLLM's own lines: the group of two (rank 0 says it), and each worker's lines under its own name.
+    journal = before['journal']
+    assert re.search(r'rank 0 in world size 2 .*TP rank 0', journal), journal[-3000:]
+    for rank in (0, 1):
+        assert '(Worker_TP%d pid=' % rank in journal, journal[-3000:]
+    assert results[GATE_TASK]['tool_call']['stream_events'] > 1, results[GATE_TASK]
+    assert sandbox.sh('stat -fc %T /sys/fs/cgroup').split()[-1] == 'cgroup2fs'
+    assert sandbox.sh('systemctl show %s -p PrivateNetwork --value' % sandbox.unit).strip() == 'yes'
+
+
 def test_heavy_revision_is_rolled_back(sandbox, heavy_revision):
     before, rc, output, report = heavy_revision
     message = dict(task_results(report, sandbox.name))[FINAL_TASK]['msg']
     assert 'Rolled back: %s is back on deployment %s' % (sandbox.name, before['record']['deployment']) in message
     assert last_good_record(sandbox)['deployment'] == before['record']['deployment']
     assert HEAVY_REVISION not in sandbox.sh('systemctl cat %s' % sandbox.unit)
+    # Back on tensor parallel 1: one engine, no workers of a group, on the cores the inventory gives it again.
+    processes = sandbox.sh('ps -u %s -o args=' % sandbox.vars['vllm_kimi_user'])
+    assert 'VLLM::EngineCore' in processes and 'Worker_TP' not in processes, processes
+    affinity = (sandbox.vars.get('vllm_kimi_service_settings') or {}).get('CPUAffinity', '')
+    assert sandbox.sh('systemctl show %s -p CPUAffinity --value' % sandbox.unit).strip() == affinity
     assert last_good_record(sandbox)['model_revision'] == before['record']['model_revision']
 
 
@@ -426,6 +485,8 @@ def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
     record = changed['record']
     assert max_model_len(record) == '2048'
     assert record['gate']['answer'] == RIGHT_ANSWER
+    # The backends vLLM named at this start: the CPU build's MLA attention (vLLM's platforms/cpu.py).
+    assert 'CPU_MLA' in record['backends'], record['backends']
     assert record['deployment'] == changed['deployments'][-1]
     # The gate streams, as agents do (vllm_kimi_gate_stream): its answer and its tool call were joined from deltas.
     gate = dict(task_results(changed['report'], sandbox.name))[GATE_TASK]
