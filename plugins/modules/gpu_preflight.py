@@ -158,8 +158,8 @@ options:
         counts but CUDA does not offer (616 MiB on an H200, measured; 640 MiB on other GPUs)."
       - A C(config.json) without C(hidden_size) or C(vocab_size) gets 5 GiB (5368709120) and a warning. 0 on the CPU
         build, whose KV space is fixed. Ignored when O(kv_cache_memory_bytes) is given.
-      - Calibrated against real vLLM start-up logs (C(tests/fixtures/startup_logs); the README's section "Preflight
-        accuracy on real GPU logs" has the figures).
+      - Calibrated against real vLLM start-up logs (C(tests/fixtures/startup_logs); C(docs/preflight-accuracy.md) has the
+        figures).
     type: int
   max_num_seqs:
     description:

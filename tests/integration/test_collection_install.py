@@ -115,6 +115,7 @@ def test_tarball_ships_the_collection_and_not_the_test_harness(installed):
         'playbooks/deploy.yml',
         'meta/runtime.yml',
         'README.md',
+        'docs/security.md',
         'LICENSE',
         'changelogs/changelog.yaml',
         'inventories/gpu/hosts.yml',

@@ -354,7 +354,7 @@ def test_good_change_keeps_a_down_host_out_of_the_endpoints_file(fleet, endpoint
 
 
 def test_memory_peak_of_the_three_vllms(fleet, good_change):
-    """Peak resident memory of each replica's processes (VmHWM, summed per host), written for the README."""
+    """Peak resident memory of each replica's processes (VmHWM, summed per host), written for docs/testing.md."""
     hosts, ports, settings = fleet
     peaks = {}
     for host in hosts:

@@ -359,7 +359,7 @@ def test_plan_needs_a_layer_per_pipeline_stage():
     )
 
 
-# The real case's plans (README: Preflight accuracy): 262,144 does not fit at 0.90, 131,072 does at 0.95.
+# The real case's plans (docs/preflight-accuracy.md): 262,144 does not fit at 0.90, 131,072 does at 0.95.
 KIMI_TOKENS_AT_090 = 160960
 KIMI_TOKENS_AT_095 = 233504
 # MoonViT's 27 blocks (wqkv, wo, fc0, fc1, two norms), its patch embedding and the patch merger, in bf16.

@@ -57,7 +57,7 @@ def test_all_logs_median_and_worst():
 @pytest.mark.parametrize('held_out', [False, True], ids=['fitted', 'held-out'])
 def test_worst_within_limit_fitted_and_held_out_apart(held_out):
     """Held-out logs are judged on their own; with one comparable held-out log only its worst case is bounded
-    (the README reports its figure)."""
+    (docs/preflight-accuracy.md reports its figure)."""
     errors = [abs(error(log)) for log in COMPARED if log['held_out'] is held_out]
     assert errors
     assert max(errors) < WORST_LIMIT
