@@ -15,13 +15,16 @@
 7. Through a restart: a stream in flight ends with its last token (the stop drains it), and a request that arrives
    while vLLM is down gets 503 with Retry-After at once, never a refused connection or a 502.
 8. Per client address: the requests in progress (503 past them) and the rate (429 past the burst); per path, the
-   methods vLLM serves there (405); request bodies buffered in a tmpfs of the door's unit only.
+   methods vLLM serves there (405); request bodies buffered in a tmpfs of the door's unit only. A keyless upload gets
+   401 before its body is read; a body that stops after one byte is let go at the body timeout (sent as the file
+   begins, judged at its end: the minute runs beside the other tests).
 """
 
 import http.client
 import json
 import shlex
 import ssl
+import threading
 import time
 
 import anthropic
@@ -57,6 +60,48 @@ BEHIND_THE_DOOR = [
 @pytest.fixture(scope='module')
 def front(sandbox):
     return 'https://127.0.0.1:%s' % sandbox.vars['vllm_kimi_front_port']
+
+
+# A loopback address of its own: the door bounds connections and rate per client address, which the other tests fill.
+STALLED_BODY_SOURCE = '127.0.0.9'
+# The door is given this much longer than its body timeout before the test calls the body held.
+STALLED_BODY_GRACE = 5
+
+
+@pytest.fixture(scope='module', autouse=True)
+def stalled_body(sandbox):
+    """A request with the key whose body stops after its first byte, sent as the file's first test starts, so that
+    the door's body timeout runs out while the other tests run; judged by the file's last test. (thread, outcome)"""
+    timeout = int(sandbox.vars['vllm_kimi_front_body_timeout']) + STALLED_BODY_GRACE
+    outcome = {}
+
+    def send():
+        connection = http.client.HTTPSConnection(
+            '127.0.0.1',
+            int(sandbox.vars['vllm_kimi_front_port']),
+            context=ssl.create_default_context(cafile=CA),
+            source_address=(STALLED_BODY_SOURCE, 0),
+            timeout=timeout,
+        )
+        started = time.monotonic()
+        try:
+            connection.putrequest('POST', '/v1/chat/completions')
+            connection.putheader('Content-Type', 'application/json')
+            connection.putheader('Content-Length', '1000')
+            connection.putheader('Authorization', 'Bearer ' + sandbox.vars['vllm_kimi_api_key'])
+            connection.endheaders(b'{')
+            outcome['status'] = connection.getresponse().status
+        except http.client.RemoteDisconnected:
+            outcome['status'] = 'closed'
+        except OSError as exc:
+            outcome['status'] = type(exc).__name__
+        finally:
+            outcome['seconds'] = round(time.monotonic() - started, 1)
+            connection.close()
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread, outcome, timeout
 
 
 def client(front, api_key, verify=True):
@@ -204,19 +249,19 @@ def test_a_clients_own_key_is_answered_and_revoked_without_a_restart(sandbox, fr
 
 
 def test_a_keyless_upload_is_refused_before_its_body_is_read(sandbox):
-    """The door checks the key before it reads a body: a client without it that announces 20 MiB and sends a few
-    bytes gets 401 at once, and nothing of it is buffered (nginx would otherwise read and disk-buffer the body for
-    vLLM, and wait up to client_body_timeout for the rest)."""
+    """The door checks the key before it reads a body: a client without it that announces 30 MB and sends a few
+    bytes gets 401 at once (within the 2 s the connection waits), and nothing of it is buffered (nginx would otherwise
+    read and buffer the body for vLLM, and wait up to client_body_timeout for the rest)."""
     connection = http.client.HTTPSConnection(
         '127.0.0.1',
         int(sandbox.vars['vllm_kimi_front_port']),
         context=ssl.create_default_context(cafile=CA),
-        timeout=30,
+        timeout=2,
     )
     try:
         connection.putrequest('POST', '/v1/chat/completions')
         connection.putheader('Content-Type', 'application/json')
-        connection.putheader('Content-Length', str(20 * 1024 * 1024))
+        connection.putheader('Content-Length', str(30 * 1000 * 1000))
         connection.putheader('Authorization', 'Bearer not-the-key')
         connection.endheaders(b'{"model": "')
         # Waiting for the body would end in 408 after client_body_timeout (vllm_kimi_front_body_timeout), not in 401.
@@ -558,3 +603,14 @@ def test_the_33rd_request_in_progress_from_one_address_is_refused(sandbox):
 )
 def test_each_path_takes_only_the_methods_vllm_serves_there(sandbox, path, method):
     assert status(sandbox, path, method) == 405
+
+
+def test_a_body_that_stops_after_one_byte_is_let_go_at_the_body_timeout(sandbox, stalled_body):
+    """Last in the file: the request stalled_body began as the first test started. The door gave up on the rest of
+    its body after vllm_kimi_front_body_timeout (408, or the connection closed), not after the long read timeout
+    that streams need, and not before (a close for another reason would come early)."""
+    thread, outcome, timeout = stalled_body
+    thread.join(timeout + STALLED_BODY_GRACE)
+    assert outcome.get('status') in (408, 'closed'), outcome
+    body_timeout = int(sandbox.vars['vllm_kimi_front_body_timeout'])
+    assert body_timeout - STALLED_BODY_GRACE <= outcome['seconds'] <= timeout, outcome
