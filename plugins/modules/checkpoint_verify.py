@@ -116,7 +116,7 @@ options:
     description:
       - Accept symbolic links that resolve outside O(path), as in a snapshot of the Hugging Face cache
         (C(snapshots/COMMIT/) holds links to C(../../blobs/)).
-      - By default each such link is a V(link_outside) problem and a directory it leads to is not walked: a
+      - By default each such link is a V(link_outside) problem and a directory it leads to is not walked, as a
         checkpoint served with C(--trust-remote-code) runs its Python files, and a link swapped in by whoever
         can write the directory would run or load something the manifest never described.
     type: bool

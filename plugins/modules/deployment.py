@@ -83,11 +83,11 @@ options:
   environment_secrets:
     description:
       - For O(state=restored), environment variables whose values of now replace those of the last good deployment's
-        environment file, such as the API key. A rollback brings back the settings that passed, never an old secret:
+        environment file, such as the API key. A rollback brings back the settings that passed, never an old secret, as
         a key rotated since, and found in a leak, must not come back.
       - Each value is written quoted as systemd reads it (C($) and C(`) kept literal); an empty value removes the
         variable; a variable the file lacks is added at its end. A value with a line break or a NUL is refused.
-      - Never shown: neither the values nor the environment file appear in the result or a diff.
+      - Never shown, neither the values nor the environment file, in the result or a diff.
     type: dict
     default: {}
   releases_dir:

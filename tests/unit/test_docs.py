@@ -52,7 +52,7 @@ def test_every_relative_link_lands(path):
     for link in LINK.findall(read(path)):
         if re.match(r'[a-z]+:', link):
             continue
-        target, _, anchor = link.partition('#')
+        target, anchor = (link.split('#', 1) + [''])[:2]
         full = os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else path
         if not os.path.exists(full):
             broken.append('%s (no such file)' % link)
