@@ -382,8 +382,11 @@ CASES = {
         ONE_PROBLEM + 'model.safetensors: unreadable (a FIFO, not a regular file)',
         files=lambda c, m, t: fifo(os.path.join(c, 'model.safetensors')),
     ),
+    # A link that leaves the checkpoint, to a device: both, each named.
     'shard-dev-zero': case(
-        ONE_PROBLEM + 'model.safetensors: unreadable (a character device, not a regular file)',
+        ONE_PROBLEM.replace('1 problem', '2 problems')
+        + 'model.safetensors: link_outside (a link that leads outside the checkpoint, to /dev/zero); '
+        'model.safetensors: unreadable (a character device, not a regular file)',
         files=lambda c, m, t: link(os.path.join(c, 'model.safetensors'), '/dev/zero'),
     ),
     'shard-header-deep': case(
