@@ -72,9 +72,14 @@ def test_a_checkpoint_other_users_could_change_is_refused_naming_each_entry_and_
 
 
 def test_a_checkpoint_only_root_can_change_passes(tmp_path, checkpoint):
-    # Group root may write: it is root's own group.
+    # Group root may write: it is root's own group. The directory may be reached through a link (to where the disk is).
     os.chmod(str(checkpoint / 'config.json'), 0o664)
+    os.symlink(str(checkpoint), str(tmp_path / 'current'))
     assert refusal(tmp_path, checkpoint) is None
+    assert refusal(tmp_path, tmp_path / 'current') is None
+    # Through the link, what is in the directory is still judged.
+    os.chown(str(checkpoint / 'modeling_kimi.py'), NOBODY.pw_uid, 0)
+    assert '%s/modeling_kimi.py is owned by nobody' % (tmp_path / 'current') in refusal(tmp_path, tmp_path / 'current')
 
 
 def test_accepting_an_unsealed_checkpoint_lets_it_through(tmp_path, checkpoint):
