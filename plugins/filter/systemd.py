@@ -6,7 +6,10 @@
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import systemd_environment_value
+from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+    environment_value_problem,
+    systemd_environment_value,
+)
 
 # systemd reads these at the start of an ExecStart= program, after removing its quotes (systemd.service(5), Command
 # lines): - ignores its failure, @ takes argv[0] from the next word, : stops variable expansion, + runs it with full
@@ -59,12 +62,11 @@ def systemd_env_quote(value):
     if not _is_word(value):
         raise AnsibleFilterError('systemd_env_quote expects a text or a number, got %s' % type(value).__name__)
     text = to_text(value)
-    if '\n' in text or '\r' in text:
+    problem = environment_value_problem(text)
+    if problem:
         raise AnsibleFilterError(
-            'systemd_env_quote: a value contains a line break, which an environment file cannot carry'
+            'systemd_env_quote: a value contains %s, which an environment file cannot carry' % problem
         )
-    if '\0' in text:
-        raise AnsibleFilterError('systemd_env_quote: a value contains a NUL, which an environment file cannot carry')
     # systemd expands ${VAR} and $VAR in EnvironmentFile= values; a backslash keeps "$" literal.
     return systemd_environment_value(text)
 

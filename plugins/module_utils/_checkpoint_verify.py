@@ -115,7 +115,7 @@ def check_directory(path: str) -> None:
 
 def inside(real: str, real_root: str) -> bool:
     """Whether the resolved path ``real`` is ``real_root`` or under it."""
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+    return os.path.commonpath([real, real_root]) == real_root
 
 
 class Listing:

@@ -29,7 +29,10 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import cause, file_kind
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import systemd_environment_value
+from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+    environment_value_problem,
+    systemd_environment_value,
+)
 
 LAST_GOOD = 'last-good'
 RECORD = 'record.json'
@@ -461,7 +464,7 @@ def secrets_problem(secrets: dict[str, Any]) -> Optional[str]:
             return 'environment_secrets: %r is not the name of an environment variable' % (name,)
         if not isinstance(value, str):
             return 'environment_secrets: the value of %s must be a text, got %s' % (name, type(value).__name__)
-        if '\n' in value or '\r' in value or '\0' in value:
+        if environment_value_problem(value):
             return (
                 'environment_secrets: the value of %s holds a line break or a NUL, which an environment file cannot carry'
                 % (name)

@@ -31,6 +31,15 @@ JOURNAL_SECONDS = 5
 MAX_JOURNAL_BYTES = 4 * 1024 * 1024
 
 
+def environment_value_problem(text: str) -> Optional[str]:
+    """What in text an environment file cannot carry ('a line break', 'a NUL'), or None."""
+    if '\n' in text or '\r' in text:
+        return 'a line break'
+    if '\0' in text:
+        return 'a NUL'
+    return None
+
+
 def systemd_environment_value(text: str) -> str:
     """text as a value of an environment file systemd reads (EnvironmentFile=): quoted, and with the characters that
     systemd would expand ($VAR, ${VAR}) or end the quote at escaped. No line break nor NUL: the caller checks."""
