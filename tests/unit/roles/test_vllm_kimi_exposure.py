@@ -5,6 +5,7 @@
 Ansible on the role's defaults and the settings of each case, and the gpu inventory's key from Ansible Vault."""
 
 import os
+import re
 
 import pytest
 import yaml
@@ -17,8 +18,15 @@ KEY = 'sk-t3st-key'
 
 
 def preflight_refusal():
+    """The preflight's block of exposure refusals, one assert each."""
     with open(os.path.join(VLLM_KIMI, 'tasks', 'preflight.yml')) as handle:
         return [task for task in yaml.safe_load(handle) if task.get('name') == REFUSAL_TASK]
+
+
+def refused_by(output):
+    """The name of the task that failed the play."""
+    failed = output[: output.index('fatal: [localhost]')]
+    return re.findall(r'TASK \[(?:[a-z_.]+ : )?([^\]]+)\]', failed)[-1]
 
 
 def refusal(tmp_path, extra_vars, more_vars=()):
@@ -28,9 +36,11 @@ def refusal(tmp_path, extra_vars, more_vars=()):
     rc, output = run_local_play(tmp_path, loads + preflight_refusal(), extra_vars)
     if rc == 0:
         return None
-    assert 'TASK [%s]' % REFUSAL_TASK in output and 'fatal: [localhost]' in output, output
+    assert refused_by(output) in EXPOSURE_ASSERTS, output
     return output
 
+
+EXPOSURE_ASSERTS = [task['name'] for task in preflight_refusal()[0]['block']]
 
 OPEN = 'The service answers anyone who reaches %s without a key: set vllm_kimi_api_key'
 
@@ -226,6 +236,7 @@ def cluster_refusal(tmp_path, head_host, worker_address):
 def test_the_nodes_of_a_model_are_let_through_the_fence_by_ip_address(tmp_path):
     """The fence allows each node's own address, not its network: a name cannot be one of IPAddressAllow's."""
     output = cluster_refusal(tmp_path, 'head.example', 'b.example')
+    assert refused_by(output) == 'Refuse cluster nodes the fence cannot let through by address', output
     assert "The nodes of vllm_kimi_cluster_group kimi are let through the unit's IP fence by address" in output, output
     assert 'and head.example, b.example is no IP address' in output
     assert cluster_refusal(tmp_path, '10.0.0.1', '10.0.0.2') is None
@@ -249,3 +260,83 @@ def test_client_keys_are_refused_by_position_without_showing_them(tmp_path):
     assert 'which hands vLLM its own key for them: set vllm_kimi_api_key as well' in output, output
     assert 'ck-good' not in output
     assert refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': ['ck-good']}) is None
+
+
+# Each exposure refusal: (settings it refuses, a part of its message, settings beside them that it lets through).
+WITH_KEY = {'vllm_kimi_api_key': KEY}
+EACH_REFUSAL = {
+    "Refuse vLLM's switches that let any caller run code in the served model": (
+        dict(WITH_KEY, vllm_kimi_environment={'VLLM_SERVER_DEV_MODE': '1'}),
+        'vllm_kimi_environment sets VLLM_SERVER_DEV_MODE, which lets any caller run code in or change the served model',
+        {'vllm_kimi_allow_dev_endpoints': True},
+    ),
+    'Refuse vLLM on an address other than loopback behind the front door': (
+        dict(WITH_KEY, vllm_kimi_listen='tcp', vllm_kimi_host='0.0.0.0'),
+        'vllm_kimi_host 0.0.0.0 is not a loopback address: behind the front door',
+        {'vllm_kimi_host': '::1'},
+    ),
+    "Refuse a front door on vLLM's own port": (
+        dict(WITH_KEY, vllm_kimi_listen='tcp', vllm_kimi_front_port=8000, vllm_kimi_port=8000),
+        "vllm_kimi_front_port 8000 is vLLM's own port (vllm_kimi_port): give the front door another.",
+        {'vllm_kimi_port': 8001},
+    ),
+    'Refuse a Unix socket that nothing would reach': (
+        {'vllm_kimi_front_door': False},
+        'vllm_kimi_listen unix serves vLLM on a Unix socket that only the front door reaches',
+        {'vllm_kimi_listen': 'tcp'},
+    ),
+    'Refuse front door paths that are not plain absolute paths': (
+        dict(WITH_KEY, vllm_kimi_front_paths=['/v1/models', '/v1/*', 'v1/chat']),
+        'vllm_kimi_front_paths must be absolute paths of letters, digits and ._/-, got ["/v1/*", "v1/chat"].',
+        {'vllm_kimi_front_paths': ['/v1/models', '/v1/chat/completions']},
+    ),
+    'Refuse a buffer space that is no size': (
+        dict(WITH_KEY, vllm_kimi_front_buffer_space='1g,exec'),
+        'vllm_kimi_front_buffer_space must be a size in bytes, k, m or g (512m, 1g), got "1g,exec".',
+        {'vllm_kimi_front_buffer_space': '2G'},
+    ),
+    'Refuse /metrics among the paths every client reaches': (
+        dict(WITH_KEY, vllm_kimi_front_paths=['/v1/chat/completions', '/metrics']),
+        'vllm_kimi_front_paths lists /metrics, which the front door serves to vllm_kimi_front_metrics_sources only.',
+        {'vllm_kimi_front_paths': ['/v1/chat/completions']},
+    ),
+    'Refuse a service other hosts reach without a key': (
+        {},
+        OPEN % '0.0.0.0:8443',
+        {'vllm_kimi_api_key': KEY},
+    ),
+    'Refuse a key clients cannot send': (
+        {'vllm_kimi_api_key': 'sk key'},
+        KEY_REFUSED,
+        {'vllm_kimi_api_key': 'sk-key'},
+    ),
+    'Refuse client keys clients cannot send, by position': (
+        dict(WITH_KEY, vllm_kimi_front_client_keys=['ck bad']),
+        'the entries counted from 1 that are not: 1.',
+        {'vllm_kimi_front_client_keys': ['ck-good']},
+    ),
+    "Refuse client keys without vLLM's key and the front door": (
+        {'vllm_kimi_front_client_keys': ['ck-good'], 'vllm_kimi_allow_anonymous_endpoint': True},
+        'which hands vLLM its own key for them: set vllm_kimi_api_key as well',
+        {'vllm_kimi_api_key': KEY},
+    ),
+    'Refuse a Hub token sent in clear text': (
+        dict(WITH_KEY, vllm_kimi_hf_endpoint='http://hub.example', vllm_kimi_hf_token='hf_t0ken'),
+        CLEAR_TOKEN % 'http://hub.example',
+        {'vllm_kimi_hf_endpoint': 'https://hub.example'},
+    ),
+}
+
+
+def test_each_exposure_refusal_has_its_case():
+    # The cluster's refusal needs an inventory of nodes: test_the_nodes_of_a_model_are_let_through_the_fence_by_ip_address.
+    cluster = 'Refuse cluster nodes the fence cannot let through by address'
+    assert sorted([*EACH_REFUSAL, cluster]) == sorted(EXPOSURE_ASSERTS)
+
+
+@pytest.mark.parametrize('name', sorted(EACH_REFUSAL))
+def test_each_exposure_refusal_stops_the_play_with_its_own_message(tmp_path, name):
+    refused, message, mended = EACH_REFUSAL[name]
+    output = refusal(tmp_path, refused)
+    assert refused_by(output) == name and message in output, output
+    assert refusal(tmp_path, dict(refused, **mended)) is None
