@@ -81,9 +81,7 @@ def releases(sandbox):
 def deployments(sandbox):
     # Beside the deployments: the last-good link and the rollback count of the role's metrics.
     return sorted(
-        name
-        for name in sandbox.sh('ls -1 %s' % DEPLOYMENTS).split()
-        if name not in ('last-good', 'rollbacks.json', 'measurements')
+        name for name in sandbox.sh('ls -1 %s' % DEPLOYMENTS).split() if name not in ('last-good', 'rollbacks.json')
     )
 
 
