@@ -77,3 +77,12 @@ def test_every_task_that_stops_a_play_has_a_troubleshooting_entry():
         names.update(stopping_tasks(yaml.safe_load(read(path))))
     assert len(names) >= 20
     assert sorted(names - entries) == []
+
+
+def test_every_alert_has_a_runbook_entry_where_its_runbook_url_points():
+    with open(os.path.join(REPO, 'roles', 'vllm_monitoring', 'templates', 'llmserve_alerts.yml.j2')) as handle:
+        rules = handle.read()
+    alerts = re.findall(r'- alert: (\w+)', rules)
+    targets = re.findall(r'runbook_url: "\[\[ vllm_monitoring_runbook_url \]\]#([a-z]+)"', rules)
+    assert alerts and targets == [alert.lower() for alert in alerts]
+    assert set(targets) <= anchors(os.path.join(REPO, 'docs', 'troubleshooting.md'))

@@ -173,7 +173,7 @@ def test_promtool_checks_the_rules(rendered, promtool):
         check=False,
     )
     assert proc.returncode == 0, proc.stdout
-    assert 'SUCCESS: 6 rules found' in proc.stdout
+    assert 'SUCCESS: 10 rules found' in proc.stdout
 
 
 def test_each_alert_fires_on_its_condition_and_not_otherwise(rendered, promtool):
@@ -208,6 +208,10 @@ def test_every_alert_is_unit_tested(rendered):
             'VllmServiceRestarting',
             'VllmKvCacheNearlyFull',
             'VllmTimeToFirstTokenHigh',
+            'VllmEndpointDown',
+            'VllmRequestsQueueing',
+            'VllmPreempting',
+            'LlmserveMetricsUnreadable',
         }
     )
 
@@ -228,6 +232,14 @@ def test_thresholds_are_the_variables(tmp_path, promtool):
                 'vllm_monitoring_restart_count': 3,
                 'vllm_monitoring_rollback_alert_seconds': 600,
                 'vllm_monitoring_vllm_job': 'inference',
+                'vllm_monitoring_node_job': 'hosts',
+                'vllm_monitoring_endpoint_down_for': '45m',
+                'vllm_monitoring_waiting_requests_threshold': 64,
+                'vllm_monitoring_waiting_requests_for': '2m',
+                'vllm_monitoring_preemption_window': '3m',
+                'vllm_monitoring_preemption_for': '20m',
+                'vllm_monitoring_textfile_error_for': '1h',
+                'vllm_monitoring_runbook_url': 'https://runbooks.example/llm',
             }
         ),
     )
@@ -235,7 +247,7 @@ def test_thresholds_are_the_variables(tmp_path, promtool):
     with open(str(tmp_path / 'rules' / 'llmserve_alerts.yml')) as handle:
         rules = {rule['alert']: rule for rule in yaml.safe_load(handle)['groups'][0]['rules']}
     assert {name: (rule['expr'], rule.get('for')) for name, rule in rules.items()} == {
-        'LlmserveGateFailed': ('llmserve_gate_success == 0', None),
+        'LlmserveGateFailed': ('llmserve_gate_success == 0 unless on (instance, service) llmserve_release_info', None),
         'LlmservePerfGateFailed': ('llmserve_perf_gate_success == 0', None),
         'LlmserveRolledBack': (
             'increase(llmserve_rollbacks_total[600s]) > 0 or (time() - llmserve_rollback_last_timestamp_seconds) < 600',
@@ -247,4 +259,11 @@ def test_thresholds_are_the_variables(tmp_path, promtool):
             'histogram_quantile(0.99, sum without (engine) (rate(vllm:time_to_first_token_seconds_bucket[10m]))) > 2.5',
             '15m',
         ),
+        'VllmEndpointDown': ('up{job="inference"} == 0', '45m'),
+        'VllmRequestsQueueing': ('sum without (engine) (vllm:num_requests_waiting) > 64', '2m'),
+        'VllmPreempting': ('sum without (engine) (rate(vllm:num_preemptions_total[3m])) > 0', '20m'),
+        'LlmserveMetricsUnreadable': ('node_textfile_scrape_error{job="hosts"} > 0', '1h'),
+    }
+    assert {rule['annotations']['runbook_url'] for rule in rules.values()} == {
+        'https://runbooks.example/llm#' + name.lower() for name in rules
     }
