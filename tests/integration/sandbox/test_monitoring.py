@@ -13,6 +13,7 @@ those changes, in test_changes.py: each change is one deploy, and a deploy here 
 """
 
 import json
+import re
 
 import pytest
 import requests
@@ -26,6 +27,10 @@ ALERTS = {
     'VllmServiceRestarting',
     'VllmKvCacheNearlyFull',
     'VllmTimeToFirstTokenHigh',
+    'VllmEndpointDown',
+    'VllmRequestsQueueing',
+    'VllmPreempting',
+    'LlmserveMetricsUnreadable',
 }
 
 
@@ -79,3 +84,17 @@ def test_prometheus_loaded_the_alert_rules(prometheus):
     reply = requests.get(prometheus.url + '/rules', timeout=10).json()
     names = {rule['name'] for group in reply['data']['groups'] for rule in group['rules']}
     assert names == ALERTS
+
+
+# The series an alert's expression reads: vLLM's, the role's, node_exporter's and Prometheus's own.
+SERIES = re.compile(r'\b(?:vllm:[a-z_:]+|llmserve_[a-z_]+|node_[a-z_]+|process_start_time_seconds|up)\b')
+
+
+def test_every_series_an_alert_reads_is_scraped(prometheus):
+    """A rule over a series no scrape gives never fires: each one the rules name has samples here."""
+    reply = requests.get(prometheus.url + '/rules', timeout=10).json()
+    read = {
+        name for group in reply['data']['groups'] for rule in group['rules'] for name in SERIES.findall(rule['query'])
+    }
+    assert {'vllm:num_requests_waiting', 'vllm:num_preemptions_total', 'node_textfile_scrape_error', 'up'} <= read
+    assert sorted(name for name in read if not prometheus.query(name)) == []
