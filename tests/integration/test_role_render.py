@@ -27,7 +27,7 @@ def render(tmp_path, group_vars_file, **extra_vars):
         'ansible_python_interpreter': LOCAL_PYTHON,
         'max_model_len': 131072,
     }
-    if group_vars_file == GPU_VARS:
+    if group_vars_file in (GPU_VARS, NVLINK_VARS):
         # What the preflight finds in Kimi-K2.5's config (use_unified_vision_chunk: tests/fixtures/checkpoints/
         # kimi-k2.5-nvfp4), which the render does not run, and the key the inventory reads from the vault.
         extra.update(__vllm_kimi_preflight={'unified_vision_chunk': True}, vault_vllm_kimi_api_key='sk-vault-key')
@@ -55,6 +55,7 @@ NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
 SOCKET_DIRECTORY = ['ExecStartPre=+/bin/rm -f /run/vllm-kimi-api/vllm.sock']
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
 GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
+NVLINK_VARS = os.path.join(REPO, 'inventories', 'nvlink', 'group_vars', 'vllm.yml')
 
 
 def unit_settings(unit, section):
@@ -271,6 +272,15 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
     assert 'VLLM_ENGINE_READY_TIMEOUT_S="3600"' in environment.splitlines()
     # One request asks for 16 completions at most, not vLLM's 16384.
     assert 'VLLM_MAX_N_SEQUENCES=8' in environment.splitlines()
+
+
+def test_an_nvlink_node_leaves_nccl_its_own_choices(tmp_path):
+    """The PCIe settings are the gpu inventory's: on the role's default environment, the NVLink inventory's NCCL_*
+    are the role's own (its ranks meet on the loopback of their namespace)."""
+    unit, environment = render(tmp_path, NVLINK_VARS)
+    assert [line for line in environment.splitlines() if line.startswith('NCCL_')] == ['NCCL_SOCKET_IFNAME=lo']
+    assert 'VLLM_API_KEY="sk-vault-key"' in environment.splitlines()
+    assert exec_start(unit)[exec_start(unit).index('--tensor-parallel-size') + 1] == '8'
 
 
 def test_extra_arguments_reach_vllm_unchanged(tmp_path):

@@ -4,6 +4,7 @@
 """The preflight's refusal of a service other hosts reach without a key (tasks/preflight.yml, vars/main.yml), run by
 Ansible on the role's defaults and the settings of each case, and the gpu inventory's key from Ansible Vault."""
 
+import glob
 import os
 import re
 
@@ -180,9 +181,14 @@ def override_refusal(tmp_path, extra_vars, more_vars=()):
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
 
 
-@pytest.mark.parametrize('inventory', [GPU_VARS, SANDBOX_VARS], ids=['gpu', 'sandbox'])
-def test_the_inventories_override_nothing_of_the_roles(tmp_path, inventory):
+INVENTORIES = sorted(glob.glob(os.path.join(REPO, 'inventories', '*', 'group_vars', 'vllm.yml')))
+
+
+@pytest.mark.parametrize('inventory', INVENTORIES, ids=lambda path: path.split(os.sep)[-3])
+def test_the_inventories_override_nothing_of_the_roles_and_open_nothing(tmp_path, inventory):
+    assert len(INVENTORIES) >= 3
     assert override_refusal(tmp_path, {'vault_vllm_kimi_api_key': KEY}, [inventory]) is None
+    assert refusal(tmp_path, {'vault_vllm_kimi_api_key': KEY}, [inventory]) is None
 
 
 def test_extra_arguments_that_would_override_the_roles_own_are_refused_by_name(tmp_path):
