@@ -16,6 +16,10 @@ runs cannot take the cores another lane's measurements rely on.
 --nice LANE:N runs that lane's makes under `nice -n N`: a lane with time to spare yields its core to the
 lanes that are waited for (the models' training and the sandbox scenarios in make test).
 
+After the table, the lines of each failed stage's log that name what failed (pytest's FAILED and ERROR lines and
+its E lines, Ansible's fatal lines, tracebacks), at most FAILURE_LINES of them: CI shows a run's last lines, and
+these say which test to look at.
+
 Under the table, how busy the machine's cores were, over the run and in each 5-minute slice (from /proc/stat, so the
 sandboxes' processes count too): where the cores are busy throughout, only less work shortens the run; where they
 idle, another order can.
@@ -23,6 +27,7 @@ idle, another order can.
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -137,6 +142,36 @@ def minutes(seconds: float) -> str:
     return '%d:%02d' % divmod(int(round(seconds)), 60)
 
 
+FAILURE_LINES = 40
+ANSI_ESCAPE = re.compile(r'\x1b\[[0-9;]*[A-Za-z]')
+# The minutes this tool prefixes, and the frame molecule draws around an action's output.
+LOG_PREFIX = re.compile(r'^\[\+[0-9]+:[0-9]{2}\]\s*[\u2502\u2514\u2500]*\s*')
+NAMES_A_FAILURE = re.compile(r'^(?:(?:FAILED|ERROR) |E {2,}\S|fatal: \[|Traceback |[A-Za-z.]*(?:Error|Exception): )')
+
+
+def failure_lines(log_text: str, limit: int = FAILURE_LINES) -> list:
+    """The lines of a stage's log that name what failed, in order, at most limit of them (then how many more)."""
+    found = []
+    for raw in log_text.splitlines():
+        line = LOG_PREFIX.sub('', ANSI_ESCAPE.sub('', raw)).rstrip()
+        if NAMES_A_FAILURE.match(line):
+            found.append(line[:300])
+    if len(found) > limit:
+        return found[:limit] + ['... and %d more such lines' % (len(found) - limit)]
+    return found
+
+
+def failures(stages: list) -> str:
+    """What each failed stage's log says failed."""
+    parts = []
+    for stage in stages:
+        if stage.returncode:
+            with open(stage.log_path, encoding='utf-8', errors='replace') as log:
+                lines = failure_lines(log.read())
+            parts.append('\n'.join(['', '== what failed in %s (%s) ==' % (stage.target, stage.log_path)] + lines))
+    return '\n'.join(parts) + '\n' if parts else ''
+
+
 def table(stages: list, started: float) -> str:
     now = time.time()
     rows = [
@@ -185,7 +220,7 @@ def main(argv=None) -> int:
                 thread.join(1)
     finally:
         with PRINT_LOCK:
-            sys.stdout.write(table(stages, started) + cpu.report())
+            sys.stdout.write(table(stages, started) + cpu.report() + failures(stages))
             sys.stdout.flush()
     return 0 if all(stage.returncode == 0 for stage in stages) else 1
 
