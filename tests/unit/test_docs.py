@@ -86,3 +86,13 @@ def test_every_alert_has_a_runbook_entry_where_its_runbook_url_points():
     targets = re.findall(r'runbook_url: "\[\[ vllm_monitoring_runbook_url \]\]#([a-z]+)"', rules)
     assert alerts and targets == [alert.lower() for alert in alerts]
     assert set(targets) <= anchors(os.path.join(REPO, 'docs', 'troubleshooting.md'))
+
+
+def test_galaxy_the_changelog_and_the_readme_name_the_same_release():
+    with open(os.path.join(REPO, 'galaxy.yml')) as handle:
+        version = yaml.safe_load(handle)['version']
+    with open(os.path.join(REPO, 'changelogs', 'changelog.yaml')) as handle:
+        releases = yaml.safe_load(handle)['releases']
+    assert max(releases, key=lambda release: tuple(int(part) for part in release.split('.'))) == version
+    assert 'this is release %s.' % version in read(os.path.join(REPO, 'README.md'))
+    assert '\nv%s\n' % version in read(os.path.join(REPO, 'CHANGELOG.rst'))
