@@ -17,8 +17,8 @@ runs cannot take the cores another lane's measurements rely on.
 lanes that are waited for (the models' training and the sandbox scenarios in make test).
 
 After the table, the lines of each failed stage's log that name what failed (pytest's FAILED and ERROR lines and
-its E lines, Ansible's fatal lines, tracebacks), at most FAILURE_LINES of them: CI shows a run's last lines, and
-these say which test to look at.
+its E lines, Ansible's fatal lines, tracebacks), at most FAILURE_LINES of them, or the log's last lines where it has
+none of those (a linter's): CI shows a run's last lines, and these say which test or file to look at.
 
 Under the table, how busy the machine's cores were, over the run and in each 5-minute slice (from /proc/stat, so the
 sandboxes' processes count too): where the cores are busy throughout, only less work shortens the run; where they
@@ -149,13 +149,18 @@ LOG_PREFIX = re.compile(r'^\[\+[0-9]+:[0-9]{2}\]\s*[\u2502\u2514\u2500]*\s*')
 NAMES_A_FAILURE = re.compile(r'^(?:(?:FAILED|ERROR) |E {2,}\S|fatal: \[|Traceback |[A-Za-z.]*(?:Error|Exception): )')
 
 
+# Where a log has none of those (a linter's own format): its last lines, make's message of the recipe that failed
+# among them.
+FALLBACK_LINES = 8
+
+
 def failure_lines(log_text: str, limit: int = FAILURE_LINES) -> list:
-    """The lines of a stage's log that name what failed, in order, at most limit of them (then how many more)."""
-    found = []
-    for raw in log_text.splitlines():
-        line = LOG_PREFIX.sub('', ANSI_ESCAPE.sub('', raw)).rstrip()
-        if NAMES_A_FAILURE.match(line):
-            found.append(line[:300])
+    """The lines of a stage's log that name what failed, in order, at most limit of them (then how many more); else
+    its last FALLBACK_LINES lines."""
+    lines = [LOG_PREFIX.sub('', ANSI_ESCAPE.sub('', raw)).rstrip()[:300] for raw in log_text.splitlines()]
+    found = [line for line in lines if NAMES_A_FAILURE.match(line)]
+    if not found:
+        return [line for line in lines if line][-FALLBACK_LINES:]
     if len(found) > limit:
         return found[:limit] + ['... and %d more such lines' % (len(found) - limit)]
     return found

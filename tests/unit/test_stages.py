@@ -42,6 +42,18 @@ def test_the_lines_that_name_a_failure_are_picked_out_of_a_molecule_log():
         '... and 47 more such lines',
     ]
 
+    # A linter's own format: the log's last lines, make's message of the recipe among them.
+    yamllint = (
+        '[+0:00] /work/ci/.venv/bin/yamllint -s .\n[+0:04] ./changelogs/changelog.yaml\n'
+        '[+0:04]   6:7       error    wrong indentation: expected 8 but found 6  (indentation)\n'
+        '[+0:05] \n[+0:05] make[1]: *** [Makefile:107: lint] Error 1\n'
+    )
+    assert stages.failure_lines(yamllint)[-3:] == [
+        './changelogs/changelog.yaml',
+        '6:7       error    wrong indentation: expected 8 but found 6  (indentation)',
+        'make[1]: *** [Makefile:107: lint] Error 1',
+    ]
+
 
 def test_a_run_ends_with_what_failed_after_the_table(tmp_path):
     fake_make = tmp_path / 'make'
