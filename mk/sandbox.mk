@@ -31,12 +31,14 @@ models: vllm-venv
 	$(MAKE_MODELS) >/dev/null
 
 # Which of make test's caches (LLMSERVE_CACHE, the Makefile) this run finds, before any stage builds one. The tiny
-# models' key holds the vLLM venv's torch and transformers: without that venv, the models stage says (hit or miss).
+# models' key holds the vLLM venv's torch and transformers: read from the cached venv before the checkout links it;
+# without either, the models stage says (hit or miss).
 cache-report:
 	@echo "caches under $(LLMSERVE_CACHE) (a miss is built by the stage that needs it):"
 	@echo "  vLLM venv: $$(if [ -f $(VLLM_VENV_CACHE)/.installed ]; then echo hit, $(VLLM_VENV_CACHE); else echo miss; fi)"
 	@echo "  sandbox base tree: $$($(SANDBOX_TOOL) rootfs --cached)"
 	@echo "  tiny models: $$(if [ -x $(VLLM_VENV)/bin/python ]; then $(MAKE_MODELS) --cached; \
+	  elif [ -f $(VLLM_VENV_CACHE)/.installed ]; then $(VLLM_VENV_CACHE)/bin/python tools/make_tiny_models.py --cached; \
 	  else echo 'told by the models stage, once the vLLM venv is built'; fi)"
 	@echo "  pip downloads for the sandboxes' releases: $$(du -sh $(LLMSERVE_CACHE)/pip 2>/dev/null | cut -f1 || echo none)"
 
