@@ -20,7 +20,8 @@ description:
     bytes and files done, the rate over the last interval and an estimate of the time left.
   - With O(unit), the figures are read from the journal of the unit's current run (its C(InvocationID)), and name the
     phase of a vLLM start by its latest progress line (shards loaded out of all, weights loaded, KV cache
-    allocated, CUDA graphs captured, the API server up), and for how long it has been in that phase.
+    allocated, CUDA graphs captured, the API server up), and for how long it has been in that phase. The report
+    that sees the job ended names the phase the start reached, since a fast start passes several between reports.
   - The job's own result is not read; M(ansible.builtin.async_status) collects it once this module reports
     RV(finished).
 author:
@@ -169,8 +170,8 @@ download:
       type: float
       returned: always
 start:
-  description: The start's figures, with O(unit).
-  returned: with O(unit) while the job runs
+  description: The start's figures, with O(unit); once the job ended, the phase the start reached.
+  returned: with O(unit)
   type: dict
   contains:
     phase:
@@ -385,6 +386,11 @@ def main():
     if finished:
         result['msg'] = 'ended' + (' after %s' % format_duration(now - started) if started is not None else '')
         result['sample'] = {'time': now, 'started': started}
+        if p['unit']:
+            # The phases after the last report pass within seconds on a fast start: the end names the one reached.
+            reached = start_report(start_lines(module, p['unit']), now - (started or now), now, previous)
+            result['start'] = reached['start']
+            result['msg'] += '; the start reached: %s' % reached['start']['phase']
         module.exit_json(**result)
 
     if download:

@@ -8,6 +8,7 @@ tests/integration/sandbox/test_changes.py follows a real fetch and a real vLLM s
 """
 
 import json
+import re
 
 import pytest
 
@@ -94,6 +95,20 @@ def test_a_finished_job_is_reported_at_once(tmp_path, job, module_result):
     assert result['finished'] is True
     assert result['msg'].startswith('ended after ')
     assert 'download' not in result
+
+
+def test_a_finished_start_names_the_phase_it_reached(tmp_path, job, module_result):
+    job.write_text(json.dumps({'changed': False, 'answer': 'Paris'}))
+    bin_dir = fake_systemd(tmp_path)
+    rc, result = module_result(
+        'progress',
+        dict(results_file=str(job), wait=3600, unit='vllm-kimi.service', previous={'started': 1.0}),
+        path_prefix=str(bin_dir),
+    )
+    assert rc == 0, result
+    assert result['finished'] is True
+    assert result['start']['phase'] == 'loading weights: shard 51 of 119'
+    assert re.match(r'ended after \S+; the start reached: loading weights: shard 51 of 119$', result['msg']), result
 
 
 def test_a_start_is_read_from_the_journal_of_its_current_run(tmp_path, job, module_result):
