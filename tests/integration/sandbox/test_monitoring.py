@@ -13,13 +13,15 @@ those changes, in test_changes.py: each change is one deploy, and a deploy here 
 """
 
 import json
+import os
 import re
 
 import pytest
 import requests
-from sandbox_helpers import Prometheus, ours
+from sandbox_helpers import REPO, Prometheus, ours
 
 DEPLOYMENTS = '/var/lib/llmserve-vllm/vllm-kimi/deployments'
+DASHBOARD = os.path.join(REPO, 'roles', 'vllm_monitoring', 'files', 'llmserve-vllm-dashboard.json')
 ALERTS = {
     'LlmserveGateFailed',
     'LlmservePerfGateFailed',
@@ -98,3 +100,28 @@ def test_every_series_an_alert_reads_is_scraped(prometheus):
     }
     assert {'vllm:num_requests_waiting', 'vllm:num_preemptions_total', 'node_textfile_scrape_error', 'up'} <= read
     assert sorted(name for name in read if not prometheus.query(name)) == []
+
+
+def dashboard_queries():
+    with open(DASHBOARD) as f:
+        panels = json.load(f)['panels']
+    return [
+        pytest.param(panel['title'], target['expr'], id='%s %s' % (panel['title'], target['refId']))
+        for panel in panels
+        for target in panel['targets']
+    ]
+
+
+def test_the_dashboard_is_where_grafana_would_provision_it(sandbox):
+    installed = sandbox.sh(
+        'cat %s/llmserve-vllm-dashboard.json' % sandbox.vars['vllm_monitoring_grafana_dashboards_dir']
+    )
+    with open(DASHBOARD) as f:
+        assert json.loads(installed) == json.load(f)
+
+
+@pytest.mark.parametrize(('title', 'expr'), dashboard_queries())
+def test_every_dashboard_query_returns_series_for_the_deployed_service(sandbox, prometheus, title, expr):
+    """As Grafana would ask it, with its service variable set to the sandbox's service."""
+    query = expr.replace('$service', sandbox.vars['vllm_kimi_service_name'])
+    assert prometheus.query(query), (title, query)
