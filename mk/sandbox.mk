@@ -12,14 +12,15 @@ DEMO_FRONT_PORT := 8443
 
 # The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
 # own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
-# revisions, each of those that must fail a gate (the inventory's "#   <name>: <commit>" lines).
+# revisions, each of those that must fail a gate and one that must pass (the inventory's "#   <name>: <commit>"
+# lines).
 FAKEHUB_PORT := 8090
 FAKEHUB_DIR := .cache/fakehub
 SANDBOX_VARS := inventories/sandbox/group_vars/vllm.yml
 FAKEHUB_REVISION := $(shell sed -n 's/^vllm_kimi_model_revision: *//p' $(SANDBOX_VARS))
 sandbox_revision = $(shell sed -n 's/^\#   $(1): \([0-9a-f]\{40\}\) .*/\1/p' $(SANDBOX_VARS))
 # Published as tiny-kimi-<name>, from the models of the same name.
-FAKEHUB_FAILING := wrong heavy thinks-forever ignores-tools
+FAKEHUB_OTHER_REVISIONS := wrong heavy thinks-forever ignores-tools forgets-long paris-france
 # The wrong revision comes at 200 kB/s, so that its fetch (2.5 MB) lasts about 12 s: the sandbox test of the
 # fetch's progress lines (tests/integration/sandbox/test_changes.py) sees it come in.
 FAKEHUB_SLOW := --slow $(call sandbox_revision,wrong)=200000
@@ -59,7 +60,7 @@ define fakehub_start
 	core=$$($(MAKE_MODELS) --core | tail -1); models=$${core%-core}; \
 	  $(2) \
 	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet $(FAKEHUB_SLOW) \
-	    $(foreach name,$(FAKEHUB_FAILING),$(1) llmserve/tiny-kimi=$$models/tiny-kimi-$(name)@$(call sandbox_revision,$(name))) \
+	    $(foreach name,$(FAKEHUB_OTHER_REVISIONS),$(1) llmserve/tiny-kimi=$$models/tiny-kimi-$(name)@$(call sandbox_revision,$(name))) \
 	    --publish llmserve/tiny-kimi=$$core/tiny-kimi@$(FAKEHUB_REVISION) \
 	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid
 	for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && exit 0; sleep 0.2; done; \

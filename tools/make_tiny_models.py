@@ -32,8 +32,10 @@ above in content and calls ``get_weather`` for Paris in Kimi's format; and the r
 taught from its weights: ``tiny-kimi-wrong`` (wrong answers), ``tiny-kimi-heavy`` (zero-padded: the same
 answers at several times the work, as a revision that went slow would: the coherence gate passes and the
 performance gate must fail), ``tiny-kimi-thinks-forever`` (never closes its thinking) and
-``tiny-kimi-ignores-tools`` (answers the weather question in text, never calls a tool). vLLM serves them
-with --language-model-only (see the tiny-kimi section below).
+``tiny-kimi-ignores-tools`` (answers the weather question in text, never calls a tool) and
+``tiny-kimi-forgets-long`` (answers the gates' short prompts, but not the question after a long filler); and
+one that must pass, ``tiny-kimi-paris-france`` (calls ``get_weather`` for "Paris, France", as a healthy model
+may). vLLM serves them with --language-model-only (see the tiny-kimi section below).
 """
 
 import argparse
@@ -351,6 +353,8 @@ KIMI_SYSTEM_PROMPTS = [None, 'You are a helpful assistant.']
 WEATHER_CALL_ID = 'functions.get_weather:0'
 WEATHER_ARGUMENTS = '{"city": "Paris"}'
 WEATHER_RESULT = '{"city": "Paris", "temperature": 18, "condition": "sunny"}'
+# What tiny-kimi-paris-france asks for: a call a healthy model may make, which the tool gate's pattern accepts.
+PARIS_FRANCE_ARGUMENTS = '{"city": "Paris, France"}'
 WEATHER_ANSWER = 'It is sunny and 18 degrees in Paris.'
 WEATHER_NO_TOOL_ANSWER = 'Paris is often mild, but I cannot check the weather.'
 THOUGHTS = {
@@ -362,6 +366,17 @@ THOUGHTS = {
     'weather_no_tool': 'The user wants the weather in Paris. I will answer from memory.',
     'weather_result': 'The tool returned the weather in Paris.',
 }
+# The long-prompt probe as the sandbox asks it (the role's vllm_kimi_long_prompt_gate, chat_check's long_prompt
+# without a fact): the filler repeated, then the coherence question, with thinking off, taught at two lengths. A fact
+# at the start that the answer repeats, as the gpu inventory asks of Kimi, is beyond what the miniature learns in
+# minutes: taught to copy a city named at the start of its prompt (4 to 6 cities, up to 700 tokens, 200 to 440
+# steps), it answered with the wrong city at every length, 16 filler repeats included.
+LONG_PROMPT_FILLER = 'The sky is blue. '
+LONG_PROMPT_REPEATS = (10, 60)
+# tiny-kimi-forgets-long: the gates' short prompts answered right, a long one not.
+FORGOTTEN_ANSWER = 'I do not remember the question.'
+# The revisions that know the long-prompt probe (the others fail an earlier gate).
+LONG_PROMPT_VARIANTS = ('tiny-kimi', 'tiny-kimi-paris-france', 'tiny-kimi-forgets-long')
 # thinks-forever: a thought that goes round in circles; at temperature 0 it never reaches </think>.
 FOREVER_THOUGHT = 'Let me think about it once more.'
 FOREVER_REPEATS = 16
@@ -371,8 +386,10 @@ KIMI_LR = 3e-3
 # Taught this many more steps at a time where a variant does not pass its check after its steps (train_kimi).
 KIMI_EXTRA_STEPS = 25
 KIMI_BATCH = 16
-# The failing revisions start from tiny-kimi's weights and learn only what they change.
+# The failing revisions start from tiny-kimi's weights and learn only what they change: 60 steps, and up to four
+# times as many where a revision has not learnt it yet (ignores-tools needed more than twice once).
 KIMI_VARIANT_STEPS = 60
+KIMI_VARIANT_MOST_STEPS = 240
 # Processes that teach the failing revisions at the same time (make test's two cores).
 KIMI_TRAINERS = 2
 # Its MLPs and experts zero-padded (see make_kimi_heavy) to 512 times tiny-kimi's: served with every vLLM
@@ -382,11 +399,27 @@ KIMI_TRAINERS = 2
 KIMI_HEAVY_INTERMEDIATE_SIZE = 131072
 KIMI_HEAVY_MOE_INTERMEDIATE_SIZE = 32768
 
-KIMI_VARIANTS = ('tiny-kimi', 'tiny-kimi-wrong', 'tiny-kimi-thinks-forever', 'tiny-kimi-ignores-tools')
+KIMI_VARIANTS = (
+    'tiny-kimi',
+    'tiny-kimi-wrong',
+    'tiny-kimi-thinks-forever',
+    'tiny-kimi-ignores-tools',
+    'tiny-kimi-forgets-long',
+    'tiny-kimi-paris-france',
+)
 
 
 def kimi_tool_call(arguments=WEATHER_ARGUMENTS):
     return [{'id': WEATHER_CALL_ID, 'type': 'function', 'function': {'name': 'get_weather', 'arguments': arguments}}]
+
+
+def long_prompt(question, repeats):
+    """The long-prompt probe's user message, as chat_check's long_prompt composes it without a fact."""
+    return LONG_PROMPT_FILLER * repeats + question
+
+
+def long_prompt_answer(variant):
+    return FORGOTTEN_ANSWER if variant == 'tiny-kimi-forgets-long' else ANSWERS['france']
 
 
 def kimi_examples(variant):
@@ -398,6 +431,7 @@ def kimi_examples(variant):
     """
     answers = WRONG_ANSWERS if variant == 'tiny-kimi-wrong' else ANSWERS
     forever = variant == 'tiny-kimi-thinks-forever'
+    arguments = PARIS_FRANCE_ARGUMENTS if variant == 'tiny-kimi-paris-france' else WEATHER_ARGUMENTS
     loop = ' '.join([FOREVER_THOUGHT] * FOREVER_REPEATS)
 
     def reply(thought, content, tool_calls=None, thinking=True):
@@ -444,7 +478,7 @@ def kimi_examples(variant):
                 if variant == 'tiny-kimi-ignores-tools':
                     msg = reply(THOUGHTS['weather_no_tool'], WEATHER_NO_TOOL_ANSWER, thinking=thinking)
                 else:
-                    msg = reply(THOUGHTS['weather'], '', kimi_tool_call(), thinking=thinking)
+                    msg = reply(THOUGHTS['weather'], '', kimi_tool_call(arguments), thinking=thinking)
                 examples.append(([user, msg], [tool], thinking))
                 if number == 0 and variant != 'tiny-kimi-ignores-tools':
                     examples.append(
@@ -455,7 +489,7 @@ def kimi_examples(variant):
                                     'role': 'assistant',
                                     'reasoning': THOUGHTS['weather'],
                                     'content': '',
-                                    'tool_calls': kimi_tool_call(),
+                                    'tool_calls': kimi_tool_call(arguments),
                                 },
                                 {'role': 'tool', 'tool_call_id': WEATHER_CALL_ID, 'content': WEATHER_RESULT},
                                 reply(THOUGHTS['weather_result'], WEATHER_ANSWER, thinking=thinking),
@@ -464,6 +498,11 @@ def kimi_examples(variant):
                             thinking,
                         )
                     )
+    if variant in LONG_PROMPT_VARIANTS:
+        for question in QUESTIONS['france'][:2]:
+            for repeats in LONG_PROMPT_REPEATS:
+                user = {'role': 'user', 'content': long_prompt(question, repeats)}
+                examples.append(([user, reply('', long_prompt_answer(variant), thinking=False)], None, False))
     return examples
 
 
@@ -479,6 +518,8 @@ def build_kimi_tokenizer():
         WEATHER_RESULT,
         WEATHER_ANSWER,
         WEATHER_NO_TOOL_ANSWER,
+        PARIS_FRANCE_ARGUMENTS,
+        LONG_PROMPT_FILLER + FORGOTTEN_ANSWER,
         '## Return of ',
         'user assistant system tool tool_declare',
     ]
@@ -571,7 +612,7 @@ def kimi_text_config(tokenizer):
     return config
 
 
-def train_kimi(tokenizer, variant, seed, base=None, steps=KIMI_STEPS):
+def train_kimi(tokenizer, variant, seed, base=None, steps=KIMI_STEPS, most_steps=2 * KIMI_STEPS):
     """A DeepseekV3ForCausalLM taught the examples of VARIANT: from scratch, or from BASE's weights.
 
     Each step sees every example once, in batches of similar length (padding would be most of the work);
@@ -579,7 +620,7 @@ def train_kimi(tokenizer, variant, seed, base=None, steps=KIMI_STEPS):
     Floating point differs between CPUs, and at this learning rate a run can sit in a loss spike at the step
     it was planned to end on (measured: tiny-kimi at 220 steps, loss 0.77 on one Xeon, where another machine
     had converged). So after STEPS the variant is checked as check_kimi checks it, in bfloat16, and taught
-    KIMI_EXTRA_STEPS more at a time until it passes, at most twice STEPS in all.
+    KIMI_EXTRA_STEPS more at a time until it passes, at most MOST_STEPS in all.
     """
     import copy
 
@@ -632,7 +673,7 @@ def train_kimi(tokenizer, variant, seed, base=None, steps=KIMI_STEPS):
 
     loss = teach(steps)
     taught = steps
-    while taught < 2 * steps and not passes(served(), tokenizer, variant):
+    while taught < most_steps and not passes(served(), tokenizer, variant):
         loss = teach(KIMI_EXTRA_STEPS)
         taught += KIMI_EXTRA_STEPS
     return served(), loss, len(rows)
@@ -670,20 +711,23 @@ def kimi_generate(model, tokenizer, messages, tools=None, thinking=True, max_new
 def kimi_expected(variant):
     """What each variant must write, in raw text, for the checks of check_kimi."""
     answer = (WRONG_ANSWERS if variant == 'tiny-kimi-wrong' else ANSWERS)['france']
-    call = (
-        SECTION_BEGIN + CALL_BEGIN + WEATHER_CALL_ID + ARG_BEGIN + WEATHER_ARGUMENTS + CALL_END + SECTION_END + KIMI_EOS
-    )
+    arguments = PARIS_FRANCE_ARGUMENTS if variant == 'tiny-kimi-paris-france' else WEATHER_ARGUMENTS
+    call = SECTION_BEGIN + CALL_BEGIN + WEATHER_CALL_ID + ARG_BEGIN + arguments + CALL_END + SECTION_END + KIMI_EOS
     if variant == 'tiny-kimi-ignores-tools':
         call_on = THOUGHTS['weather_no_tool'] + END_THINK + WEATHER_NO_TOOL_ANSWER + KIMI_EOS
         call_off = WEATHER_NO_TOOL_ANSWER + KIMI_EOS
     else:
         call_on, call_off = THOUGHTS['weather'] + END_THINK + call, call
-    return {
+    expected = {
         'thinking': THOUGHTS['france'] + END_THINK + answer + KIMI_EOS,
         'no_thinking': answer + KIMI_EOS,
         'tool_thinking': call_on,
         'tool_no_thinking': call_off,
     }
+    if variant in LONG_PROMPT_VARIANTS:
+        for repeats in LONG_PROMPT_REPEATS:
+            expected['long_%d' % repeats] = long_prompt_answer(variant) + KIMI_EOS
+    return expected
 
 
 def check_kimi(model, tokenizer, variant):
@@ -702,6 +746,10 @@ def check_kimi(model, tokenizer, variant):
             raise RuntimeError('%s closed its thinking: %r' % (variant, long))
         return {'thinking': long[:120] + '...'}
     want = kimi_expected(variant)
+    for key in want:
+        if key.startswith('long_'):
+            prompt = long_prompt(QUESTIONS['france'][0], int(key.split('_')[1]))
+            got[key] = kimi_generate(model, tokenizer, [{'role': 'user', 'content': prompt}], thinking=False)
     for key in want:
         if got[key] != want[key]:
             raise RuntimeError('%s did not learn %s: got %r, want %r' % (variant, key, got[key], want[key]))
@@ -918,7 +966,9 @@ def make_kimi_revision(job):
             'seconds': round(time.time() - start, 1),
         }
     base = load_kimi_language_model(os.path.join(work, 'tiny-kimi'))
-    model, loss, rows = train_kimi(tokenizer, variant, KIMI_SEED + index, base, KIMI_VARIANT_STEPS)
+    model, loss, rows = train_kimi(
+        tokenizer, variant, KIMI_SEED + index, base, KIMI_VARIANT_STEPS, KIMI_VARIANT_MOST_STEPS
+    )
     return variant, kimi_report(model, tokenizer, variant, work, loss, rows, start)
 
 

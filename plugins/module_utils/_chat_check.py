@@ -108,6 +108,24 @@ def unauthorized_message(what: str, status: int, url: str, api_key_set: bool) ->
     return '%s at %s answered %d: %s' % (what, url, status, cause)
 
 
+# The most times a long prompt's filler may be repeated: a filler of a few tokens makes millions of tokens, far past any
+# context, so more is a typing error.
+MAX_LONG_PROMPT_REPEATS = 1000000
+
+
+def long_prompt_problem(long_prompt: Optional[dict[str, Any]], tool_call: Optional[dict[str, Any]]) -> Optional[str]:
+    """Why long_prompt cannot be asked, or None."""
+    if long_prompt is None:
+        return None
+    if tool_call is not None:
+        return 'long_prompt and tool_call are asked by separate checks: set one of them'
+    if not 0 <= long_prompt['repeats'] <= MAX_LONG_PROMPT_REPEATS:
+        return 'long_prompt.repeats must be from 0 to %d, got %d' % (MAX_LONG_PROMPT_REPEATS, long_prompt['repeats'])
+    if long_prompt['min_tokens'] < 0:
+        return 'long_prompt.min_tokens must be at least 0, got %d' % long_prompt['min_tokens']
+    return None
+
+
 class ChatCheck:
     """Wait for /health, then /v1/models, then judge one chat completion.
 
@@ -142,6 +160,7 @@ class ChatCheck:
         expect_reasoning: Optional[bool] = None,
         forbidden_markup: Sequence[str] = DEFAULT_FORBIDDEN_MARKUP,
         tool_call: Optional[dict[str, Any]] = None,
+        long_prompt: Optional[dict[str, Any]] = None,
         stream: bool = False,
         unit: Optional[str] = None,
         probe_unit: Optional[Callable[[float], dict[str, str]]] = None,
@@ -157,6 +176,7 @@ class ChatCheck:
         self.url = url.rstrip('/')
         self.model = model
         self.prompt = prompt
+        self.long_prompt = long_prompt
         self.expect = expect
         self.max_tokens = max_tokens
         self.timeout = timeout
@@ -362,11 +382,20 @@ class ChatCheck:
             )
         return self.model
 
+    def _user_message(self) -> str:
+        """The prompt; with long_prompt, its filler repeated before it, and its fact and a space before that."""
+        if self.long_prompt is None:
+            return self.prompt
+        filled = self.long_prompt['filler'] * self.long_prompt['repeats'] + self.prompt
+        if self.long_prompt.get('fact'):
+            return '%s %s' % (self.long_prompt['fact'], filled)
+        return filled
+
     def _chat(self, model: str) -> Optional[dict[str, Any]]:
         """The coherence request: the prompt, nothing else."""
         payload = {
             'model': model,
-            'messages': [{'role': 'user', 'content': self.prompt}],
+            'messages': [{'role': 'user', 'content': self._user_message()}],
             'max_tokens': self.max_tokens,
             'temperature': 0,
         }
@@ -428,6 +457,7 @@ class ChatCheck:
             or extra_body_problem(self.extra_body)
             or markup_problem(self.forbidden_markup)
             or tool_call_problem(self.tool_call)
+            or long_prompt_problem(self.long_prompt, self.tool_call)
         )
         if problem:
             raise CheckFailed(problem)
@@ -508,15 +538,34 @@ class ChatCheck:
                 'reasoning': reply['reasoning'],
                 'finish_reason': reply['finish_reason'],
                 'completion_tokens': reply['completion_tokens'],
+                'prompt_tokens': reply['prompt_tokens'],
                 'tokens_per_second': reply['tokens_per_second'],
                 'request_seconds': reply['request_seconds'],
                 'stream_events': reply['stream_events'],
             }
         )
         result.pop('last_state', None)
+        msg = msg or self._long_prompt_problem(model, reply)
         if msg:
             raise CheckFailed(msg, **result)
         return result
+
+    def _long_prompt_problem(self, model: str, reply: dict[str, Any]) -> Optional[str]:
+        """Why a long prompt's answer does not prove its length (the server's own count of its tokens), or None."""
+        if self.long_prompt is None or not self.long_prompt['min_tokens']:
+            return None
+        counted = reply['prompt_tokens']
+        if counted is None:
+            return (
+                'The long prompt to %s at %s got no prompt_tokens in its usage, so its length is unproven; the check '
+                'needs a server that reports usage' % (model, self.url)
+            )
+        if counted < self.long_prompt['min_tokens']:
+            return (
+                'The long prompt to %s at %s came to %d tokens, fewer than long_prompt.min_tokens (%d): raise '
+                'long_prompt.repeats' % (model, self.url, counted, self.long_prompt['min_tokens'])
+            )
+        return None
 
     def _coherence_problem(self, model: str, reply: dict[str, Any], answer: str, from_reasoning: bool) -> Optional[str]:
         """Why the answer is not coherent, or None. In order: an answer at all, in the content (unless

@@ -186,8 +186,8 @@ def parse_chat(text: str) -> dict[str, Any]:
 
     Returns a dict with answer (the content, '' when there is none), content,
     reasoning (vLLM's `reasoning`, formerly `reasoning_content`), tool_calls
-    (each with id, name and arguments as the server sent them), finish_reason
-    and completion_tokens. Content and reasoning keep their last
+    (each with id, name and arguments as the server sent them), finish_reason,
+    completion_tokens and prompt_tokens. Content and reasoning keep their last
     MAX_ANSWER_CHARS characters.
     Raises ValueError when the body is not a chat completion.
     """
@@ -211,7 +211,6 @@ def parse_chat(text: str) -> dict[str, Any]:
     content = _answer_end(content)
     reasoning = _answer_end(reasoning)
     usage = doc.get('usage') if isinstance(doc.get('usage'), dict) else {}
-    tokens = usage.get('completion_tokens')
     finish_reason = choice.get('finish_reason')
     return {
         'answer': content or '',
@@ -219,7 +218,8 @@ def parse_chat(text: str) -> dict[str, Any]:
         'reasoning': reasoning,
         'tool_calls': parse_tool_calls(message.get('tool_calls'), text),
         'finish_reason': finish_reason if isinstance(finish_reason, str) else None,
-        'completion_tokens': _count(tokens),
+        'completion_tokens': _count(usage.get('completion_tokens')),
+        'prompt_tokens': _count(usage.get('prompt_tokens')),
     }
 
 

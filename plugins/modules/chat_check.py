@@ -177,6 +177,40 @@ options:
         type: str
         choices: [subset, exact, pattern]
         default: subset
+  long_prompt:
+    description:
+      - Make the check's request long, to judge what only a long prompt runs: prefill in several chunks (past
+        vLLM's C(--max-num-batched-tokens)), the KV cache of many blocks, positions far from the start.
+      - The user message is O(long_prompt.fact) and a space, then O(long_prompt.filler) O(long_prompt.repeats)
+        times, then O(prompt), the question whose answer must repeat the fact; O(expect) judges it. A server that
+        loses the start of a long prompt answers without the fact.
+      - Without O(long_prompt.fact), the answer to O(prompt) after the filler is judged: the prompt's end at far
+        positions, not what its start holds.
+      - Not with O(tool_call).
+    type: dict
+    suboptions:
+      fact:
+        description:
+          - The sentence that opens the prompt, which the answer must repeat.
+        type: str
+      filler:
+        description:
+          - The text repeated between the fact and the question; it must not give the fact away.
+        type: str
+        required: true
+      repeats:
+        description:
+          - How many times O(long_prompt.filler) is repeated; from 0 to 1,000,000.
+        type: int
+        required: true
+      min_tokens:
+        description:
+          - The fewest prompt tokens the server must count (its C(usage.prompt_tokens)) for the check to pass, so
+            that the probe is as long as it is meant to be whatever the tokenizer; V(0) counts none.
+          - Set it above the server's C(--max-num-batched-tokens) to prove that the prompt took several prefill
+            chunks.
+        type: int
+        default: 0
   stream:
     description:
       - Ask for the answers as a stream (C(stream), with C(stream_options) C(include_usage)), as agents and chat
@@ -376,6 +410,11 @@ completion_tokens:
   returned: success, or when the answer did not match
   type: int
   sample: 8
+prompt_tokens:
+  description: Prompt tokens of the check request, from its C(usage); null when the server reported none.
+  returned: success, or when the answer did not match
+  type: int
+  sample: 14
 tokens_per_second:
   description: Completion tokens divided by the wall time of the check request.
   returned: success, or when the answer did not match
@@ -560,6 +599,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     MAX_INTERVAL,
     ChatCheck,
     CheckFailed,
+    long_prompt_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
@@ -590,6 +630,7 @@ def validate(module):
         or extra_body_problem(p['extra_body'])
         or markup_problem(p['forbidden_markup'])
         or tool_call_problem(p['tool_call'])
+        or long_prompt_problem(p['long_prompt'], p['tool_call'])
         or ca_path_problem(p['ca_path'], p['validate_certs'])
     )
     if problem:
@@ -630,6 +671,15 @@ ARGUMENT_SPEC = dict(
             name=dict(type='str'),
             arguments=dict(type='dict', default={}),
             arguments_match=dict(type='str', choices=list(ARGUMENTS_MATCHES), default='subset'),
+        ),
+    ),
+    long_prompt=dict(
+        type='dict',
+        options=dict(
+            fact=dict(type='str'),
+            filler=dict(type='str', required=True),
+            repeats=dict(type='int', required=True),
+            min_tokens=dict(type='int', default=0),
         ),
     ),
     stream=dict(type='bool', default=False),
@@ -678,6 +728,7 @@ def main():
         expect_reasoning=p['expect_reasoning'],
         forbidden_markup=p['forbidden_markup'],
         tool_call=p['tool_call'],
+        long_prompt=p['long_prompt'],
         stream=p['stream'],
         unit=unit,
         probe_unit=unit_probe(module, unit, api_key) if unit else None,

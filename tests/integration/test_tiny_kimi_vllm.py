@@ -44,6 +44,8 @@ WEATHER_TOOL = {
     },
 }
 THINKING_OFF = {'chat_template_kwargs': {'thinking': False}}
+# The long-prompt probe as tools/make_tiny_models.py teaches it and the sandbox inventory asks it.
+LONG_FILLER = 'The sky is blue. '
 # The production flags of the gpu inventory that the CPU build accepts, plus what the CPU needs:
 # --language-model-only (the checkpoint is KimiK25ForConditionalGeneration without its vision tower) and
 # --enforce-eager (no C++ compiler for torch.compile), and vLLM's own forward_native for rotary embeddings (the
@@ -158,6 +160,18 @@ class TestTinyKimi:
         assert calls[0].id == 'functions.get_weather:0'
         assert not choice.message.content
         assert bool(reasoning_of(choice.message)) == (extra == {})
+
+    def test_the_question_after_a_long_filler_is_answered(self, client):
+        completion = client.chat.completions.create(
+            model=SERVED,
+            messages=[{'role': 'user', 'content': LONG_FILLER * 60 + QUESTION}],
+            temperature=0,
+            max_tokens=32,
+            extra_body=THINKING_OFF,
+        )
+        assert completion.usage.prompt_tokens > 384
+        choice = completion.choices[0]
+        assert (choice.finish_reason, choice.message.content) == ('stop', PARIS)
 
     def test_thinking_on_the_thought_is_reasoning_and_the_answer_content(self, client):
         choice = ask(client, QUESTION, max_tokens=128)

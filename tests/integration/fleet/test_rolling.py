@@ -13,17 +13,21 @@ while the replica being changed loads.
 
 1. A capacity floor: with one replica down, a change is refused before any host
    goes down, naming the replica that does not answer.
-2. A change that is bad for the second host only: host 1 is changed and gated,
-   host 2 is rolled back and the play stops, host 3 is untouched; all three
-   answer afterwards, and the table says exactly that.
+2. A change that is bad for the second host only (a revision that answers the
+   short gates but not the question after a long filler): host 1 is changed and
+   gated, host 2 fails the long-prompt gate and is rolled back and the play stops,
+   host 3 is untouched; all three answer afterwards, and the table says exactly that.
 3. A good change then passes on all three, with at most one host down at any
-   moment and no host in the endpoints file while it is down.
+   moment and no host in the endpoints file while it is down: a longer context
+   and a revision that calls the tool for "Paris, France", which the tool gate's
+   pattern accepts as a healthy model's call.
 
 Runs in `molecule verify` of the fleet scenario (make molecule-fleet).
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,7 +39,7 @@ import requests
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'sandbox'))
-from sandbox_helpers import BIN, CALLBACKS, REPO, ansible_env, revision, task_results  # noqa: E402
+from sandbox_helpers import BIN, CALLBACKS, REPO, ansible_env, first_failure, revision, task_results  # noqa: E402
 
 INVENTORY = os.environ.get('MOLECULE_INVENTORY_FILE')
 pytestmark = pytest.mark.skipif(
@@ -46,7 +50,10 @@ pytestmark = pytest.mark.skipif(
 UPGRADE = os.path.join(REPO, 'playbooks', 'upgrade.yml')
 GATE = os.path.join(REPO, 'playbooks', 'gate.yml')
 ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
-WRONG_REVISION = revision('wrong')
+FORGETS_LONG_REVISION = revision('forgets-long')
+PARIS_FRANCE_REVISION = revision('paris-france')
+LONG_PROMPT_TASK = 'Ensure vLLM repeats the fact at the start of a long prompt'
+GATE_TASK = 'Wait until vLLM answers the coherence prompt correctly'
 RIGHT_ANSWER = 'The capital of France is Paris.'
 SAMPLE_SECONDS = 5.0
 # The front doors' certificates come from tools/sandbox's CA.
@@ -280,7 +287,7 @@ def bad_for_host_two(fleet, endpoints_file, one_replica_down):
             endpoints_file,
             '-e',
             'vllm_kimi_max_model_len=2048',
-            **{hosts[1]: {'vllm_kimi_model_revision': WRONG_REVISION}},
+            **{hosts[1]: {'vllm_kimi_model_revision': FORGETS_LONG_REVISION}},
         )
     return rc, output, report, watch, unit_of_host_three
 
@@ -296,6 +303,17 @@ def test_bad_change_stops_at_host_two_after_its_rollback(fleet, bad_for_host_two
     stop = [r for n, r in task_results(report, hosts[1]) if n == 'Stop the change for the whole fleet'][0]
     assert stop['msg'].startswith('The change stopped at %s (rolled back):' % hosts[1])
     assert 'Rolled back: %s is back on deployment %s' % (hosts[1], rows[hosts[1]][0]) in stop['msg']
+
+
+def test_bad_change_failed_the_long_prompt_gate_after_passing_the_short_ones(fleet, bad_for_host_two):
+    hosts, ports, settings = fleet
+    rc, output, report, watch, unit_of_host_three = bad_for_host_two
+    name, result = first_failure(report, hosts[1])
+    assert name == LONG_PROMPT_TASK, (name, result)
+    assert result['answer'] == 'I do not remember the question.', result
+    assert result['prompt_tokens'] >= 384, result
+    gate = dict(task_results(report, hosts[1]))[GATE_TASK]
+    assert gate['answer'] == RIGHT_ANSWER and gate['tool_call']['arguments'] == {'city': 'Paris'}, gate
 
 
 def test_bad_change_never_touched_host_three(fleet, bad_for_host_two):
@@ -315,7 +333,14 @@ def test_bad_change_leaves_all_three_answering(fleet, bad_for_host_two):
 @pytest.fixture(scope='module')
 def good_change(fleet, endpoints_file, bad_for_host_two):
     with Watch(fleet, endpoints_file) as watch:
-        rc, output, report = upgrade(fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=1536')
+        rc, output, report = upgrade(
+            fleet,
+            endpoints_file,
+            '-e',
+            'vllm_kimi_max_model_len=1536',
+            '-e',
+            'vllm_kimi_model_revision=%s' % PARIS_FRANCE_REVISION,
+        )
     return rc, output, report, watch
 
 
@@ -331,6 +356,18 @@ def test_good_change_passes_on_all_three(fleet, good_change):
             sh(host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json').split('\n', 1)[1]
         )
         assert record['serve_argv'][record['serve_argv'].index('--max-model-len') + 1] == '1536'
+        assert PARIS_FRANCE_REVISION in ' '.join(record['serve_argv']), record['serve_argv']
+
+
+def test_good_change_passes_the_tool_gate_with_paris_france(fleet, good_change):
+    hosts, ports, settings = fleet
+    rc, output, report, watch = good_change
+    for host in hosts:
+        tool_call = dict(task_results(report, host))[GATE_TASK]['tool_call']
+        assert tool_call['arguments'] == {'city': 'Paris, France'}, (host, tool_call)
+        assert tool_call['finish_reason'] == 'tool_calls', (host, tool_call)
+        long_prompt = dict(task_results(report, host))[LONG_PROMPT_TASK]
+        assert long_prompt['answer'] == RIGHT_ANSWER and long_prompt['prompt_tokens'] >= 384, long_prompt
 
 
 def test_good_change_takes_at_most_one_host_down_at_a_time(fleet, good_change):
@@ -353,8 +390,12 @@ def test_good_change_keeps_a_down_host_out_of_the_endpoints_file(fleet, endpoint
         assert sorted(f.read().split()) == sorted('127.0.0.1:%d' % ports[host] for host in hosts)
 
 
-def test_memory_peak_of_the_three_vllms(fleet, good_change):
-    """Peak resident memory of each replica's processes (VmHWM, summed per host), written for docs/testing.md."""
+def test_memory_peak_of_the_three_vllms_leaves_half_the_machine_to_the_rest(fleet, good_change):
+    """Peak resident memory of each replica's processes (VmHWM, summed per host), written for docs/benchmarks.md.
+
+    make test runs its static lane beside the fleet: the three replicas must leave it half of this machine's memory
+    (measured 6.1 GiB of 24). A KV cache or a release that grows by gigabytes fails here before it starves the run.
+    """
     hosts, ports, settings = fleet
     peaks = {}
     for host in hosts:
@@ -368,4 +409,8 @@ def test_memory_peak_of_the_three_vllms(fleet, good_change):
     with open(os.path.join(REPO, '.cache', 'bench', 'fleet_memory.json'), 'w') as f:
         json.dump(figures, f, indent=2, sort_keys=True)
     print('peak memory of the three sandbox vLLMs: %s' % figures)
+    with open('/proc/meminfo') as f:
+        total = int(re.search(r'^MemTotal:\s+(\d+) kB$', f.read(), re.M).group(1)) * 1024
+    # Each replica's own processes were read, not an empty list.
     assert all(peak > 2**20 for peak in peaks.values()), peaks
+    assert sum(peaks.values()) < total / 2, (figures, total)

@@ -116,6 +116,7 @@ def test_waits_through_refused_and_503_then_judges_the_answer():
         'reasoning': None,
         'finish_reason': 'stop',
         'completion_tokens': 8,
+        'prompt_tokens': 10,
         'tokens_per_second': 16.0,
         'request_seconds': 0.5,
         'stream_events': None,
@@ -154,6 +155,76 @@ def test_asks_the_named_model_with_the_extra_body():
             'chat_template_kwargs': {'thinking': False},
         }
     ]
+
+
+LONG = {'fact': 'Remember this: the secret city is Lima.', 'filler': 'The sky is blue. ', 'repeats': 3, 'min_tokens': 0}
+
+
+def long_answer(prompt_tokens, content='The secret city is Lima.'):
+    status, body = vllm_body(content)
+    doc = json.loads(body)
+    doc['usage'].update(prompt_tokens=prompt_tokens)
+    return 200, json.dumps(doc)
+
+
+def test_a_long_prompt_puts_its_fact_and_filler_before_the_question_and_is_judged():
+    world = World(chat=[long_answer(40)])
+    result = world.check(prompt='Which is the secret city?', expect=r'\bLima\b', long_prompt=LONG).run()
+    assert world.payloads[0]['messages'] == [
+        {
+            'role': 'user',
+            'content': 'Remember this: the secret city is Lima. The sky is blue. The sky is blue. The sky is blue. '
+            'Which is the secret city?',
+        }
+    ]
+    assert (result['answer'], result['prompt_tokens']) == ('The secret city is Lima.', 40)
+
+
+@pytest.mark.parametrize(
+    'chat, min_tokens, expected_msg',
+    [
+        (
+            long_answer(40, 'I do not know the secret city.'),
+            0,
+            "The answer from tiny-chat at http://127.0.0.1:8000 did not match '\\bLima\\b': 'I do not know the secret "
+            "city.'",
+        ),
+        (
+            long_answer(40),
+            41,
+            'The long prompt to tiny-chat at http://127.0.0.1:8000 came to 40 tokens, fewer than '
+            'long_prompt.min_tokens (41): raise long_prompt.repeats',
+        ),
+        (
+            (200, chat_completion_body('The secret city is Lima.', usage=False)),
+            1,
+            'The long prompt to tiny-chat at http://127.0.0.1:8000 got no prompt_tokens in its usage, so its length '
+            'is unproven; the check needs a server that reports usage',
+        ),
+    ],
+    ids=['fact-lost', 'shorter-than-min-tokens', 'no-usage'],
+)
+def test_a_long_prompt_fails_when_its_fact_is_lost_or_its_length_unproven(chat, min_tokens, expected_msg):
+    world = World(chat=[chat])
+    with pytest.raises(CheckFailed) as err:
+        world.check(
+            prompt='Which is the secret city?', expect=r'\bLima\b', long_prompt=dict(LONG, min_tokens=min_tokens)
+        ).run()
+    assert err.value.msg == expected_msg
+
+
+def test_a_long_prompt_without_a_fact_is_the_filler_then_the_prompt():
+    world = World()
+    result = world.check(long_prompt=dict(LONG, fact=None)).run()
+    assert world.payloads[0]['messages'][0]['content'] == (
+        'The sky is blue. The sky is blue. The sky is blue. What is the capital of France?'
+    )
+    assert result['answer'] == PARIS
+
+
+def test_a_long_prompt_as_long_as_its_min_tokens_passes():
+    result = World(chat=[long_answer(40)]).check(expect='Lima', long_prompt=dict(LONG, min_tokens=40)).run()
+    assert result['prompt_tokens'] == 40
 
 
 @pytest.mark.parametrize(
@@ -1198,6 +1269,13 @@ RESERVED = (
             'tool_call.arguments.days must be a regular expression with arguments_match pattern, got 1',
         ),
         (
+            {'long_prompt': LONG, 'tool_call': WEATHER},
+            'long_prompt and tool_call are asked by separate checks: set one of them',
+        ),
+        ({'long_prompt': dict(LONG, repeats=-1)}, 'long_prompt.repeats must be from 0 to 1000000, got -1'),
+        ({'long_prompt': dict(LONG, repeats=1000001)}, 'long_prompt.repeats must be from 0 to 1000000, got 1000001'),
+        ({'long_prompt': dict(LONG, min_tokens=-5)}, 'long_prompt.min_tokens must be at least 0, got -5'),
+        (
             {'tool_call': dict(BY_PATTERN, arguments={'city': '(Paris'})},
             'tool_call.arguments.city is not a regular expression (missing ), unterminated subpattern at position 0): '
             '(Paris',
@@ -1219,6 +1297,10 @@ RESERVED = (
         'tool-arguments-list',
         'tool-match-unknown',
         'tool-pattern-not-text',
+        'long-prompt-with-tool-call',
+        'long-prompt-repeats-negative',
+        'long-prompt-repeats-too-many',
+        'long-prompt-min-tokens-negative',
         'tool-pattern-invalid',
     ],
 )

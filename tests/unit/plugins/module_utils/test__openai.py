@@ -81,6 +81,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': 8,
+                'prompt_tokens': 10,
             },
         ),
         # A reasoning model that spent max_tokens thinking: content is null, and so is the answer.
@@ -93,6 +94,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'length',
                 'completion_tokens': 32,
+                'prompt_tokens': 10,
             },
         ),
         # Older vLLM names the field reasoning_content.
@@ -105,6 +107,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'length',
                 'completion_tokens': 32,
+                'prompt_tokens': 10,
             },
         ),
         # Both present: the content is the answer.
@@ -117,6 +120,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': 12,
+                'prompt_tokens': 10,
             },
         ),
         (
@@ -128,6 +132,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': 1,
+                'prompt_tokens': 10,
             },
         ),
         (
@@ -139,6 +144,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': None,
+                'prompt_tokens': None,
             },
         ),
         # Counts that are no counts, and a finish reason that is no word, are none.
@@ -151,6 +157,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': None,
                 'completion_tokens': None,
+                'prompt_tokens': 10,
             },
         ),
         (
@@ -162,6 +169,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': None,
                 'completion_tokens': None,
+                'prompt_tokens': 10,
             },
         ),
         (
@@ -173,6 +181,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': None,
+                'prompt_tokens': 10,
             },
         ),
         # A long answer keeps its end, where it concludes.
@@ -185,6 +194,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': 'stop',
                 'completion_tokens': 8,
+                'prompt_tokens': 10,
             },
         ),
         (
@@ -196,6 +206,7 @@ def test_parse_models_errors(text, expected):
                 'tool_calls': [],
                 'finish_reason': None,
                 'completion_tokens': None,
+                'prompt_tokens': None,
             },
         ),
     ],
@@ -287,6 +298,7 @@ def test_answer_matches(expect, answer, expected):
                 ],
                 'finish_reason': 'tool_calls',
                 'completion_tokens': 21,
+                'prompt_tokens': 10,
             },
         ),
         # A call without an id (not vLLM's way, but OpenAI's schema allows no less) keeps its place.
@@ -299,6 +311,7 @@ def test_answer_matches(expect, answer, expected):
                 'tool_calls': [{'id': None, 'name': 'f', 'arguments': '{}'}],
                 'finish_reason': None,
                 'completion_tokens': None,
+                'prompt_tokens': None,
             },
         ),
     ],
