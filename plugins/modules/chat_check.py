@@ -179,12 +179,12 @@ options:
         default: subset
   long_prompt:
     description:
-      - Make the check's request long, to judge what only a long prompt runs: prefill in several chunks (past
+      - Make the check's request long, to judge what only a long prompt runs, prefill in several chunks (past
         vLLM's C(--max-num-batched-tokens)), the KV cache of many blocks, positions far from the start.
       - The user message is O(long_prompt.fact) and a space, then O(long_prompt.filler) O(long_prompt.repeats)
         times, then O(prompt), the question whose answer must repeat the fact; O(expect) judges it. A server that
         loses the start of a long prompt answers without the fact.
-      - Without O(long_prompt.fact), the answer to O(prompt) after the filler is judged: the prompt's end at far
+      - Without O(long_prompt.fact), the answer to O(prompt) after the filler is judged, the prompt's end at far
         positions, not what its start holds.
       - Not with O(tool_call).
     type: dict
@@ -679,7 +679,7 @@ ARGUMENT_SPEC = dict(
             fact=dict(type='str'),
             filler=dict(type='str', required=True),
             repeats=dict(type='int', required=True),
-            min_tokens=dict(type='int', default=0),
+            min_tokens=dict(type='int', default=0, no_log=False),
         ),
     ),
     stream=dict(type='bool', default=False),
