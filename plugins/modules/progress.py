@@ -346,6 +346,20 @@ def wait_for_job(module, results_file, wait):
         time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
 
+def ended_report(module, unit, now, started, previous):
+    """The report of a job that ended: for how long it ran and, with a unit, the phase its start reached."""
+    report = {
+        'msg': 'ended' + (' after %s' % format_duration(now - started) if started is not None else ''),
+        'sample': {'time': now, 'started': started},
+    }
+    if unit:
+        # The phases after the last report pass within seconds on a fast start: the end names the one reached.
+        reached = start_report(start_lines(module, unit), now - (started or now), now, previous)
+        report['start'] = reached['start']
+        report['msg'] += '; the start reached: %s' % reached['start']['phase']
+    return report
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -384,13 +398,7 @@ def main():
     if started is not None:
         result['elapsed'] = round(now - started, 1)
     if finished:
-        result['msg'] = 'ended' + (' after %s' % format_duration(now - started) if started is not None else '')
-        result['sample'] = {'time': now, 'started': started}
-        if p['unit']:
-            # The phases after the last report pass within seconds on a fast start: the end names the one reached.
-            reached = start_report(start_lines(module, p['unit']), now - (started or now), now, previous)
-            result['start'] = reached['start']
-            result['msg'] += '; the start reached: %s' % reached['start']['phase']
+        result.update(ended_report(module, p['unit'], now, started, previous))
         module.exit_json(**result)
 
     if download:
