@@ -11,7 +11,7 @@ ECOSYSTEM_PYTHON_VERSION := 3.13
 
 .PHONY: ecosystem ecosystem-import ecosystem-docs ecosystem-changelog ecosystem-shellcheck
 
-ecosystem: ecosystem-import ecosystem-docs ecosystem-changelog ecosystem-shellcheck
+ecosystem: ecosystem-import ecosystem-docs ecosystem-changelog ecosystem-shellcheck docsite
 
 # The checkers run ansible, ansible-doc and ansible-galaxy by name: those of their venv's pinned
 # ansible-core, not the tool venv's. Each makes its own collection path around what it checks.
@@ -60,3 +60,29 @@ ecosystem-shellcheck: host-packages
 	[ -n "$$scripts" ] || { echo "shellcheck: no shell script found: the search above is broken" >&2; exit 1; }; \
 	echo "shellcheck:" $$scripts; \
 	printf '%s\n' "$$scripts" | xargs -d '\n' shellcheck
+
+# The docsite as the Ansible docs site builds a collection's (antsibull-docs' collection command, then Sphinx with
+# warnings as errors), with the project's pages (docs/*.md) beside the reference; docs/docsite/conf.py is Sphinx's
+# configuration. Open $(DOCSITE_DIR)/build/html/index.html.
+DOCSITE_DIR := .build/docsite
+DOCSITE_TITLE := llmserve.vllm: production vLLM endpoints for very large models
+
+.PHONY: docsite screenshots
+docsite: export PATH := $(ECOSYSTEM_BIN):$(PATH)
+docsite: $(ECOSYSTEM_VENV)/.installed
+	rm -rf $(DOCSITE_DIR)
+	mkdir -p -m 0755 $(DOCSITE_DIR)/rst/docs
+	antsibull-docs collection --use-current --dest-dir $(DOCSITE_DIR)/rst llmserve.vllm
+	cp docs/*.md $(DOCSITE_DIR)/rst/docs/
+	{ printf '%s\n%s\n\n' '$(DOCSITE_TITLE)' "$$(echo '$(DOCSITE_TITLE)' | tr -c '\n' '=')"; \
+	  for caption in 'Collection:collections/index' 'Plugins and roles:collections/index_*' 'Guides:docs/*'; do \
+	    printf '.. toctree::\n   :maxdepth: 1\n   :caption: %s\n   :glob:\n\n   %s\n\n' "$${caption%%:*}" "$${caption#*:}"; \
+	  done; } > $(DOCSITE_DIR)/rst/index.rst
+	sphinx-build -M html $(DOCSITE_DIR)/rst $(DOCSITE_DIR)/build -c docs/docsite -W --keep-going -q
+
+# Headless Chromium's screenshots of the docsite's front page and, with PROMETHEUS set (the molecule sandbox's is
+# http://127.0.0.1:9391 while it runs), of that Prometheus's graphs of the dashboard's queries: each must show content.
+# Needs Debian's chromium.
+screenshots: docsite
+	$(PYTHON) tools/screenshots.py --out .build/screenshots --page $(DOCSITE_DIR)/build/html/index.html \
+	  $(if $(PROMETHEUS),--prometheus $(PROMETHEUS) --service $(or $(SERVICE),vllm-kimi))
