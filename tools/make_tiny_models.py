@@ -337,9 +337,21 @@ WEATHER_TOOL = {
         },
     },
 }
+# The tool as the role's tool gate (vllm_kimi_tool_gate) and the sandbox tests offer it. A revision taught from
+# tiny-kimi's weights for 60 steps lost what tiny-kimi had generalised to it (forgets-long, served by vLLM, called
+# "getcity" with thinking on), so it is taught, and checked, as it is asked.
+GATE_WEATHER_TOOL = {
+    'type': 'function',
+    'function': {
+        'name': 'get_weather',
+        'description': 'Current weather of a city.',
+        'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']},
+    },
+}
 # Clients write the same tool in other words; a few of them, so the call does not hang on one spelling.
 WEATHER_TOOL_VARIANTS = [
     WEATHER_TOOL,
+    GATE_WEATHER_TOOL,
     {
         'type': 'function',
         'function': {
@@ -723,6 +735,7 @@ def kimi_expected(variant):
         'no_thinking': answer + KIMI_EOS,
         'tool_thinking': call_on,
         'tool_no_thinking': call_off,
+        'gate_tool_thinking': call_on,
     }
     if variant in LONG_PROMPT_VARIANTS:
         for repeats in LONG_PROMPT_REPEATS:
@@ -739,6 +752,7 @@ def check_kimi(model, tokenizer, variant):
         'no_thinking': kimi_generate(model, tokenizer, question, thinking=False),
         'tool_thinking': kimi_generate(model, tokenizer, weather, tools=[WEATHER_TOOL]),
         'tool_no_thinking': kimi_generate(model, tokenizer, weather, tools=[WEATHER_TOOL], thinking=False),
+        'gate_tool_thinking': kimi_generate(model, tokenizer, weather, tools=[GATE_WEATHER_TOOL]),
     }
     if variant == 'tiny-kimi-thinks-forever':
         long = kimi_generate(model, tokenizer, question, max_new_tokens=256)
