@@ -14,13 +14,13 @@ while the replica being changed loads.
 1. A capacity floor: with one replica down, a change is refused before any host
    goes down, naming the replica that does not answer.
 2. A change that is bad for the second host only (a revision that answers the
-   short gates but not the question after a long filler): host 1 is changed and
-   gated, host 2 fails the long-prompt gate and is rolled back and the play stops,
-   host 3 is untouched; all three answer afterwards, and the table says exactly that.
+   short gates but not the question after a long filler): host 1 is changed, to
+   a revision that calls the tool for "Paris, France", which the tool gate's
+   pattern accepts as a healthy model's call, and gated; host 2 fails the
+   long-prompt gate and is rolled back and the play stops, host 3 is untouched;
+   all three answer afterwards, and the table says exactly that.
 3. A good change then passes on all three, with at most one host down at any
-   moment and no host in the endpoints file while it is down: a longer context
-   and a revision that calls the tool for "Paris, France", which the tool gate's
-   pattern accepts as a healthy model's call.
+   moment and no host in the endpoints file while it is down.
 
 Runs in `molecule verify` of the fleet scenario (make molecule-fleet).
 """
@@ -287,7 +287,10 @@ def bad_for_host_two(fleet, endpoints_file, one_replica_down):
             endpoints_file,
             '-e',
             'vllm_kimi_max_model_len=2048',
-            **{hosts[1]: {'vllm_kimi_model_revision': FORGETS_LONG_REVISION}},
+            **{
+                hosts[0]: {'vllm_kimi_model_revision': PARIS_FRANCE_REVISION},
+                hosts[1]: {'vllm_kimi_model_revision': FORGETS_LONG_REVISION},
+            },
         )
     return rc, output, report, watch, unit_of_host_three
 
@@ -333,14 +336,7 @@ def test_bad_change_leaves_all_three_answering(fleet, bad_for_host_two):
 @pytest.fixture(scope='module')
 def good_change(fleet, endpoints_file, bad_for_host_two):
     with Watch(fleet, endpoints_file) as watch:
-        rc, output, report = upgrade(
-            fleet,
-            endpoints_file,
-            '-e',
-            'vllm_kimi_max_model_len=1536',
-            '-e',
-            'vllm_kimi_model_revision=%s' % PARIS_FRANCE_REVISION,
-        )
+        rc, output, report = upgrade(fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=1536')
     return rc, output, report, watch
 
 
@@ -356,18 +352,16 @@ def test_good_change_passes_on_all_three(fleet, good_change):
             sh(host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json').split('\n', 1)[1]
         )
         assert record['serve_argv'][record['serve_argv'].index('--max-model-len') + 1] == '1536'
-        assert PARIS_FRANCE_REVISION in ' '.join(record['serve_argv']), record['serve_argv']
 
 
-def test_good_change_passes_the_tool_gate_with_paris_france(fleet, good_change):
+def test_bad_change_passed_host_one_whose_revision_calls_the_tool_for_paris_france(fleet, bad_for_host_two):
     hosts, ports, settings = fleet
-    rc, output, report, watch = good_change
-    for host in hosts:
-        tool_call = dict(task_results(report, host))[GATE_TASK]['tool_call']
-        assert tool_call['arguments'] == {'city': 'Paris, France'}, (host, tool_call)
-        assert tool_call['finish_reason'] == 'tool_calls', (host, tool_call)
-        long_prompt = dict(task_results(report, host))[LONG_PROMPT_TASK]
-        assert long_prompt['answer'] == RIGHT_ANSWER and long_prompt['prompt_tokens'] >= 384, long_prompt
+    rc, output, report, watch, unit_of_host_three = bad_for_host_two
+    results = dict(task_results(report, hosts[0]))
+    tool_call = results[GATE_TASK]['tool_call']
+    assert tool_call['arguments'] == {'city': 'Paris, France'} and tool_call['finish_reason'] == 'tool_calls', tool_call
+    long_prompt = results[LONG_PROMPT_TASK]
+    assert long_prompt['answer'] == RIGHT_ANSWER and long_prompt['prompt_tokens'] >= 384, long_prompt
 
 
 def test_good_change_takes_at_most_one_host_down_at_a_time(fleet, good_change):
