@@ -241,7 +241,12 @@ class Run:
         self.hung = hung
 
 
-def run_module(module, tmp_path, args, timeout=30, path_prefix=None, env=None):
+# A run that outlives this is hung.  A healthy module run takes a second; on CI's loaded two cores a module's start
+# has stalled for over 20 s, so the deadline that tells a hang from a stall is generous.
+HANG_DEADLINE = 60
+
+
+def run_module(module, tmp_path, args, timeout=HANG_DEADLINE, path_prefix=None, env=None):
     """Run llmserve.vllm.<module> with args in tmp_path; never raises on the module's behaviour.
 
     path_prefix goes first on PATH (programs the test fakes); env adds to the environment.

@@ -584,7 +584,7 @@ def test_bad_input(tmp_path, model, verdict, spec):
     for key, value in spec.args.items():
         args[key] = fill(value, c, m, t, url, commit) if isinstance(value, str) else value
     try:
-        run = harness.run_module(MODULE, tmp_path, args, timeout=40)
+        run = harness.run_module(MODULE, tmp_path, args)
     finally:
         if server:
             server.stop()
@@ -610,7 +610,7 @@ def test_concurrent_runs_share_one_cache(tmp_path, model, verdict):
     with ThreadPoolExecutor(max_workers=3) as pool:
         runs = list(
             pool.map(
-                lambda i: harness.run_module(MODULE, tmp_path / ('run%d' % i), args, timeout=40),
+                lambda i: harness.run_module(MODULE, tmp_path / ('run%d' % i), args),
                 [(tmp_path / ('run%d' % i)).mkdir() or i for i in range(3)],
             )
         )
@@ -624,13 +624,13 @@ def test_concurrent_runs_share_one_cache(tmp_path, model, verdict):
 def test_an_immutable_cache_file_is_a_warning(tmp_path, model, verdict):
     c, m, commit = model
     args = {'path': c, 'manifest': m, 'cache_dir': str(tmp_path / 'cache')}
-    harness.run_module(MODULE, tmp_path, args, timeout=40)
+    harness.run_module(MODULE, tmp_path, args)
     cache = str(tmp_path / 'cache' / 'checkpoint-digests.json')
     os.utime(os.path.join(c, 'config.json'))
     if subprocess.run(['chattr', '+i', cache], stderr=subprocess.DEVNULL, check=False).returncode:
         pytest.skip('chattr +i is not possible here')
     try:
-        run = harness.run_module(MODULE, tmp_path, args, timeout=40)
+        run = harness.run_module(MODULE, tmp_path, args)
     finally:
         subprocess.run(['chattr', '-i', cache], check=False)
     check = warned('digest cache %s not written: Operation not permitted' % cache, files=4)

@@ -633,7 +633,7 @@ def build(tmp_path, spec):
 @pytest.mark.parametrize('spec', list(CASES.values()), ids=list(CASES))
 def test_bad_input(tmp_path, verdict, spec):
     args, path_prefix = build(tmp_path, spec)
-    run = harness.run_module(MODULE, tmp_path, args, timeout=20, path_prefix=path_prefix)
+    run = harness.run_module(MODULE, tmp_path, args, path_prefix=path_prefix)
     m, bindir = str(tmp_path / 'model'), str(tmp_path / 'bin')
     if isinstance(spec.expect, Refused):
         outcome = harness.judge(run, expect_success=False, check=spec.expect)
@@ -656,7 +656,7 @@ def odd_listener():
 def test_port_held_by_a_process_named_in_bytes_that_are_not_utf8(tmp_path, verdict, odd_listener):
     pid, port = odd_listener
     args, path_prefix = build(tmp_path, case(None))
-    run = harness.run_module(MODULE, tmp_path, dict(args, port=port), timeout=20)
+    run = harness.run_module(MODULE, tmp_path, dict(args, port=port))
     expected = 'port %d is already in use by PID %d (py\ufffd\ufffd).' % (port, pid)
     verdict(MODULE, harness.judge(run, expect_success=False, check=lambda r: r['msg'] == expected), run.result)
 
@@ -756,7 +756,7 @@ def test_no_secret_of_the_hub_comes_back(tmp_path, verdict, fake_openai, routes,
     option = {'repo_id': 'org/model', 'revision': COMMIT, 'endpoint': 'http://hub:%s@{hostport}' % PASSWORD}
     option.update({'token': HUB_TOKEN, 'timeout': 5}, **hub)
     option['endpoint'] = option['endpoint'].replace('{hostport}', hostport)
-    run = harness.run_module(MODULE, tmp_path, dict(args, hub=option), timeout=20)
+    run = harness.run_module(MODULE, tmp_path, dict(args, hub=option))
     expected = expected.replace('{shown}', 'http://hub:********@' + hostport).replace('{hostport}', hostport)
     outcome = harness.judge(
         run, expect_success=False, check=lambda r: r['msg'] == expected, secrets=(SECRET_CORE, BASIC)

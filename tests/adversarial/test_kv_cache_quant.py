@@ -665,7 +665,7 @@ def test_immutable_files(tmp_path, verdict, immutable, texts, frozen, args, mess
         (ck / name).write_text(text)
     immutable(*[ck / name for name in frozen])
     before = tree(str(ck))
-    run = harness.run_module(MODULE, tmp_path, dict({'path': str(ck)}, **args), timeout=10)
+    run = harness.run_module(MODULE, tmp_path, dict({'path': str(ck)}, **args))
     after = tree(str(ck))
     outcome = harness.judge(
         run,
@@ -717,7 +717,7 @@ def test_full_disk(tmp_path, verdict, small_disk, free_pages, backup):
     (ck / 'hf_quant_config.json').write_text(HF_NESTED)
     fill(small_disk, free_pages)
     before = tree(str(ck))
-    run = harness.run_module(MODULE, tmp_path, {'path': str(ck), 'backup': backup}, timeout=10)
+    run = harness.run_module(MODULE, tmp_path, {'path': str(ck), 'backup': backup})
     after = tree(str(ck))
     if run.result is not None and not run.result.get('failed'):
         # Enough room: the strip must be complete, with the backups asked for and nothing else.
@@ -758,7 +758,7 @@ def test_lock_held_by_another_run_fails_after_the_timeout(tmp_path, verdict):
         fcntl.flock(holder, fcntl.LOCK_EX)
         before = tree(str(ck))
         started = time.monotonic()
-        run = harness.run_module(MODULE, tmp_path, {'path': str(ck), 'lock_timeout': 1}, timeout=10)
+        run = harness.run_module(MODULE, tmp_path, {'path': str(ck), 'lock_timeout': 1})
         elapsed = time.monotonic() - started
         after = tree(str(ck))
     message = 'cannot lock %s: another run of llmserve.vllm.kv_cache_quant has held it for more than 1 s' % (ck / LOCK)
@@ -783,7 +783,7 @@ def run_together(tmp_path, args, count):
         workdir = tmp_path / ('run%d' % index)
         workdir.mkdir(exist_ok=True)
         barrier.wait()
-        runs[index] = harness.run_module(MODULE, workdir, args, timeout=30)
+        runs[index] = harness.run_module(MODULE, workdir, args)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
     for thread in threads:
