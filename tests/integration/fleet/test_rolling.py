@@ -236,9 +236,10 @@ def one_replica_down(fleet, endpoints_file):
     hosts, ports, settings = fleet
     sh(hosts[2], 'systemctl stop vllm-kimi')
     try:
-        # The stopped replica would be waited for up to vllm_kimi_replica_check_timeout.
+        # The stopped replica is waited for up to vllm_kimi_replica_check_timeout; a replica that serves answers the
+        # miniature's question within a second.
         attempt = upgrade(
-            fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=2048', '-e', 'vllm_kimi_replica_check_timeout=15'
+            fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=2048', '-e', 'vllm_kimi_replica_check_timeout=6'
         )
     finally:
         sh(hosts[2], 'systemctl start vllm-kimi')

@@ -23,7 +23,7 @@
 5. A good change: it costs no speed and passes the performance gate against the last good figure;
    recorded as the new last good deployment, the previous one kept, older deployments and unused
    releases pruned; Prometheus shows the gates passed again.
-6. A failed change with no good deployment to go back to (as on a first
+6. A failed change (an argument vLLM rejects) with no good deployment to go back to (as on a first
    deploy): the failed unit is stopped and disabled instead of crash-looping or starting at the next boot.
 
 The tests run in file order; each leaves the host serving the converged deployment.
@@ -551,7 +551,7 @@ def test_the_preflight_playbook_shows_predicted_and_measured(sandbox, good_chang
     tokens = logged_kv_tokens(sandbox)
     assert 'KV budget: ' in output and '= %d tokens (measured)' % tokens in output, output[-3000:]
     assert re.search(
-        r'KV tokens predicted: \d+; measured: %d \(vLLM at its start on %s, ' % (tokens, sandbox.name), output
+        r'KV tokens predicted: \d+; measured: %d \(vLLM at its start on %s,\s' % (tokens, sandbox.name), output
     ), output[-3000:]
 
 
@@ -570,12 +570,19 @@ def test_good_change_prunes_releases_no_kept_deployment_uses(sandbox, good_chang
 
 @pytest.fixture(scope='module')
 def no_good_deployment(sandbox, good_change):
-    """The last-good link moved away, as on a host that never passed a gate; then, with the link back, the converged
-    settings again: a good change after good_change's (one restore for both)."""
+    """The last-good link moved away, as on a host that never passed a gate, and a first start that crash-loops on an
+    argument vLLM rejects (the smoke, which would refuse it before the restart, off); then, with the link back, the
+    converged settings again: a good change after good_change's (one restore for both)."""
     sandbox.sh('mv %s/last-good %s/last-good.away' % (DEPLOYMENTS, DEPLOYMENTS))
+    extra = json.dumps(
+        {
+            'vllm_kimi_extra_args': sandbox.vars['vllm_kimi_extra_args'] + ['--no-such-flag'],
+            'vllm_kimi_preload_smoke': False,
+        }
+    )
     try:
         try:
-            rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=%s' % WRONG_REVISION)
+            rc, output, report = sandbox.deploy('-e', extra)
             state = sandbox.show('ActiveState', 'SubState', 'UnitFileState')
         finally:
             sandbox.sh('mv %s/last-good.away %s/last-good' % (DEPLOYMENTS, DEPLOYMENTS))
@@ -603,6 +610,6 @@ def test_no_good_deployment_stops_the_failed_unit_and_says_so(sandbox, no_good_d
     rc, output, report, state, restored = no_good_deployment
     assert rc == 2, output[-3000:]
     final = dict(task_results(report, sandbox.name))['Stop with the cause; there is no good deployment to roll back to']
-    assert 'did not match' in final['msg']
+    assert 'unrecognized arguments: --no-such-flag' in final['msg'], final['msg']
     assert 'is stopped and disabled so that it neither crash-loops nor starts at the next boot' in final['msg']
     assert state == {'ActiveState': 'inactive', 'SubState': 'dead', 'UnitFileState': 'disabled'}
