@@ -42,7 +42,7 @@ cache-report:
 	  echo "  tiny models: $$(if [ -x $$python ]; then $$python tools/make_tiny_models.py --cached; \
 	  else echo 'told by the models stage, once the vLLM venv is built'; fi)"
 	@echo "  pip downloads for the sandboxes' releases: $$(du -sh $(LLMSERVE_CACHE)/pip 2>/dev/null | cut -f1 || echo none)"
-	@echo "  checked releases kept (molecule/default/release_cache.yml; molecule's create says hit or miss):" \
+	@echo "  checked releases kept (molecule/default/vars/release_cache.yml; molecule's create says hit or miss):" \
 	  "$$(cd $(LLMSERVE_CACHE)/releases 2>/dev/null && ls -d */* 2>/dev/null | tr '\n' ' ' || true)"
 
 # What the sandbox inventory deploys, tiny-chat and tiny-kimi: minutes before the failing revisions are trained.
