@@ -188,12 +188,13 @@ MATRIX_OLDER := $(filter-out $(lastword $(MATRIX_CORES)),$(MATRIX_CORES))
 # the vLLM venv and the tiny models' training in another, and the sandbox scenarios (which wait on vLLM start-ups and
 # SSH much of the time) in the third: the default scenario's sandbox is created and prepared while the vLLM venv is
 # built and the models train, and whatever needs them (the scenarios' fake Hub, the tests that run vLLM) waits on
-# their locks.
+# their locks. The fleet's three sandboxes are booted and seeded in the models' lane, after the training: the
+# third lane's fleet stage then starts at its converge.
 # tools/stages.py ends with a table of each stage's wall time and how busy the cores were.
 TEST_FIRST := tools promtool cache-report
 TEST_STATIC_LANE := lint sanity ecosystem units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
-TEST_MODELS_LANE := vllm-venv models
-TEST_SANDBOX_LANE := molecule-create molecule-test molecule-fleet
+TEST_MODELS_LANE := vllm-venv models molecule-fleet-create
+TEST_SANDBOX_LANE := molecule-create molecule-test molecule-fleet-test
 # The static lane keeps to the last core: the default scenario's vLLM runs on the first (vLLM's CPU build
 # binds its engine there; the sandbox host's unit pins the rest of it), where the performance gate's figures
 # would otherwise move with what the other lane runs.

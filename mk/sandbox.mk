@@ -8,7 +8,7 @@ DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 DEMO_FRONT_PORT := 8443
 
-.PHONY: cache-report models models-core fakehub-early fakehub-up fakehub-down sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet bench-deploy
+.PHONY: cache-report models models-core fakehub-early fakehub-up fakehub-down sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet molecule-fleet-create molecule-fleet-test bench-deploy
 
 # The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
 # own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
@@ -113,8 +113,18 @@ molecule-test: tools models-core fakehub-early
 	$(BIN)/molecule test; status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a
-# capacity floor, a change bad for one host, drain and undrain.
-molecule-fleet: tools models fakehub-up
+# capacity floor, a change bad for one host, drain and undrain. In two parts, as the default scenario: the
+# sandboxes are destroyed, booted and seeded with the kept releases (no model, no vLLM start: make test runs
+# this beside the default scenario), then syntax -> converge -> verify -> destroy (molecule skips the create
+# it already did).
+molecule-fleet: molecule-fleet-create
+	$(MAKE) --no-print-directory molecule-fleet-test
+
+molecule-fleet-create: tools
+	$(BIN)/molecule destroy -s fleet
+	$(BIN)/molecule create -s fleet
+
+molecule-fleet-test: tools models fakehub-up
 	$(BIN)/molecule test -s fleet; status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # First deploy, no-op rerun, restart-to-coherent-answer: bench/deploy_figures.py.

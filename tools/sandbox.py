@@ -25,6 +25,7 @@ Needs root, debootstrap and systemd-container.  Python standard library only.
 """
 
 import argparse
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -139,12 +140,22 @@ def ensure_rootfs():
     path = rootfs_path()
     if os.path.exists(os.path.join(path, '.complete')):
         return path
+    # make test creates the default scenario's sandbox and the fleet's in two lanes at once: one builds the tree, the
+    # other waits for it.
+    os.makedirs(ROOTFS_CACHE, exist_ok=True)
+    with open(path + '.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(path, '.complete')):
+            return path
+        return build_rootfs(path)
+
+
+def build_rootfs(path):
     for tool in ('debootstrap', 'systemd-nspawn', 'nsenter', 'ssh-keygen'):
         if shutil.which(tool) is None:
             raise SandboxError(
                 '%s is not installed: apt-get install debootstrap systemd-container openssh-client util-linux' % tool
             )
-    os.makedirs(ROOTFS_CACHE, exist_ok=True)
     tmp = path + '.tmp'
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
