@@ -16,7 +16,6 @@ from ansible_collections.llmserve.vllm.tests import support
 
 # The one module runner of the tests, under the names the adversarial cases use.
 COLLECTIONS_PATH = support.COLLECTIONS_PATH
-HANG_DEADLINE = support.HANG_DEADLINE
 Run = support.Run
 run_module = support.run_module
 
