@@ -74,6 +74,8 @@ DEFAULT_STALL_TIMEOUT = 900
 # How often the journal is read for the stall check, and how many of its last lines are compared and quoted.
 STALL_READ_SECONDS = 10
 STALL_TAIL_LINES = 5
+# last_state before the server showed anything.
+NOTHING_YET = 'nothing yet'
 # The most of an answer that is read, in bytes, so that no server can fill the memory or the result.
 MAX_HEALTH_BYTES = 64 * 1024
 MAX_MODELS_BYTES = 1024 * 1024
@@ -206,7 +208,7 @@ class ChatCheck:
         self.start_epoch = 0.0
         self.baseline_restarts: Optional[int] = None
         self.unit_state: dict[str, str] = {}
-        self.last_state = 'nothing yet'
+        self.last_state = NOTHING_YET
         self.healthy_after: Optional[float] = None
         # The stall check: the last journal lines seen (None until the journal showed one, which proves it is
         # readable), when they were last read, and when the start last made progress.
@@ -491,6 +493,10 @@ class ChatCheck:
                             return self._judge_tool(model, coherent, tool_reply, self.tool_call)
                     phase = 'health'
             except (Unreachable, TooLarge) as exc:
+                if getattr(exc, 'timed_out', False) and self._remaining() <= 0 and self.last_state != NOTHING_YET:
+                    # The wait's own deadline cut this request short, which says nothing of the server: the
+                    # message quotes what the server showed before.
+                    self._timeout(phase)
                 where = {'health': '/health', 'models': '/v1/models', 'chat': '/v1/chat/completions'}[phase]
                 if phase == 'chat' and coherent is not None:
                     where = 'the tool_call request to /v1/chat/completions'

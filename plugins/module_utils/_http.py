@@ -49,11 +49,12 @@ Http = Callable[[str, str, Optional[dict[str, Any]], float, int], tuple[int, str
 
 
 class Unreachable(Exception):
-    """The endpoint did not answer at all (refused, reset, timed out)."""
+    """The endpoint did not answer at all (refused, reset, timed out); timed_out when its time ran out."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, timed_out: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.timed_out = timed_out
 
 
 class TooLarge(Exception):
@@ -451,13 +452,19 @@ def quote(text: Any, limit: int = MAX_QUOTE) -> str:
     return text
 
 
+def is_timeout(exc: BaseException) -> bool:
+    """Whether a request failed because its time ran out."""
+    reason = getattr(exc, 'reason', exc)
+    return isinstance(reason, (socket.timeout, TimeoutError)) or 'timed out' in to_text(reason)
+
+
 def describe_unreachable(exc: BaseException, timeout: float) -> str:
     """Say in a few words why a request got no HTTP answer."""
     reason = getattr(exc, 'reason', exc)
+    if is_timeout(exc):
+        return 'no complete answer within %s s' % format_seconds(timeout)
     if isinstance(reason, ConnectionRefusedError):
         return 'connection refused'
-    if isinstance(reason, (socket.timeout, TimeoutError)):
-        return 'no complete answer within %s s' % format_seconds(timeout)
     if isinstance(reason, ConnectionResetError):
         return 'connection reset'
     if isinstance(reason, IncompleteRead):
@@ -469,10 +476,7 @@ def describe_unreachable(exc: BaseException, timeout: float) -> str:
         return 'an answer that is not HTTP: %r' % reason.args[0]  # the status line
     if isinstance(reason, socket.gaierror):
         return 'host name not resolved (%s)' % to_text(reason)
-    text = to_text(reason)
-    if 'timed out' in text:
-        return 'no complete answer within %s s' % format_seconds(timeout)
-    return text or type(reason).__name__
+    return to_text(reason) or type(reason).__name__
 
 
 def format_seconds(value: float) -> str:
@@ -544,9 +548,9 @@ def make_transport(
                 finally:
                     response.close()
         except DeadlinePassed:
-            raise Unreachable('no complete answer within %s s' % format_seconds(timeout)) from None
+            raise Unreachable('no complete answer within %s s' % format_seconds(timeout), timed_out=True) from None
         except (URLError, HTTPException, OSError) as exc:
-            raise Unreachable(mask(describe_unreachable(exc, timeout), api_key)) from exc
+            raise Unreachable(mask(describe_unreachable(exc, timeout), api_key), timed_out=is_timeout(exc)) from exc
         return status, mask(to_text(body, errors='replace'), api_key)
 
     return call

@@ -239,6 +239,8 @@ options:
         an answer that never comes). It can be overrun by at most 1 second (the last request is given at
         least that), plus 5 seconds to judge the answer, plus 5 seconds per C(journalctl) call when O(unit)
         is set and its journal is read to explain a failure.
+      - A time-out's message quotes what the server last showed; a request that the deadline cut short
+        shows nothing of the server and does not replace it.
     type: int
     default: 2700
   interval:

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
-from ansible_collections.llmserve.vllm.tests.support import chat_completion, fixture_path
+from ansible_collections.llmserve.vllm.tests.support import HANG_DEADLINE, LOADED_OVERRUN, chat_completion, fixture_path
 
 MODULE = 'chat_check'
 PARIS = 'The capital of France is Paris.'
@@ -153,7 +153,7 @@ def healthy(**paths):
 def run(tmp_path, args, wall_limit, path_prefix=None):
     """Run the module; return the harness Run with the wall time it took as .wall."""
     began = time.monotonic()
-    outcome = harness.run_module(MODULE, tmp_path, args, timeout=wall_limit + 20, path_prefix=path_prefix)
+    outcome = harness.run_module(MODULE, tmp_path, args, timeout=wall_limit + HANG_DEADLINE, path_prefix=path_prefix)
     outcome.wall = time.monotonic() - began
     return outcome
 
@@ -345,10 +345,11 @@ NEWLINE_KEY = (
     ],
 )
 def test_bad_arguments_are_refused_at_once(tmp_path, verdict, args, expected):
-    run_ = run(tmp_path, dict({'url': 'http://127.0.0.1:9', 'api_key': KEY, 'timeout': 6}, **args), wall_limit=5)
+    # A wait of a minute that the run ends well before: the arguments were refused before the first poll.
+    run_ = run(tmp_path, dict({'url': 'http://127.0.0.1:9', 'api_key': KEY, 'timeout': 60}, **args), wall_limit=30)
     outcome = harness.judge(run_, expect_success=False, check=message(expected), secrets=('zq7',))
     verdict(MODULE, outcome, '%s (%.1f s)' % (run_.result, run_.wall))
-    assert run_.wall < 5
+    assert run_.wall < 30
 
 
 # ---------------------------------------------------------------- slow, endless and stalling servers
@@ -423,12 +424,12 @@ def test_a_server_cannot_hold_the_check_past_its_timeout(tmp_path, fake_openai, 
     run_ = run(tmp_path, {'url': srv.url, 'timeout': timeout, 'interval': 0.2}, wall_limit=timeout)
 
     def check(result):
-        # The wait ends within its timeout plus the last request's one-second floor; the module's own
-        # start adds a little to the wall time.
+        # The wait ends within its timeout plus the last request's one-second floor (and what a loaded machine
+        # adds); the module's own start adds a little to the wall time.
         return (
             re.match(expected.format(url=re.escape(srv.url)) + r'\Z', result['msg']) is not None
-            and result['elapsed'] <= timeout + 1.5
-            and run_.wall <= timeout + 5
+            and result['elapsed'] <= timeout + LOADED_OVERRUN
+            and run_.wall <= timeout + LOADED_OVERRUN + 5
             and len(json.dumps(result)) < 20000
         )
 
@@ -439,17 +440,21 @@ def test_a_server_cannot_hold_the_check_past_its_timeout(tmp_path, fake_openai, 
 
 
 def fails_at_once(expected):
-    return lambda srv, result: result['msg'] == expected.replace('{url}', srv.url) and result['elapsed'] < 3
+    """check: the message is exactly expected, the bad answer's own and not a time-out's: judged at once."""
+    return lambda srv, result: result['msg'] == expected.replace('{url}', srv.url)
 
 
 def times_out(last_seen, path):
+    """check: the wait timed out, quoting what the server last showed; the phase it was in when the deadline came
+    depends on how far the last round got."""
     return lambda srv, result: (
-        result['msg']
-        == (
-            'Timed out after 2 s waiting for /health to answer 200 at %s; last seen: %s (%s)'
-            % (srv.url, last_seen, path)
+        re.match(
+            r'Timed out after 2 s waiting for (/health to answer 200|/v1/models to list a model|a chat completion) '
+            r'at %s; last seen: %s \(%s\)\Z' % (re.escape(srv.url), re.escape(last_seen), re.escape(path)),
+            result['msg'],
         )
-        and result['elapsed'] <= 3.5
+        is not None
+        and result['elapsed'] <= 2 + LOADED_OVERRUN
     )
 
 
@@ -665,7 +670,6 @@ TOOL_GATE = {'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'a
                 result['msg'].startswith(
                     TOOL_FROM.replace('{url}', srv.url) + 'called get_weather with arguments that are not JSON ('
                 )
-                and result['elapsed'] < 3
             ),
         ),
         (
@@ -699,7 +703,7 @@ TOOL_GATE = {'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'a
                     r'[0-9.]+ s \(the tool_call request to /v1/chat/completions\)\Z' % re.escape(srv.url),
                     result['msg'],
                 )
-                and result['elapsed'] <= 3.5
+                and result['elapsed'] <= 2 + LOADED_OVERRUN
             ),
         ),
     ],
@@ -834,7 +838,7 @@ def test_a_catastrophic_regex_cannot_hang_the_check(tmp_path, fake_openai, verdi
         harness.judge(
             run_,
             expect_success=False,
-            check=lambda result: result['msg'] == expected.replace('{url}', srv.url) and run_.wall < 9,
+            check=lambda result: result['msg'] == expected.replace('{url}', srv.url) and run_.wall < 9 + LOADED_OVERRUN,
         ),
         '%s (%.1f s)' % (str(run_.result)[:1000], run_.wall),
     )
@@ -970,9 +974,9 @@ def test_a_broken_host_is_a_clean_failure(tmp_path, verdict, systemctl, journalc
     def check(result):
         return (
             re.match(expected + r'\Z', result['msg']) is not None
-            and result.get('elapsed', 1e9) <= timeout + 1.5
+            and result.get('elapsed', 1e9) <= timeout + LOADED_OVERRUN
             and (journal is None or result['journal'] == journal)
-            and run_.wall < timeout + 8
+            and run_.wall < timeout + LOADED_OVERRUN + 5
         )
 
     verdict(

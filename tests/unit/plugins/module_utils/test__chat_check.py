@@ -282,6 +282,43 @@ def test_timeout_says_what_it_waited_for_and_what_it_saw(world_args, timeout, ex
     assert err.value.details['elapsed'] == float(timeout)
 
 
+class SlowOnce(World):
+    """A World whose /v1/models request at or after `slow_at` seconds runs out its whole timeout."""
+
+    def __init__(self, slow_at, **kwargs):
+        super().__init__(**kwargs)
+        self.slow_at = 1000.0 + slow_at
+
+    def http(self, method, path, payload, timeout, limit):
+        if path == '/v1/models' and self.now >= self.slow_at:
+            self.calls.append((method, path, timeout))
+            self.now += timeout
+            raise Unreachable('no complete answer within %g s' % timeout, timed_out=True)
+        return super().http(method, path, payload, timeout, limit)
+
+
+def test_a_request_the_deadline_cut_short_leaves_what_the_server_showed_before():
+    world = SlowOnce(slow_at=3.5, models=[(200, '{"object": "list", "data": []}')])
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=4, interval=1.0).run()
+    assert err.value.msg == (
+        'Timed out after 4 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
+        'last seen: the model list of /v1/models is empty'
+    )
+    assert world.calls[-1] == ('GET', '/v1/models', 1.0)  # the request that ran past the deadline
+
+
+@pytest.mark.parametrize('slow_at', [0, 1.5], ids=['from-the-start', 'before-the-deadline'])
+def test_a_request_that_runs_out_its_own_time_is_what_was_seen(slow_at):
+    world = SlowOnce(slow_at=slow_at, models=[(200, '{"object": "list", "data": []}')])
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=10, interval=1.0, request_timeout=2).run()
+    assert err.value.msg == (
+        'Timed out after 10 s waiting for /v1/models to list a model at http://127.0.0.1:8000; '
+        'last seen: no complete answer within 2 s (/v1/models)'
+    )
+
+
 @pytest.mark.parametrize(
     'api_key_set, path, world_args, expected_msg',
     [
