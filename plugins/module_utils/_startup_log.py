@@ -16,6 +16,10 @@ weights and the smallest KV memory. The lines, as vLLM 0.6 to 0.33 print them:
 - "Maximum concurrency for 32,768 tokens per request: 7.24x"
 - "Graph capturing finished in 39 secs, took 3.45 GiB"
 - "# GPU blocks: 18418, # CPU blocks: 4681" (V0; "# cuda blocks" in 0.7), "num_gpu_blocks is: 14834" (V1)
+- where the start's time went (its ledger): "Model loading took 71.16 GiB memory and 48.817523 seconds", "Loading
+  weights took 46.02 seconds" (the checkpoint's read alone), "init engine (profile, create kv cache, warmup model) took
+  97.94 s (compilation: 43.51 s)" (V1; "... took 15.79 seconds" in V0 and without compilation), "torch.compile took
+  43.51 s in total", "Graph capturing finished in 39 secs", "Memory profiling takes 7.63 seconds" (V0)
 - the backends it chose: "Using FLASH_ATTN attention backend out of potential backends: [...]", "Using CPU_MLA
   backend.", "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential backends: [...]"
 - V0's profiling table ("model weights take 14.96GiB", "available_kv_cache_memory 53.29GiB") and summary
@@ -127,7 +131,44 @@ _FIGURES = [
     _Figure('cudagraph_gib', ' GiB for CUDAGraph memory', None, max),
     _Figure('gpu_blocks', ' blocks: ', re.compile(r'(?:(?<=# GPU)|(?<=# cuda)) blocks: (\d+)'), min),
     _Figure('gpu_blocks', 'num_gpu_blocks is: ', re.compile(r'\bnum_gpu_blocks is: (\d+)'), min),
+    # The ledger's phases, each the slowest rank's: the start waits for it.
+    _Figure(
+        'weights_seconds',
+        'Model loading took ',
+        re.compile(r'Model loading took [\d,.]+ GiB (?:memory )?and %s seconds' % _NUMBER),
+        max,
+    ),
+    _Figure('weights_read_seconds', 'Loading weights took ', re.compile(r'Loading weights took %s seconds' % _NUMBER), max),
+    _Figure('compile_seconds', ' (compilation: ', re.compile(r' \(compilation: %s s' % _NUMBER), max),
+    _Figure('compile_seconds', 'torch.compile took ', re.compile(r'torch\.compile took %s s in total' % _NUMBER), max),
+    _Figure(
+        'graph_capture_seconds',
+        'Graph capturing finished in ',
+        re.compile(r'Graph capturing finished in %s secs?' % _NUMBER),
+        max,
+    ),
+    _Figure(
+        'engine_init_seconds',
+        'init engine (profile, create kv cache, warmup model) took ',
+        re.compile(r'init engine \(profile, create kv cache, warmup model\) took %s s' % _NUMBER),
+        max,
+    ),
+    _Figure(
+        'memory_profiling_seconds',
+        'Memory profiling takes ',
+        re.compile(r'Memory profiling takes %s seconds' % _NUMBER),
+        max,
+    ),
 ]
+# The phases of a start's ledger, as startup_figures names their seconds, in the order a start goes through them.
+LEDGER_PHASES = (
+    'weights_seconds',
+    'weights_read_seconds',
+    'memory_profiling_seconds',
+    'compile_seconds',
+    'graph_capture_seconds',
+    'engine_init_seconds',
+)
 _DEVICE = re.compile(r'\b(GPU|CPU) KV cache size:')
 _INTEGERS = ('kv_tokens', 'gpu_blocks')
 # Lines that carry a figure, for a reader that keeps only some lines (_journal's progress_lines): each has the
@@ -173,7 +214,8 @@ def startup_figures(lines: list[str]) -> dict[str, Any]:
     """The figures found in the lines of one start, each only where a line gives it; {} for none.
 
     A start that logs the same figure once per rank (tensor parallelism) or once per KV-cache group gets the
-    bounding one: the largest weights and graph memory, the smallest KV memory, tokens and concurrency.
+    bounding one: the largest weights and graph memory, the smallest KV memory, tokens and concurrency, the slowest
+    rank's seconds of each phase.
     """
     # Per figure, the values of its first pattern that matched: the patterns go from the most precise line down.
     found: dict[tuple[str, int], list[float]] = {}
@@ -192,6 +234,10 @@ def startup_figures(lines: list[str]) -> dict[str, Any]:
         if name not in figures:
             value = _FIGURES[rank].combine(values)
             figures[name] = int(value) if name in _INTEGERS else value
+    # The weights' rate: their memory over the checkpoint's read where vLLM timed it apart, else over the whole load.
+    weights_seconds = figures.get('weights_read_seconds') or figures.get('weights_seconds')
+    if figures.get('weights_gib') and weights_seconds:
+        figures['weights_gib_per_second'] = round(figures['weights_gib'] / weights_seconds, 3)
     if device:
         figures['kv_cache_device'] = device
     backends = startup_backends(lines)

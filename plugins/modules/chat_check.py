@@ -488,7 +488,9 @@ startup:
     - vLLM's own figures of the unit's current run, read from the same journal lines (M(llmserve.vllm.gpu_preflight)
       plans from them once the role recorded them). Each only where the log gives it; empty without O(unit).
     - Where tensor-parallel ranks log their own, the bounding one - the largest weights and CUDA-graph memory, the
-      smallest KV memory, tokens and concurrency.
+      smallest KV memory, tokens and concurrency, the slowest rank's seconds of each phase.
+    - The C(*_seconds) figures are the start's ledger, where its time went; the role keeps them in the deployment
+      record and exports them as C(llmserve_start_phase_seconds).
   returned: always
   type: dict
   contains:
@@ -515,6 +517,38 @@ startup:
     gpu_blocks:
       description: KV-cache blocks (vLLM V0's C(# GPU blocks), V1's C(num_gpu_blocks)).
       type: int
+      returned: when logged
+    weights_seconds:
+      description: Seconds the model's load took, weights and model set-up (C(Model loading took ... and ... seconds)).
+      type: float
+      returned: when logged
+    weights_read_seconds:
+      description: Seconds the checkpoint's read alone took (C(Loading weights took)).
+      type: float
+      returned: when logged
+    weights_gib_per_second:
+      description:
+        - O(startup.weights_gib) over O(startup.weights_read_seconds), or over O(startup.weights_seconds) where vLLM
+          logged no read of its own; one rank's rate, to set beside the disk's.
+      type: float
+      returned: when the weights and their seconds are logged
+    memory_profiling_seconds:
+      description: Seconds vLLM V0's memory profiling took (C(Memory profiling takes)).
+      type: float
+      returned: when logged
+    compile_seconds:
+      description: Seconds of torch.compile (C((compilation: ... s)) of the engine's start, else C(torch.compile took).
+      type: float
+      returned: when logged
+    graph_capture_seconds:
+      description: Seconds of CUDA-graph capture (C(Graph capturing finished in)).
+      type: float
+      returned: when logged
+    engine_init_seconds:
+      description:
+        - Seconds of the engine's start after the weights - profiling, the KV cache, warm-up, compilation and graph
+          capture included (C(init engine (profile, create kv cache, warmup model) took)).
+      type: float
       returned: when logged
     kv_cache_device:
       description: V(GPU), or V(CPU) for the CPU build.

@@ -48,6 +48,8 @@ VLLM_FIGURES = {
     'kv_tokens': 237344,
     'max_concurrency': 7.24,
     'cudagraph_gib': 0.32,
+    'weights_seconds': 48.502592,
+    'weights_gib_per_second': 1.138,
     'kv_cache_device': 'GPU',
 }
 LONG = 40000

@@ -486,6 +486,11 @@ def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
     assert record['gate']['answer'] == RIGHT_ANSWER
     # The backends vLLM named at this start: the CPU build's MLA attention (vLLM's platforms/cpu.py).
     assert 'CPU_MLA' in record['backends'], record['backends']
+    # The start's ledger, from the CPU build's own lines: the checkpoint's read and the engine's start, which the API
+    # waited for.
+    ledger = record['start']
+    assert {'weights_read_seconds', 'engine_init_seconds'} <= set(ledger), ledger
+    assert ledger['api_ready_seconds'] > ledger['engine_init_seconds'], ledger
     assert record['deployment'] == changed['deployments'][-1]
     # The gate streams, as agents do (vllm_kimi_gate_stream): its answer and its tool call were joined from deltas.
     gate = dict(task_results(changed['report'], sandbox.name))[GATE_TASK]

@@ -8,10 +8,13 @@ file through `promtool check metrics`, Prometheus's own linter of the exposition
 import subprocess
 
 import pytest
+import yaml
 
 from ansible_collections.llmserve.vllm.tests.support import REPO, run_local_play
 
 TEMPLATE = REPO + '/roles/vllm_kimi/templates/metrics.prom.j2'
+with open(REPO + '/roles/vllm_kimi/vars/main.yml') as role_vars:
+    START_PHASES = yaml.safe_load(role_vars)['_vllm_kimi_start_phases']
 RELEASE = {'release': '0123456789ab', 'vllm_version': '0.32.0', 'model_revision': '5eed' + '0' * 35 + '1'}
 GATE = {'elapsed': 21.5, 'healthy_after': 19.25, 'tokens_per_second': 41.7}
 PERF = {
@@ -46,6 +49,25 @@ CASES = {
         perf={},
         rollbacks={'total': 0, 'last': 0},
     ),
+    # A start on eight GPUs as Kimi-K2.6's was logged (tests/fixtures/startup_logs), its ledger in the record.
+    'ledger': dict(
+        passed=True,
+        gate=GATE,
+        serving=dict(
+            RELEASE,
+            start={
+                'weights_seconds': 48.817523,
+                'weights_gib': 71.16,
+                'weights_gib_per_second': 1.458,
+                'compile_seconds': 43.51,
+                'graph_capture_seconds': 4.0,
+                'engine_init_seconds': 97.94,
+                'api_ready_seconds': 181.2,
+            },
+        ),
+        perf={},
+        rollbacks={'total': 0, 'last': 0},
+    ),
     'first deploy failed': dict(
         passed=False,
         gate={'elapsed': 3.2, 'healthy_after': None},
@@ -65,6 +87,7 @@ def render(tmp_path, case):
         '_metrics_serving': case['serving'],
         '_metrics_perf': case['perf'],
         '_metrics_rollbacks': case['rollbacks'],
+        '_vllm_kimi_start_phases': START_PHASES,
     }
     rc, output = run_local_play(
         tmp_path, [{'ansible.builtin.template': {'src': TEMPLATE, 'dest': str(out), 'mode': '0644'}}], rendered
@@ -136,6 +159,20 @@ def test_the_predicted_and_the_measured_kv_cache_are_two_series_and_the_error_a_
     assert found['llmserve_kv_cache_prediction_error_ratio{%s}' % SERVICE] == round((201088 - 212000) / 212000, 6)
     # A record without vLLM's figures (passed, rolled back above) has none of the three.
     assert not [series for series in samples(render(tmp_path, CASES['passed'])) if 'kv_cache' in series]
+
+
+def test_a_starts_ledger_is_a_series_per_phase_it_logged(tmp_path):
+    found = samples(render(tmp_path, CASES['ledger']))
+    assert {series: value for series, value in found.items() if series.startswith('llmserve_start_')} == {
+        'llmserve_start_phase_seconds{%s,phase="weights"}' % SERVICE: 48.817523,
+        'llmserve_start_phase_seconds{%s,phase="compile"}' % SERVICE: 43.51,
+        'llmserve_start_phase_seconds{%s,phase="graph_capture"}' % SERVICE: 4.0,
+        'llmserve_start_phase_seconds{%s,phase="engine_init"}' % SERVICE: 97.94,
+        'llmserve_start_phase_seconds{%s,phase="api_ready"}' % SERVICE: 181.2,
+        'llmserve_start_weights_gib_per_second{%s}' % SERVICE: 1.458,
+    }
+    # A record without a ledger (an earlier release's) has none.
+    assert not [series for series in samples(render(tmp_path, CASES['passed'])) if 'llmserve_start_' in series]
 
 
 def test_a_failed_first_deploy_has_no_release_and_no_load_figures(tmp_path):

@@ -571,8 +571,15 @@ def test_one_restart_is_tolerated_and_progress_is_returned():
     assert result['unit_state']['NRestarts'] == '1'
     assert result['progress'][-1] == 'INFO:     Application startup complete.'
     assert len(result['progress']) == 7
-    # vLLM's own figures of the run, from the same lines (the CPU build logs no weights or KV memory).
-    assert result['startup'] == {'kv_tokens': 4096, 'max_concurrency': 4.0, 'kv_cache_device': 'CPU'}
+    # vLLM's own figures of the run, from the same lines (the CPU build logs no weights or KV memory, and the
+    # seconds of its checkpoint's read and its engine's start).
+    assert result['startup'] == {
+        'kv_tokens': 4096,
+        'max_concurrency': 4.0,
+        'weights_read_seconds': 0.0,
+        'engine_init_seconds': 0.01,
+        'kv_cache_device': 'CPU',
+    }
     # Progress is the unit's current run's: the restarted one's invocation.
     assert world.journal_calls == [{'since': None, 'lines': None, 'invocation': RESTARTED}]
 

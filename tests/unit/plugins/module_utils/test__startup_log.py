@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import startup_figures
+from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import LEDGER_PHASES, startup_figures
 from ansible_collections.llmserve.vllm.tests.support import fixture_path
 
 LOGS = sorted(glob.glob(os.path.join(fixture_path('startup_logs'), '*.json')))
@@ -75,7 +75,72 @@ def test_the_cpu_builds_lines_as_the_sandbox_logs_them():
         '(EngineCore pid=583) INFO 12-01 16:25:22 [kv_cache_utils.py:2327] CPU KV cache size: 4,096 tokens, '
         'Maximum concurrency for 1,024 tokens per request: 4.00x',
     ]
-    assert startup_figures(lines) == {'kv_tokens': 4096, 'max_concurrency': 4.0, 'kv_cache_device': 'CPU'}
+    assert startup_figures(lines) == {
+        'kv_tokens': 4096,
+        'max_concurrency': 4.0,
+        'weights_read_seconds': 0.01,
+        'kv_cache_device': 'CPU',
+    }
+
+
+@pytest.mark.parametrize(
+    'name, ledger',
+    [
+        # V1 at TP 8 on eight H200 NVL: eight ranks' loads, compilation inside the engine's start.
+        (
+            'kimi-k26-int4-h200nvl-tp8-v1-0200',
+            {
+                'weights_seconds': 48.817523,
+                'weights_gib_per_second': 1.458,
+                'compile_seconds': 43.51,
+                'graph_capture_seconds': 4.0,
+                'engine_init_seconds': 97.94,
+            },
+        ),
+        # V1 restarted in one excerpt: the slower of the two loads.
+        (
+            'r1-distill-qwen-15b-a100-40gb-v1-0901',
+            {
+                'weights_seconds': 1.677846,
+                'weights_gib_per_second': 1.995,
+                'graph_capture_seconds': 31.0,
+                'engine_init_seconds': 47.64,
+            },
+        ),
+        # V0: its memory profiling timed, its engine's start in seconds.
+        ('deepseek-r1-h200-tp8-v0', {'memory_profiling_seconds': 7.63}),
+        ('deepseek-coder-v2-lite-a100-40gb-tp8-v0', {'engine_init_seconds': 15.79}),
+    ],
+)
+def test_a_real_starts_ledger_is_read_from_its_lines(name, ledger):
+    figures = startup_figures(load(fixture_path('startup_logs', name + '.json'))['excerpt'])
+    assert {key: figures[key] for key in figures if key in LEDGER_PHASES or key == 'weights_gib_per_second'} == ledger
+
+
+def test_the_weights_rate_is_over_the_checkpoints_read_where_vllm_timed_it():
+    lines = [
+        'INFO [default_loader.py:501] Loading weights took 20.00 seconds',
+        'INFO [gpu_model_runner.py:5150] Model loading took 60.00 GiB memory and 30.000000 seconds',
+    ]
+    figures = startup_figures(lines)
+    assert (figures['weights_seconds'], figures['weights_read_seconds'], figures['weights_gib_per_second']) == (
+        30.0,
+        20.0,
+        3.0,
+    )
+
+
+@pytest.mark.parametrize(
+    'line',
+    [
+        'Model loading took 60.00 GiB memory and , seconds',
+        'Graph capturing finished in secs, took 0.45 GiB',
+        'init engine (profile, create kv cache, warmup model) took nan s',
+        'torch.compile took 1e999 s in total',
+    ],
+)
+def test_a_phase_without_a_figure_is_left_out(line):
+    assert not set(startup_figures([line])) & set(LEDGER_PHASES)
 
 
 def test_no_figure_no_key():
