@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, NoReturn, Optional
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
@@ -121,11 +122,9 @@ def long_prompt_problem(long_prompt: Optional[dict[str, Any]], tool_call: Option
         return None
     if tool_call is not None:
         return 'long_prompt and tool_call are asked by separate checks: set one of them'
-    if not 0 <= long_prompt['repeats'] <= MAX_LONG_PROMPT_REPEATS:
-        return 'long_prompt.repeats must be from 0 to %d, got %d' % (MAX_LONG_PROMPT_REPEATS, long_prompt['repeats'])
-    if long_prompt['min_tokens'] < 0:
-        return 'long_prompt.min_tokens must be at least 0, got %d' % long_prompt['min_tokens']
-    return None
+    return range_problem('long_prompt.repeats', long_prompt['repeats'], 0, MAX_LONG_PROMPT_REPEATS) or range_problem(
+        'long_prompt.min_tokens', long_prompt['min_tokens'], 0
+    )
 
 
 class ChatCheck:

@@ -138,7 +138,9 @@ _FIGURES = [
         re.compile(r'Model loading took [\d,.]+ GiB (?:memory )?and %s seconds' % _NUMBER),
         max,
     ),
-    _Figure('weights_read_seconds', 'Loading weights took ', re.compile(r'Loading weights took %s seconds' % _NUMBER), max),
+    _Figure(
+        'weights_read_seconds', 'Loading weights took ', re.compile(r'Loading weights took %s seconds' % _NUMBER), max
+    ),
     _Figure('compile_seconds', ' (compilation: ', re.compile(r' \(compilation: %s s' % _NUMBER), max),
     _Figure('compile_seconds', 'torch.compile took ', re.compile(r'torch\.compile took %s s in total' % _NUMBER), max),
     _Figure(

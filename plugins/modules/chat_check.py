@@ -537,7 +537,7 @@ startup:
       type: float
       returned: when logged
     compile_seconds:
-      description: Seconds of torch.compile (C((compilation: ... s)) of the engine's start, else C(torch.compile took).
+      description: Seconds of torch.compile, the C(compilation) figure of the engine's start, else C(torch.compile took).
       type: float
       returned: when logged
     graph_capture_seconds:
@@ -622,7 +622,7 @@ journal:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     DEFAULT_EXPECT,
     DEFAULT_INTERVAL,
@@ -671,21 +671,19 @@ def validate(module):
     )
     if problem:
         return problem
-    if not 0 < p['interval'] <= MAX_INTERVAL:
-        return 'interval must be more than 0 and at most %s seconds, got %s' % (MAX_INTERVAL, p['interval'])
-    for name, low in (
-        ('timeout', 1),
-        ('request_timeout', 1),
-        ('max_tokens', 1),
-        ('max_restarts', 0),
-        ('journal_lines', 0),
-        ('stall_timeout', 0),
-    ):
-        if p[name] < low:
-            return '%s must be at least %d, got %d' % (name, low, p[name])
-    for name in ('timeout', 'request_timeout', 'stall_timeout'):
-        if p[name] > MAX_WAIT_SECONDS:
-            return '%s must be at most %d, got %d' % (name, MAX_WAIT_SECONDS, p[name])
+    ranges = (
+        ('interval', 0, MAX_INTERVAL, ' seconds', True),
+        ('timeout', 1, MAX_WAIT_SECONDS, '', False),
+        ('request_timeout', 1, MAX_WAIT_SECONDS, '', False),
+        ('max_tokens', 1, None, '', False),
+        ('max_restarts', 0, None, '', False),
+        ('journal_lines', 0, None, '', False),
+        ('stall_timeout', 0, MAX_WAIT_SECONDS, '', False),
+    )
+    for name, low, high, unit, above in ranges:
+        problem = range_problem(name, p[name], low, high, unit, above)
+        if problem:
+            return problem
     return None
 
 

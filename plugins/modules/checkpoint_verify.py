@@ -254,7 +254,11 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import (
+    MAX_WAIT_SECONDS,
+    nul_free_path,
+    range_problem,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
     DEFAULT_IGNORE,
     VerifyError,
@@ -293,10 +297,11 @@ def input_problem(params):
     if token is not None and not all(' ' < ch < '\x7f' for ch in token):
         # Named, never shown: http.client would print it escaped, out of reach of no_log's masking.
         return 'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)'
-    if params['threads'] is not None and params['threads'] < 1:
-        return 'threads must be at least 1, got %d' % params['threads']
-    if not 1 <= params['timeout'] <= MAX_WAIT_SECONDS:
-        return 'timeout must be between 1 and %d seconds, got %d' % (MAX_WAIT_SECONDS, params['timeout'])
+    problem = (params['threads'] is not None and range_problem('threads', params['threads'], 1)) or range_problem(
+        'timeout', params['timeout'], 1, MAX_WAIT_SECONDS, ' seconds'
+    )
+    if problem:
+        return problem
     if params['revision'] is not None:
         found = revision_problem(params['revision'], params['allow_unpinned_revision'], params['repo_id'])
         if found:

@@ -188,7 +188,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path, range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._deployment import (
     LOCK,
     DeploymentError,
@@ -213,10 +213,9 @@ PATH_OPTIONS = ('path', 'unit_file', 'environment_file', 'releases_dir')
 
 def input_problem(p):
     """Why the options cannot be acted on, or None."""
-    if p['keep'] < 1:
-        return 'keep must be at least 1, got %d' % p['keep']
-    if p['lock_timeout'] < 0:
-        return 'lock_timeout must not be negative, got %d' % p['lock_timeout']
+    problem = range_problem('keep', p['keep'], 1) or range_problem('lock_timeout', p['lock_timeout'], 0)
+    if problem:
+        return problem
     if p['state'] != 'read' and not (p['unit_file'] and p['environment_file']):
         return 'state %s needs unit_file and environment_file' % p['state']
     for option in PATH_OPTIONS:

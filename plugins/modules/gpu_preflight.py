@@ -638,7 +638,11 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import (
+    MAX_WAIT_SECONDS,
+    nul_free_path,
+    range_problem,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, resolve_kv_cache_dtype
 from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
     AUTO_MAX_MODEL_LEN,
@@ -754,11 +758,8 @@ def int_error(name, value, minimum, maximum=MAX_CONFIG_INT):
     """The message for an integer option outside minimum..maximum, or None. AnsibleModule lets booleans through as ints."""
     if isinstance(value, bool):
         return '%s must be an integer, got %s' % (name, value)
-    if value < minimum:
-        return '%s must be at least %d, got %d' % (name, minimum, value)
-    if value > maximum:
-        return '%s must be at most %d, got %d' % (name, maximum, value)
-    return None
+    # The maximum guards the arithmetic alone: a refusal names it only to a value above it.
+    return range_problem(name, value, minimum) or range_problem(name, value, maximum=maximum)
 
 
 def max_model_len_error(p):
@@ -783,10 +784,9 @@ def check_params(p):
     for i, gpu in enumerate(p['gpus'] or []):
         errors.append(int_error('gpus[%d].memory_total_mib' % i, gpu['memory_total_mib'], 1))
         errors.append(int_error('gpus[%d].memory_used_mib' % i, gpu['memory_used_mib'], 0))
-    if p['port'] is not None and not 0 < p['port'] < 65536:
-        errors.append('port must be between 1 and 65535, got %d' % p['port'])
-    if not 0 < p['gpu_memory_utilization'] <= 1:
-        errors.append('gpu_memory_utilization must be in (0, 1], got %s' % p['gpu_memory_utilization'])
+    if p['port'] is not None:
+        errors.append(range_problem('port', p['port'], 1, 65535))
+    errors.append(range_problem('gpu_memory_utilization', p['gpu_memory_utilization'], 0, 1, above=True))
     errors.append(max_model_len_error(p))
     return next((e for e in errors if e), None)
 

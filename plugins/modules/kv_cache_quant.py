@@ -174,7 +174,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path, range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import (
     DirectoryLock,
     FileTransactionError,
@@ -278,8 +278,9 @@ def main():
         ),
         supports_check_mode=True,
     )
-    if module.params['lock_timeout'] < 0:
-        module.fail_json(msg='lock_timeout must not be negative, got %d' % module.params['lock_timeout'])
+    problem = range_problem('lock_timeout', module.params['lock_timeout'], 0)
+    if problem:
+        module.fail_json(msg=problem)
     path = os.path.abspath(module.params['path'])
     result = dict(changed=False, path=path, files=[], record=os.path.join(path, RECORD_NAME))
 

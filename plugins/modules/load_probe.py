@@ -252,11 +252,9 @@ regression_percent:
   sample: 4.3
 """
 
-import math
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     DEFAULT_URL,
     api_key_problem,
@@ -300,28 +298,13 @@ def validate(p):
         ('duration', 1, MAX_WAIT_SECONDS),
         ('request_timeout', 1, MAX_WAIT_SECONDS),
         ('max_tokens', 1, None),
+        ('min_tokens_per_second', 0, None),
+        ('baseline_tokens_per_second', 0, None),
+        ('max_regression_percent', 0, 100),
     ):
-        if p[name] < low or (high is not None and p[name] > high):
-            return '%s must be %s, got %d' % (
-                name,
-                'at least %d' % low if high is None else 'from %d to %d' % (low, high),
-                p[name],
-            )
-    for name, low, high in (
-        ('min_tokens_per_second', 0.0, None),
-        ('baseline_tokens_per_second', 0.0, None),
-        ('max_regression_percent', 0.0, 100.0),
-    ):
-        value = p[name]
-        if value is None:
-            continue
-        # NaN compares false with everything: refuse it explicitly.
-        if math.isnan(value) or value < low or (high is not None and value > high) or math.isinf(value):
-            return '%s must be a number %s, got %s' % (
-                name,
-                'of at least %s' % low if high is None else 'from %s to %s' % (low, high),
-                value,
-            )
+        problem = p[name] is not None and range_problem(name, p[name], low, high)
+        if problem:
+            return problem
     return None
 
 

@@ -200,7 +200,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path
+from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path, range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._journal import JOURNAL_SCAN_LINES, journal_lines
 from ansible_collections.llmserve.vllm.plugins.module_utils._progress import (
     MAX_RESULTS_BYTES,
@@ -380,12 +380,13 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if not 0 < p['wait'] <= MAX_WAIT:
-        module.fail_json(msg='wait must be more than 0 and at most %d seconds, got %s' % (MAX_WAIT, p['wait']))
-    download = p['download']
+    problem = range_problem('wait', p['wait'], 0, MAX_WAIT, ' seconds', above=True)
+    download = p['download'] or {}
     for total in ('total_bytes', 'total_files'):
-        if download and download[total] is not None and not 0 <= download[total] <= MAX_TOTAL:
-            module.fail_json(msg='download.%s must be from 0 to %d, got %d' % (total, MAX_TOTAL, download[total]))
+        if download.get(total) is not None:
+            problem = problem or range_problem('download.' + total, download[total], 0, MAX_TOTAL)
+    if problem:
+        module.fail_json(msg=problem)
     previous = p['previous'] or {}
     finished, modified = wait_for_job(module, p['results_file'], p['wait'])
     now = time.time()

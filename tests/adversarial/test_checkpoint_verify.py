@@ -270,8 +270,8 @@ CASES = {
         Refused("argument 'threads'", "'many'", 'cannot be converted to an int'), threads='many'
     ),
     'threads-a-million': case(passes(files=4), threads=10**6),
-    'timeout-zero': case('timeout must be between 1 and 86400 seconds, got 0', timeout=0),
-    'timeout-astronomic': case('timeout must be between 1 and 86400 seconds, got 1' + '0' * 400, timeout=10**400),
+    'timeout-zero': case('timeout must be from 1 to 86400 seconds, got 0', timeout=0),
+    'timeout-astronomic': case('timeout must be from 1 to 86400 seconds, got 1' + '0' * 400, timeout=10**400),
     'path-nul': case(NUL_REFUSED % 'path', path='{c}\0x'),
     'manifest-path-nul': case(NUL_REFUSED % 'manifest', manifest='{m}\0x'),
     'cache-dir-nul': case(NUL_REFUSED % 'cache_dir', cache_dir='{t}/cache\0x'),

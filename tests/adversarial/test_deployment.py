@@ -429,7 +429,7 @@ CASES = [
      re.compile(r"argument 'record' is of type .*list.* and we were unable to convert to dict.*")),
     # Options.
     ('keep 2**62', lambda host: None, ('recorded', {'keep': 2**62}), recorded_as_given()),
-    ('lock_timeout negative', lambda host: None, ('read', {'lock_timeout': -1}), 'lock_timeout must not be negative, got -1'),
+    ('lock_timeout negative', lambda host: None, ('read', {'lock_timeout': -1}), 'lock_timeout must be at least 0, got -1'),
     ('path relative', lambda host: None, ('read', {'path': 'relative/deployments'}),
      "path must be an absolute path, got 'relative/deployments'"),
     ('unit_file relative', lambda host: None, ('restored', {'unit_file': 'vllm-kimi.service'}),

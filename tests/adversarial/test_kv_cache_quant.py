@@ -547,7 +547,7 @@ CASES = [
         'cannot lock {lock}: not a regular file (a symbolic link)',
     ),
     ('lock file a FIFO', then(files(hf=HF_NESTED), fifo(LOCK)), {}, 'cannot lock {lock}: not a regular file (a FIFO)'),
-    ('lock_timeout negative', files(hf=HF_NESTED), {'lock_timeout': -1}, 'lock_timeout must not be negative, got -1'),
+    ('lock_timeout negative', files(hf=HF_NESTED), {'lock_timeout': -1}, 'lock_timeout must be at least 0, got -1'),
 ]
 
 

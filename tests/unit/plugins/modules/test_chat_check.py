@@ -206,7 +206,7 @@ def test_timeout_on_a_port_that_never_opens(tmp_path, module_result, free_port):
     [
         ({'interval': 0}, 'interval must be more than 0 and at most 2.0 seconds, got 0.0'),
         ({'interval': 5}, 'interval must be more than 0 and at most 2.0 seconds, got 5.0'),
-        ({'timeout': 0}, 'timeout must be at least 1, got 0'),
+        ({'timeout': 0}, 'timeout must be from 1 to 86400, got 0'),
         ({'max_tokens': 0}, 'max_tokens must be at least 1, got 0'),
         ({'max_restarts': -1}, 'max_restarts must be at least 0, got -1'),
         ({'url': '127.0.0.1:8000'}, "url '127.0.0.1:8000' must start with http:// or https://"),
@@ -219,7 +219,7 @@ def test_timeout_on_a_port_that_never_opens(tmp_path, module_result, free_port):
             "expect '' matches an empty answer, so it cannot tell an answer from none; give text that the "
             'right answer must contain',
         ),
-        ({'timeout': 86401}, 'timeout must be at most 86400, got 86401'),
+        ({'timeout': 86401}, 'timeout must be from 1 to 86400, got 86401'),
         (
             {'url': 'http://vllm..local'},
             "url 'http://vllm..local' has a host name with an empty or too long label: 'vllm..local'",

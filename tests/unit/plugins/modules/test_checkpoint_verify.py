@@ -139,8 +139,8 @@ def test_a_single_problem_is_named_alone(tmp_path, model, module_result):
     'args, message',
     [
         ({'threads': 0}, 'threads must be at least 1, got 0'),
-        ({'timeout': 0}, 'timeout must be between 1 and 86400 seconds, got 0'),
-        ({'timeout': 86401}, 'timeout must be between 1 and 86400 seconds, got 86401'),
+        ({'timeout': 0}, 'timeout must be from 1 to 86400 seconds, got 0'),
+        ({'timeout': 86401}, 'timeout must be from 1 to 86400 seconds, got 86401'),
         (
             {'manifest': None, 'repo_id': 'org/model', 'revision': 'f' * 40, 'token': 'hf_abc\n'},
             'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)',

@@ -161,7 +161,7 @@ def test_stale_processes_fail_with_their_pids(tmp_path, model, module_result):
             'no-such-nvidia-smi not found on PATH: is the NVIDIA driver installed? (set nvidia_smi_path, or gpus to plan without GPUs)',
         ),
         (dict(tensor_parallel_size=0), 'tensor_parallel_size must be at least 1, got 0'),
-        (dict(gpu_memory_utilization=1.5), 'gpu_memory_utilization must be in (0, 1], got 1.5'),
+        (dict(gpu_memory_utilization=1.5), 'gpu_memory_utilization must be more than 0 and at most 1, got 1.5'),
         (dict(max_model_len='long'), "max_model_len must be an integer or auto, got 'long'"),
         (dict(max_model_len=0), 'max_model_len must be a positive integer or auto, got 0'),
         (dict(accelerator='cpu'), 'accelerator is cpu but all of the following are missing: kv_cache_memory_bytes'),
