@@ -666,10 +666,8 @@ TOOL_GATE = {'tool': WEATHER_TOOL, 'prompt': 'What is the weather in Paris?', 'a
         ),
         (
             answer(200, tool_doc('[' * 100000)),
-            lambda srv, result: (
-                result['msg'].startswith(
-                    TOOL_FROM.replace('{url}', srv.url) + 'called get_weather with arguments that are not JSON ('
-                )
+            lambda srv, result: result['msg'].startswith(
+                TOOL_FROM.replace('{url}', srv.url) + 'called get_weather with arguments that are not JSON ('
             ),
         ),
         (

@@ -309,7 +309,9 @@ CASES = {
         'max_model_len must be at most 9223372036854775807, got 1' + '0' * 30, max_model_len=10**30
     ),
     'max-model-len-padded': case(plan_is(42, tokens(RTX_BUDGET)), max_model_len=' 42 '),
-    'utilization-nan': case('gpu_memory_utilization must be more than 0 and at most 1, got nan', gpu_memory_utilization=float('nan')),
+    'utilization-nan': case(
+        'gpu_memory_utilization must be more than 0 and at most 1, got nan', gpu_memory_utilization=float('nan')
+    ),
     'kv-budget-astronomic': case(
         'kv_cache_memory_bytes must be at most 9223372036854775807, got 1' + '0' * 400, kv_cache_memory_bytes=10**400
     ),
