@@ -8,10 +8,11 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 Only the Python standard library is used.
 """
 
-import json
 import os
 import stat
 from typing import IO, Any, Optional
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
 
 CONFIG_NAME = 'config.json'
 HF_QUANT_CONFIG_NAME = 'hf_quant_config.json'
@@ -83,18 +84,6 @@ def open_regular(path: str) -> IO[bytes]:
         os.close(fd)
         raise CheckpointError('%s is not a regular file' % path)
     return os.fdopen(fd, 'rb')
-
-
-def decode_json(data: bytes, where: str, error: type[Exception]) -> Any:
-    """The JSON value in data, or error(a message naming where and the cause)."""
-    try:
-        return json.loads(data.decode('utf-8'))
-    except UnicodeDecodeError as exc:
-        raise error('%s is not UTF-8 text: %s' % (where, exc)) from exc
-    except ValueError as exc:
-        raise error('%s is not valid JSON: %s' % (where, exc)) from exc
-    except RecursionError:
-        raise error('%s is nested too deeply to be read as JSON' % where) from None
 
 
 def read_json(path: str) -> Config:

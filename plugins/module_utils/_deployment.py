@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import cause, file_kind
+from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json, nests_deeper
 from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
     environment_value_problem,
     systemd_environment_value,
@@ -164,37 +165,8 @@ def _read_optional(path: str) -> Optional[bytes]:
         return None
 
 
-def _too_deep(value: Any) -> bool:
-    """Whether value nests objects and arrays more than MAX_RECORD_DEPTH levels, counted without recursion."""
-    level = [value] if isinstance(value, (dict, list)) else []
-    for _depth in range(MAX_RECORD_DEPTH):
-        level = [
-            child
-            for container in level
-            for child in (container.values() if isinstance(container, dict) else container)
-            if isinstance(child, (dict, list))
-        ]
-        if not level:
-            return False
-    return True
-
-
-def _json_of(data: bytes, where: str, what: str) -> Any:
-    """The JSON value of data, read from where; DeploymentError naming where when it is not what (a JSON record)."""
-    too_deep = '%s is not %s: it nests objects and arrays deeper than %d levels' % (where, what, MAX_RECORD_DEPTH)
-    try:
-        value = json.loads(data.decode('utf-8'))
-    except RecursionError as exc:
-        raise DeploymentError(too_deep) from exc
-    except ValueError as exc:  # UnicodeDecodeError is one
-        raise DeploymentError('%s is not %s: %s' % (where, what, exc)) from exc
-    if _too_deep(value):
-        raise DeploymentError(too_deep)
-    return value
-
-
 def _record_of(data: bytes, where: str) -> Record:
-    found = _json_of(data, where, 'a JSON record')
+    found = decode_json(data, where, DeploymentError, MAX_RECORD_DEPTH)
     if not isinstance(found, dict):
         raise DeploymentError('%s does not hold a JSON object' % where)
     return found
@@ -203,9 +175,9 @@ def _record_of(data: bytes, where: str) -> Record:
 def encode_record(content: Record) -> bytes:
     """The record.json of content, refused (DeploymentError) where its own reader would refuse it: a record that
     could not be read back would end every rollback once last-good pointed to it."""
-    if _too_deep(content):
+    if nests_deeper(content, MAX_RECORD_DEPTH):
         raise DeploymentError(
-            'the record nests objects and arrays deeper than %d levels, more than a record may: nothing was recorded'
+            'the record nests arrays and objects more than %d levels deep, more than a record may: nothing was recorded'
             % MAX_RECORD_DEPTH
         )
     try:
@@ -276,7 +248,7 @@ def rollbacks(path: str) -> dict[str, int]:
     data = _read_optional(where)
     if data is None:
         return {'total': 0, 'last': 0}
-    counted = _json_of(data, where, 'a rollback count')
+    counted = decode_json(data, where, DeploymentError, MAX_RECORD_DEPTH)
     if not isinstance(counted, dict) or not all(_is_count(counted.get(k)) for k in ('total', 'last')):
         raise DeploymentError('%s is not a rollback count ({"total": N, "last": T})' % where)
     return {'total': counted['total'], 'last': counted['last']}

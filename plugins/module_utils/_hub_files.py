@@ -19,7 +19,7 @@ from urllib.error import HTTPError, URLError
 
 from ansible.module_utils import urls
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, decode_json
+from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     MAX_QUOTE,
@@ -41,6 +41,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import
     repo_id_problem,
     revision_problem,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
 
 # A config.json or hf_quant_config.json is kilobytes; anything near this is not one.
 MAX_CONFIG_BYTES = 16 << 20

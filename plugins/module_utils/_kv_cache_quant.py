@@ -25,6 +25,7 @@ from typing import Any, Optional
 from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, auto_kv_cache_dtype
 from ansible_collections.llmserve.vllm.plugins.module_utils._digest import describe_mode
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
+from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
 
 CONFIG_JSON = 'config.json'
 HF_QUANT_CONFIG_JSON = 'hf_quant_config.json'
@@ -81,31 +82,9 @@ def label(name: str, path: str) -> str:
     return '%s in %s' % (name, path)
 
 
-def too_deep(value: Any) -> bool:
-    """Whether ``value`` nests arrays and objects more than MAX_DEPTH levels (checked without recursion)."""
-    pending = [(value, 1)]
-    while pending:
-        node, depth = pending.pop()
-        if isinstance(node, (dict, list)):
-            if depth > MAX_DEPTH:
-                return True
-            children = node.values() if isinstance(node, dict) else node
-            pending.extend((child, depth + 1) for child in children)
-    return False
-
-
 def parse_json(text: str, where: str) -> Any:
-    """Any JSON value, with the file named in every failure; deep nesting is refused, not a RecursionError."""
-    deep = KvCacheQuantError('%s nests arrays and objects more than %d levels deep' % (where, MAX_DEPTH))
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise deep from None
-    except ValueError as exc:
-        raise KvCacheQuantError('%s is not valid JSON: %s' % (where, exc)) from exc
-    if too_deep(value):
-        raise deep
-    return value
+    """Any JSON value, with the file named in every failure; nesting deeper than MAX_DEPTH is refused."""
+    return decode_json(text, where, KvCacheQuantError, MAX_DEPTH)
 
 
 def parse_document(text: str, where: str) -> Config:

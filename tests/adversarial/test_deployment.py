@@ -321,7 +321,7 @@ SNAP = '{d}/' + GOOD
 NOT_FOLLOWED = (
     SNAP + " is a link, which is not followed (a link to '{out}/planted'; no link under {d} is followed but last-good)"
 )
-TOO_DEEP = ' is not a JSON record: it nests objects and arrays deeper than %d levels' % MAX_RECORD_DEPTH
+TOO_DEEP = ' nests arrays and objects more than %d levels deep' % MAX_RECORD_DEPTH
 TOO_LARGE = ' is larger than %d bytes, the most a deployment file may hold' % MAX_FILE_BYTES
 BAD_RELEASE = 'record must hold release, the 12 hexadecimal digits of the release that passed, got %s'
 
@@ -355,10 +355,10 @@ CASES = [
     ('record.json one level deeper than a record may', write('deployments/%s/record.json' % GOOD,
      json.dumps(dict(GOOD_RECORD, x=nested(MAX_RECORD_DEPTH)))), ('read', {}), SNAP + '/record.json' + TOO_DEEP),
     ('rollbacks.json nested 100,000 deep', write('deployments/rollbacks.json', '[' * 100000 + ']' * 100000),
-     ('read', {}), '{d}/rollbacks.json is not a rollback count: it nests objects and arrays deeper than 32 levels'),
+     ('read', {}), '{d}/rollbacks.json nests arrays and objects more than 32 levels deep'),
     ('record option one level too deep', lambda host: None,
      ('recorded', {'record': dict(NEW_RECORD, x=nested(MAX_RECORD_DEPTH))}),
-     'the record nests objects and arrays deeper than 32 levels, more than a record may: nothing was recorded'),
+     'the record nests arrays and objects more than 32 levels deep, more than a record may: nothing was recorded'),
     ('record option as deep as a record may', lambda host: None,
      ('recorded', {'record': dict(NEW_RECORD, x=nested(MAX_RECORD_DEPTH - 1))}),
      recorded_as_given(reread=True)),
@@ -401,12 +401,12 @@ CASES = [
      ('recorded', {'keep': 1}), record_kept_link),
     # Junk in the files read.
     ('record.json not UTF-8', write('deployments/%s/record.json' % GOOD, b'\xff{}'), ('read', {}),
-     SNAP + '/record.json is not a JSON record: ' + "'utf-8' codec can't decode byte 0xff in position 0: invalid "
+     SNAP + '/record.json is not UTF-8 text: ' + "'utf-8' codec can't decode byte 0xff in position 0: invalid "
      'start byte'),
     ('record.json with a NUL', write('deployments/%s/record.json' % GOOD, b'{"release": "01\x00"}'), ('read', {}),
-     SNAP + '/record.json is not a JSON record: ' + json_error(b'{"release": "01\x00"}')),
+     SNAP + '/record.json is not valid JSON: ' + json_error(b'{"release": "01\x00"}')),
     ('record.json empty', write('deployments/%s/record.json' % GOOD, b''), ('restored', {}),
-     SNAP + '/record.json is not a JSON record: ' + json_error(b'')),
+     SNAP + '/record.json is not valid JSON: ' + json_error(b'')),
     ('record.json a list', write('deployments/%s/record.json' % GOOD, '[1, 2]'), ('read', {}),
      SNAP + '/record.json does not hold a JSON object'),
     ('rollbacks.json counts true', write('deployments/rollbacks.json', '{"total": true, "last": 0}'),

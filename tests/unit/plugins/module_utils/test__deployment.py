@@ -188,7 +188,7 @@ def test_a_broken_record_names_the_file(host):
         f.write('[1, 2')
     with pytest.raises(DeploymentError) as err:
         last_good(deployments)
-    assert str(err.value).startswith('%s/%s/record.json is not a JSON record: ' % (deployments, NEW))
+    assert str(err.value).startswith('%s/%s/record.json is not valid JSON: ' % (deployments, NEW))
 
 
 def test_a_broken_rollback_count_names_the_file(host):
