@@ -19,9 +19,17 @@ def nested(levels):
 @pytest.mark.parametrize(
     'data, max_depth, expected',
     [
-        (b'\xff{}', None, "F is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+        (
+            b'\xff{}',
+            None,
+            "F is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte",
+        ),
         (b'{"a": ', None, 'F is not valid JSON: Expecting value: line 1 column 7 (char 6)'),
-        ('{"a": 1,}', None, 'F is not valid JSON: Illegal trailing comma before end of object: line 1 column 8 (char 7)'),
+        (
+            '{"a": 1,}',
+            None,
+            'F is not valid JSON: Illegal trailing comma before end of object: line 1 column 8 (char 7)',
+        ),
         (nested(100000), None, 'F is nested too deeply to be read as JSON'),
         # With a depth of its own, the format's limit is the one said, whether Python's parser could read it or not.
         (nested(100000), 32, 'F nests arrays and objects more than 32 levels deep'),
