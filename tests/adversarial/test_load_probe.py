@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
-from ansible_collections.llmserve.vllm.tests.support import recorded
+from ansible_collections.llmserve.vllm.tests.support import HANG_DEADLINE, LOADED_OVERRUN, recorded
 
 MODULE = 'load_probe'
 KEY = 'sk-zq7-probe-secret'
@@ -81,7 +81,7 @@ def echo_key(handler, stop):
 
 def run(tmp_path, args):
     started = time.monotonic()
-    outcome = harness.run_module(MODULE, tmp_path, args, timeout=WALL + 20)
+    outcome = harness.run_module(MODULE, tmp_path, args, timeout=WALL + HANG_DEADLINE)
     outcome.wall = time.monotonic() - started
     return outcome
 
@@ -128,7 +128,7 @@ def test_a_hostile_server_is_a_clean_failure_by_the_deadline(tmp_path, fake_open
     srv = fake_openai({CHAT_COMPLETIONS: behave})
     run_ = run(tmp_path, dict(FAST, url=srv.url, api_key=KEY))
     outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=(KEY,))
-    if outcome in harness.GOOD and run_.wall > WALL + 5:
+    if outcome in harness.GOOD and run_.wall > WALL + 5 + LOADED_OVERRUN:
         outcome = harness.HANG
     verdict(MODULE, outcome, '%s (%.1f s)' % (run_.result, run_.wall))
 
@@ -169,7 +169,7 @@ def test_a_stream_without_usage_is_counted_by_its_chunks(tmp_path, fake_openai, 
 def test_bad_arguments_are_refused_at_once(tmp_path, verdict, args, expected):
     run_ = run(tmp_path, dict(dict(FAST, url='http://127.0.0.1:1'), **args))
     outcome = harness.judge(run_, expect_success=False, check=says(expected), secrets=(KEY,))
-    if outcome in harness.GOOD and run_.wall > 10:
+    if outcome in harness.GOOD and run_.wall > 10 + LOADED_OVERRUN:
         outcome = harness.HANG
     verdict(MODULE, outcome, '%s (%.1f s)' % (run_.result, run_.wall))
 
