@@ -33,9 +33,9 @@ sys.path.insert(0, HERE)
 
 import preflight_speed  # noqa: E402  the builder of the sparse Kimi-sized shards
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _checkpoint_verify  # noqa: E402
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache, hash_file  # noqa: E402
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import parse_manifest  # noqa: E402
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint import _checkpoint_verify  # noqa: E402
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import DigestCache, hash_file  # noqa: E402
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import parse_manifest  # noqa: E402
 from ansible_collections.llmserve.vllm.tools import fake_hub  # noqa: E402
 
 MIB = 1 << 20

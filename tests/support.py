@@ -357,7 +357,7 @@ def startup_logs():
 def logged_tokens(log):
     """The KV-cache tokens a start-up log shows: printed, else those its printed available memory holds; and those
     the available memory holds (None where the log prints no available memory, only tokens and blocks)."""
-    from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import tokens_for
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import tokens_for
 
     if log['logged']['available_kv_gib'] is None:
         return log['logged']['kv_tokens'], None
@@ -369,7 +369,7 @@ def logged_tokens(log):
 def log_bytes_per_token(log):
     """KV bytes a token took in the logged run: the fixture's own figure where that vLLM padded the cache
     (kv_bytes_per_token, with its note), else the collection's arithmetic."""
-    from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import kv_bytes_per_token
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import kv_bytes_per_token
 
     return log.get('kv_bytes_per_token') or kv_bytes_per_token(log['config'], 2, log['tensor_parallel_size'])[0]
 
@@ -390,8 +390,8 @@ def predict(log, reserve=None):
     _reserve's estimate for the log's vLLM version and batching, an int a constant reserve."""
     import math
 
-    from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import tokens_for
-    from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import estimate
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import tokens_for
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import estimate
 
     total = log['gpu']['memory_total_mib'] * 1024**2
     util = log['gpu_memory_utilization']
@@ -469,7 +469,7 @@ def reserve_compared(log):
 
 def is_moe_at_scale(log):
     """A start-up log of a mixture of experts at tensor parallel 4 or more that prints vLLM's loaded weights."""
-    from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import text_config
+    from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import text_config
 
     text = text_config(log['config'])
     experts = text.get('n_routed_experts') or text.get('num_experts') or text.get('num_local_experts')
@@ -481,8 +481,14 @@ def predict_weights(log, sized=True):
     config.json's layout gives (the vision tower left out where vLLM ran the language model only), as vLLM
     spreads them over the log's tensor parallelism, and what vLLM adds after loading. sized False is the earlier
     model, which had the index's names and total but no size of its own: the total shared out over the GPUs."""
-    from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import checkpoint_tensors, is_vision
-    from ansible_collections.llmserve.vllm.plugins.module_utils._weights import runtime_weight_bytes, weights_per_gpu
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import (
+        checkpoint_tensors,
+        is_vision,
+    )
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._weights import (
+        runtime_weight_bytes,
+        weights_per_gpu,
+    )
 
     tensors = checkpoint_tensors(log['config'])
     if log.get('language_model_only'):

@@ -6,7 +6,7 @@
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
     environment_value_problem,
     systemd_environment_value,
 )

@@ -12,7 +12,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._preload_smoke import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preload_smoke import (
     SmokeReportError,
     report_from_journal,
     summarize,

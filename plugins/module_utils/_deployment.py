@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import cause, file_kind
 from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json, nests_deeper
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
     environment_value_problem,
     systemd_environment_value,
 )

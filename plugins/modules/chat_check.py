@@ -623,7 +623,7 @@ journal:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, range_problem
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._chat_check import (
     DEFAULT_EXPECT,
     DEFAULT_INTERVAL,
     DEFAULT_MAX_RESTARTS,
@@ -637,7 +637,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import (
     CheckFailed,
     long_prompt_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     DEFAULT_URL,
     api_key_problem,
     ca_path_problem,
@@ -646,15 +646,15 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     make_transport,
     url_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._journal import DEFAULT_JOURNAL_LINES
-from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import DEFAULT_JOURNAL_LINES
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import (
     ARGUMENTS_MATCHES,
     DEFAULT_FORBIDDEN_MARKUP,
     extra_body_problem,
     markup_problem,
     tool_call_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import journal_reader, unit_probe
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import journal_reader, unit_probe
 
 
 def validate(module):

@@ -259,7 +259,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import (
     nul_free_path,
     range_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint_verify import (
     DEFAULT_IGNORE,
     VerifyError,
     check_directory,
@@ -268,13 +268,13 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify i
     masked_result,
     verify,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import DigestCache
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     credentials_problem,
     hide_url_password,
     url_secrets,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import (
     DEFAULT_ENDPOINT,
     ManifestError,
     endpoint_problem,

@@ -643,13 +643,26 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import (
     nul_free_path,
     range_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, resolve_kv_cache_dtype
-from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import (
+    CheckpointError,
+    resolve_kv_cache_dtype,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._kv_cache_quant import (
+    RECORD_NAME,
+    KvCacheQuantError,
+    shipped_with_fp8_kv_cache,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import url_secrets
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_checkpoint import plan_inputs
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_files import HubFileError
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_headers import HeaderFetchError
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import DEFAULT_ENDPOINT
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import (
     AUTO_MAX_MODEL_LEN,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     plan,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._host_probes import (
     DEFAULT_DEV_PATH,
     DEFAULT_SHM_MIN_BYTES,
     DEFAULT_SHM_PATH,
@@ -659,24 +672,14 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import 
     process_name,
     shm_size,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import url_secrets
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_checkpoint import plan_inputs
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_files import HubFileError
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import HeaderFetchError
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import DEFAULT_ENDPOINT
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import DEFAULT_BLOCK_SIZE
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
-    RECORD_NAME,
-    KvCacheQuantError,
-    shipped_with_fp8_kv_cache,
-)
-from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import MAX_CONFIG_INT
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import DEFAULT_BLOCK_SIZE
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import MAX_CONFIG_INT
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_smi import (
     DEFAULT_NVIDIA_SMI_TIMEOUT,
     query_nvidia_smi,
     query_persistence,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 
 # Integer options and their least values (the optional ones are checked when given).
 INT_OPTIONS = (

@@ -181,7 +181,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction im
     Transaction,
     remove_stale,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._kv_cache_quant import (
     LOCK_NAME,
     MODULE_NAME,
     RECORD_NAME,

@@ -255,7 +255,7 @@ regression_percent:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import MAX_WAIT_SECONDS, range_problem
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     DEFAULT_URL,
     api_key_problem,
     ca_path_problem,
@@ -266,7 +266,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     url_problem,
     without_credentials,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._load_probe import (
     DEFAULT_CONCURRENCY,
     DEFAULT_DURATION,
     DEFAULT_MAX_REGRESSION_PERCENT,

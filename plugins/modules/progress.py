@@ -201,8 +201,8 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path, range_problem
-from ansible_collections.llmserve.vllm.plugins.module_utils._journal import JOURNAL_SCAN_LINES, journal_lines
-from ansible_collections.llmserve.vllm.plugins.module_utils._progress import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import JOURNAL_SCAN_LINES, journal_lines
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._progress import (
     MAX_RESULTS_BYTES,
     download_report,
     finite_number,
@@ -211,7 +211,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._progress import (
     start_report,
     unit_name,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
     UNIT_PROBE_SECONDS,
     UnitUnreadable,
     journal_reader,

@@ -13,20 +13,25 @@ from urllib.parse import urlsplit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import ChatCheck, CheckFailed
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import MASK, api_key_problem, mask, url_problem
-from ansible_collections.llmserve.vllm.plugins.module_utils._journal import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._chat_check import ChatCheck, CheckFailed
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
+    MASK,
+    api_key_problem,
+    mask,
+    url_problem,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import (
     explaining_lines,
     journal_lines,
     progress_lines,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import (
     MAX_ANSWER_CHARS,
     error_message,
     parse_chat,
     parse_models,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import parse_unit_show
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import parse_unit_show
 
 QUICK = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import identity
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import identity
 from ansible_collections.llmserve.vllm.tests.adversarial import harness
 from ansible_collections.llmserve.vllm.tools import fake_hub
 

@@ -25,15 +25,15 @@ from urllib.parse import quote as percent_encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _hub_manifest
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint_verify import (
     fingerprint,
     masked_result,
     printable,
     verify,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import DigestCache
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub import _hub_manifest
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import (
     ManifestError,
     fetch_manifest,
     model_info_url,

@@ -17,18 +17,22 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, load_config
-from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import plan
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import kv_bytes_per_token
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import MAX_SMI_NUMBER, parse_apps, parse_gpus
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import CheckpointError, load_config
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import (
     DTYPE_BITS,
     Checkpoint,
     entry_problem,
     read_header,
     scan,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import plan
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import kv_bytes_per_token
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_smi import (
+    MAX_SMI_NUMBER,
+    parse_apps,
+    parse_gpus,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True)
 GIB = 1024**3

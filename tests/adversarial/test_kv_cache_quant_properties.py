@@ -13,8 +13,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant as kvq
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype, is_mla
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint import _kv_cache_quant as kvq
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import auto_kv_cache_dtype, is_mla
 
 PATH = '/models/generated'
 SETTINGS = settings(

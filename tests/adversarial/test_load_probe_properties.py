@@ -23,8 +23,8 @@ from urllib.parse import unquote as percent_decode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _load_probe
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint import _load_probe
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     MASK,
     credentials_problem,
     mask,
@@ -33,7 +33,11 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     url_problem,
     without_credentials,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import LoadProbe, make_stream, stream_request
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._load_probe import (
+    LoadProbe,
+    make_stream,
+    stream_request,
+)
 
 QUICK = settings(max_examples=100, deadline=None, derandomize=True, database=None)
 # Any run of this many characters of a secret counts as a leak.

@@ -17,7 +17,7 @@ from datetime import timedelta
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._progress import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._progress import (
     MAX_LINE_CHARS,
     MAX_RESULTS_BYTES,
     download_report,

@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import auto_kv_cache_dtype, is_mla
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import auto_kv_cache_dtype, is_mla
 from ansible_collections.llmserve.vllm.tests.integration import vllm_oracle
 from ansible_collections.llmserve.vllm.tests.support import recorded
 

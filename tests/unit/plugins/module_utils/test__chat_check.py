@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _chat_check
-from ansible_collections.llmserve.vllm.plugins.module_utils._chat_check import ChatCheck, CheckFailed
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import TooLarge, Unreachable
-from ansible_collections.llmserve.vllm.plugins.module_utils._openai import parse_chat
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import UnitUnreadable
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint import _chat_check
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._chat_check import ChatCheck, CheckFailed
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import TooLarge, Unreachable
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import parse_chat
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import UnitUnreadable
 from ansible_collections.llmserve.vllm.tests.support import (
     ENGINE_FAILED,
     KV_REFUSAL,

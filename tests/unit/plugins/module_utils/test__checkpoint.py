@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import (
     CheckpointError,
     kv_cache_quant_algo_string,
     load_config,

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant as kvq
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import is_mla, resolve_kv_cache_dtype
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint import _kv_cache_quant as kvq
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import is_mla, resolve_kv_cache_dtype
 from ansible_collections.llmserve.vllm.tests.support import recorded
 
 FORMS = json.loads(recorded('kv_cache_dtype', 'forms.json'))

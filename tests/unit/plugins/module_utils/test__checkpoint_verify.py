@@ -11,15 +11,15 @@ import struct
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _checkpoint_verify, _kv_cache_quant
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint_verify import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint import _checkpoint_verify, _kv_cache_quant
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint_verify import (
     VerifyError,
     check_directory,
     ignored,
     verify,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import DigestCache
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import parse_manifest
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import DigestCache
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import parse_manifest
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
 SHARD1 = 'model-00001-of-00002.safetensors'

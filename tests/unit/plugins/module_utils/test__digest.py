@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import (
     CACHE_NAME,
     DigestCache,
     DigestError,

@@ -9,20 +9,24 @@ import shutil
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import (
     read_hf_quant_config,
     resolve_kv_cache_dtype,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import scan
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import (
     Findings,
     check_nvidia_devices,
     plan,
     unified_vision_chunk,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import device_node_exists
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import parse_apps, parse_gpus, parse_persistence
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._host_probes import device_node_exists
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_smi import (
+    parse_apps,
+    parse_gpus,
+    parse_persistence,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.tests.support import (
     checkpoint_config,
     fake_dev,

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._host_probes import (
     belongs_to_service,
     port_conflict,
     process_name,

@@ -11,7 +11,7 @@ from http.client import BadStatusLine, IncompleteRead, RemoteDisconnected
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     Unreachable,
     api_key_problem,
     ca_path_problem,

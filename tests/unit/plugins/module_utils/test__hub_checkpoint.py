@@ -11,10 +11,10 @@ from urllib.error import URLError
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_checkpoint import plan_inputs
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_files import HubFileError
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import resolve_url
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import scan
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import scan
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_checkpoint import plan_inputs
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_files import HubFileError
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_headers import resolve_url
 from ansible_collections.llmserve.vllm.tests.support import checkpoint_config
 from ansible_collections.llmserve.vllm.tools import fake_hub
 

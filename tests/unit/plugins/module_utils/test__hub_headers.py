@@ -12,12 +12,12 @@ from urllib.error import URLError
 import pytest
 from ansible.module_utils import urls
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import read_header
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_headers import (
     HeaderFetchError,
     fetch_headers,
     resolve_url,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import read_header
 from ansible_collections.llmserve.vllm.tools import fake_hub
 
 REPO = 'org/model'

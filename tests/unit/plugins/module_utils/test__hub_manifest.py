@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _hub_manifest
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub import _hub_manifest
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import (
     ManifestError,
     endpoint_problem,
     fetch_manifest,

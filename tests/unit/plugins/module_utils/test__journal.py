@@ -4,7 +4,7 @@
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._journal import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import (
     explaining_lines,
     journal_lines,
     progress_lines,

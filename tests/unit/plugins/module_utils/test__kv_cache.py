@@ -5,8 +5,8 @@
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import kv_bytes_per_token
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import kv_bytes_per_token
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.tests.support import checkpoint_config
 
 KIMI = checkpoint_config('kimi-k2.5-nvfp4')

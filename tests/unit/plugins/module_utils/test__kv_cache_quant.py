@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _kv_cache_quant as kvq
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint import _kv_cache_quant as kvq
 from ansible_collections.llmserve.vllm.tests.support import TRAILING_COMMA_ERROR, recorded
 
 FP8_SCHEME = '{"dynamic": false, "num_bits": 8, "type": "float"}'

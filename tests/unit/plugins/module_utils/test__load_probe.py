@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils import _load_probe
-from ansible_collections.llmserve.vllm.plugins.module_utils._load_probe import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint import _load_probe
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._load_probe import (
     LoadProbe,
     Request,
     StreamError,

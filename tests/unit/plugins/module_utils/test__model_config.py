@@ -5,8 +5,8 @@
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import derived_max_model_len
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import derived_max_model_len
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.tests.support import checkpoint_config
 
 LLAMA = checkpoint_config('tiny-llama')

@@ -6,14 +6,14 @@
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_smi import (
     parse_apps,
     parse_gpus,
     parse_persistence,
     query_nvidia_smi,
     query_persistence,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.tests.support import recorded
 
 

@@ -13,8 +13,8 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
-from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import quote
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import (
     answer_matches,
     assemble_stream,
     error_message,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._preload_smoke import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preload_smoke import (
     SmokeReportError,
     report_from_journal,
     summarize,

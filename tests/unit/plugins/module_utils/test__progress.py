@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._progress import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._progress import (
     download_report,
     format_bytes,
     format_duration,

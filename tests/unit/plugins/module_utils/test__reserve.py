@@ -6,7 +6,7 @@ test_reserve_calibration.py)."""
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import (
     DRIVER_RESERVED_DEFAULT,
     MIB,
     NCCL_COMMUNICATORS_BYTES,

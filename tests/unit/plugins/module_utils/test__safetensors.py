@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import CheckpointError
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import (
     complete_numbered_set,
     entry_problem,
     read_header,

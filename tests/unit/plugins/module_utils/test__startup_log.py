@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import LEDGER_PHASES, startup_figures
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_log import LEDGER_PHASES, startup_figures
 from ansible_collections.llmserve.vllm.tests.support import fixture_path
 
 LOGS = sorted(glob.glob(os.path.join(fixture_path('startup_logs'), '*.json')))

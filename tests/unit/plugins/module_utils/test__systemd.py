@@ -4,7 +4,11 @@
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import judge_unit, parse_unit_show, unit_number
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
+    judge_unit,
+    parse_unit_show,
+    unit_number,
+)
 from ansible_collections.llmserve.vllm.tests.support import unit_state
 
 SHOW_RUNNING = (

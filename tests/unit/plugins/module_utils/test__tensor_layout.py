@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import (
     Quantization,
     checkpoint_tensors,
     is_vision,
     sized_from_config,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._weights import runtime_weight_bytes
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._weights import runtime_weight_bytes
 from ansible_collections.llmserve.vllm.tests.support import checkpoint_config, fixture_path, kimi_index_names
 
 KIMI = checkpoint_config('kimi-k2.5-nvfp4')

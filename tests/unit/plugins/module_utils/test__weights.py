@@ -5,8 +5,8 @@
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
-from ansible_collections.llmserve.vllm.plugins.module_utils._weights import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._weights import (
     estimated_replicated_bytes,
     pp_partitions,
     weights_per_gpu,

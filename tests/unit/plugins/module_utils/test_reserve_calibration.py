@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import FALLBACK_RESERVE_BYTES
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import FALLBACK_RESERVE_BYTES
 from ansible_collections.llmserve.vllm.tests.support import logged_tokens, predict, reserve_compared, startup_logs
 
 LOGS = startup_logs()

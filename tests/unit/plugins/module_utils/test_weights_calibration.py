@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._gpu_preflight import PREDICTED_WEIGHTS_MARGIN
-from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import checkpoint_tensors
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import PREDICTED_WEIGHTS_MARGIN
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import checkpoint_tensors
 from ansible_collections.llmserve.vllm.tests.support import is_moe_at_scale, startup_logs, weights_error
 
 LOGS = startup_logs()

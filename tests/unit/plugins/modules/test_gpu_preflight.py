@@ -382,7 +382,7 @@ HUB_CONFIG = dict(LLAMA, vocab_size=512, intermediate_size=512, tie_word_embeddi
 def staged(tmp_path):
     """A two-shard checkpoint published on the fake Hub (token required), and a model_path with only its config and
     weights index, as the role stages it before the weights are fetched."""
-    from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import checkpoint_tensors
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import checkpoint_tensors
     from ansible_collections.llmserve.vllm.tools import fake_hub
 
     source = tmp_path / 'source'

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._command import CommandTimeout
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 
 NVIDIA_SMI_GPU_FIELDS = 'index,name,memory.total,memory.used,compute_cap,driver_version,uuid'
 NVIDIA_SMI_APP_FIELDS = 'pid,process_name,used_memory,gpu_uuid'

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 from ansible.module_utils.common.text.converters import to_text
 
 from ansible_collections.llmserve.vllm.plugins.module_utils import _command as command
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import format_seconds, mask
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import format_seconds, mask
 
 UNIT_PROPERTIES = (
     'LoadState',

@@ -17,8 +17,8 @@ import math
 import re
 from typing import Any, Optional, Union
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
-from ansible_collections.llmserve.vllm.plugins.module_utils._journal import strip_log_prefix
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import quote
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import strip_log_prefix
 
 # What a start shows before vLLM logs any progress line: the unit's last line, cut to this many characters.
 MAX_LAST_LINE_CHARS = 100

@@ -21,7 +21,7 @@ from typing import Any, Callable, NoReturn, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     DEFAULT_URL,
     Http,
     TooLarge,
@@ -29,14 +29,14 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     format_seconds,
     quote,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._journal import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import (
     DEFAULT_JOURNAL_LINES,
     JOURNAL_SCAN_LINES,
     explaining_lines,
     journal_lines,
     progress_lines,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import (
     DEFAULT_FORBIDDEN_MARKUP,
     answer_matches,
     assemble_stream,
@@ -50,8 +50,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._openai import (
     stream_events,
     tool_call_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import startup_figures
-from ansible_collections.llmserve.vllm.plugins.module_utils._systemd import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_log import startup_figures
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
     UNIT_PROBE_SECONDS,
     UnitUnreadable,
     describe_unit,

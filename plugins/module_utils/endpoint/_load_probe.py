@@ -29,7 +29,7 @@ from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     describe_unreachable,
     endpoint_context,
     mask,
@@ -38,7 +38,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     read_body,
     url_secrets,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._openai import error_message
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import error_message
 
 DEFAULT_PROMPT = 'Write a long story about a lighthouse keeper and the sea.'
 DEFAULT_MAX_TOKENS = 128

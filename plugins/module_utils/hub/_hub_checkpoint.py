@@ -15,7 +15,7 @@ is written on the host. The files that are there are read as before.
 import os
 from typing import Any, Callable, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import (
     CONFIG_NAME,
     HF_QUANT_CONFIG_NAME,
     CheckpointError,
@@ -23,9 +23,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     load_config,
     read_hf_quant_config,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_files import MAX_INDEX_BYTES, HubFileError, HubRevision
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import HeaderFetchError, fetch_headers
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import (
     INDEX_NAME,
     Checkpoint,
     has_weights,
@@ -33,6 +31,12 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import 
     index_only,
     scan,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_files import (
+    MAX_INDEX_BYTES,
+    HubFileError,
+    HubRevision,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_headers import HeaderFetchError, fetch_headers
 
 # Hub option: repo_id, revision, endpoint, token, timeout (gpu_preflight's hub).
 Hub = dict[str, Any]

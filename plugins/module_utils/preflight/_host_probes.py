@@ -14,7 +14,7 @@ import os
 import socket
 from typing import Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import GIB, PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import GIB, PreflightError
 
 # NCCL's shared-memory transport and vLLM's shared-memory message queues need /dev/shm
 # space per rank pair: 8 ranks = 56 directed pairs x a few MiB of NCCL buffers each,

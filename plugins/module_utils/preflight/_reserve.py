@@ -26,8 +26,8 @@ after the weights are loaded, one too large only hides context.
 
 from typing import Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, text_config
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import GIB, MIB, ceil_div
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config, text_config
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import GIB, MIB, ceil_div
 
 # The constant the preflight used before this model, and still uses when config.json lacks the sizes.
 FALLBACK_RESERVE_BYTES = 5 * GIB

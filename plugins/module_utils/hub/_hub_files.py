@@ -19,9 +19,10 @@ from urllib.error import HTTPError, URLError
 
 from ansible.module_utils import urls
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     MAX_QUOTE,
     credentials_problem,
     describe_unreachable,
@@ -31,8 +32,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     url_secrets,
     without_credentials,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_headers import resolve_url
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_headers import resolve_url
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import (
     HUB_SAYS_CHARS,
     MAX_MANIFEST_BYTES,
     endpoint_problem,
@@ -41,7 +42,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import
     repo_id_problem,
     revision_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
 
 # A config.json or hf_quant_config.json is kilobytes; anything near this is not one.
 MAX_CONFIG_BYTES = 16 << 20

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import quote
 
 # The most of an answer (its content or reasoning) that is judged and returned, in characters: the end,
 # where a long answer reaches its conclusion. Python's re has no timeout and some expressions take time

@@ -17,8 +17,10 @@ from typing import Any
 
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import quote
-from ansible_collections.llmserve.vllm.plugins.module_utils._startup_log import LINE_PATTERNS as FIGURE_PATTERNS
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import quote
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_log import (
+    LINE_PATTERNS as FIGURE_PATTERNS,
+)
 
 # How many explaining lines a failure quotes (chat_check's journal_lines).
 DEFAULT_JOURNAL_LINES = 20

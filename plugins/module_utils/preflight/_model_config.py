@@ -10,8 +10,12 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 import json
 from typing import Any, Optional, overload
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, Config, text_config
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import (
+    CONFIG_NAME,
+    Config,
+    text_config,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 
 # Config fields are int64 in vLLM (torch); larger ones are corrupt and would overflow the float arithmetic.
 MAX_CONFIG_INT = 2**63 - 1

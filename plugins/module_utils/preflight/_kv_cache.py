@@ -7,9 +7,13 @@
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CONFIG_NAME, Config, is_mla
-from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_field, config_int
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import PreflightError, ceil_div, gib
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import CONFIG_NAME, Config, is_mla
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import config_field, config_int
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import (
+    PreflightError,
+    ceil_div,
+    gib,
+)
 
 # vLLM's KV-cache block on GPUs, in tokens; the cache is allocated in whole blocks.
 DEFAULT_BLOCK_SIZE = 16

@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any, Callable, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import (
     CONFIG_NAME,
     Config,
     DtypeInfo,
@@ -26,8 +26,12 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import (
     kv_dtype_bytes,
     model_dtype,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._host_probes import DEFAULT_DEV_PATH, DEFAULT_SHM_PATH
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import INDEX_NAME, Checkpoint
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._host_probes import (
+    DEFAULT_DEV_PATH,
+    DEFAULT_SHM_PATH,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import (
     DEFAULT_BLOCK_SIZE,
     bytes_for,
     kv_bytes_per_token,
@@ -35,17 +39,19 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache import (
     tokens_for,
     utilization_for,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import (
     config_field,
     config_int,
     derived_max_model_len,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._nvidia_smi import App, Gpu
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import MIB, PreflightError, gib
-from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import estimate
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import INDEX_NAME, Checkpoint
-from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import is_vision, sized_from_config
-from ansible_collections.llmserve.vllm.plugins.module_utils._weights import runtime_weight_bytes, weights_per_gpu
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_smi import App, Gpu
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import MIB, PreflightError, gib
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import estimate
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import is_vision, sized_from_config
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._weights import (
+    runtime_weight_bytes,
+    weights_per_gpu,
+)
 
 # vLLM's --gpu-memory-utilization when it is not given.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

@@ -27,10 +27,11 @@ from urllib.parse import quote
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, open_regular
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import GIT_SHA1, SHA256
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import CheckpointError, open_regular
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import GIT_SHA1, SHA256
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     MAX_QUOTE,
     mask,
     quote_masked,
@@ -38,7 +39,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     url_secrets,
     without_credentials,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
 
 DEFAULT_ENDPOINT = 'https://huggingface.co'
 # Kimi-K2.5's model info is about 60 kB; anything near this is not a model info.

@@ -25,17 +25,15 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Union, cast, overload
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, read_json
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import CheckpointError, read_json
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import (
     DigestCache,
     DigestError,
     describe_mode,
     digest_of_bytes,
     hash_file,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import mask
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import Manifest, ManifestFile, name_problem
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._kv_cache_quant import (
     RECORD_NAME,
     KvCacheQuantError,
     Record,
@@ -45,10 +43,16 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant impo
     read_checkpoint,
     read_record,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._kv_cache_quant import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._kv_cache_quant import (
     check_directory as check_checkpoint_directory,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import INDEX_NAME, read_header
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import INDEX_NAME, read_header
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import mask
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import (
+    Manifest,
+    ManifestFile,
+    name_problem,
+)
 
 MISSING = 'missing'
 TRUNCATED = 'truncated'

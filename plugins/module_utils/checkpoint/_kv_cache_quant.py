@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from json.decoder import scanstring  # type: ignore[attr-defined]  # in the stdlib, not in typeshed
 from typing import Any, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, auto_kv_cache_dtype
-from ansible_collections.llmserve.vllm.plugins.module_utils._digest import describe_mode
 from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
 from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config, auto_kv_cache_dtype
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._digest import describe_mode
 
 CONFIG_JSON = 'config.json'
 HF_QUANT_CONFIG_JSON = 'hf_quant_config.json'

@@ -19,7 +19,11 @@ import re
 import struct
 from typing import Any, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError, open_regular, read_json
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import (
+    CheckpointError,
+    open_regular,
+    read_json,
+)
 
 INDEX_NAME = 'model.safetensors.index.json'
 # safetensors refuses headers above 100 MB; anything larger is a corrupt length.

@@ -17,9 +17,9 @@ import fnmatch
 import re
 from typing import Any, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, text_config
-from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_int
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import ceil_div
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config, text_config
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import config_int
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import ceil_div
 
 MLA_FAMILY = ('deepseek_v2', 'deepseek_v3', 'kimi_k2')
 MOE_GQA_FAMILY = ('qwen2_moe', 'qwen3_moe', 'mixtral')

@@ -23,9 +23,13 @@ from urllib.parse import quote
 
 from ansible.module_utils import urls
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import CheckpointError
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
-from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import CheckpointError
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import (
+    MAX_HEADER_BYTES,
+    parse_header,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     MAX_QUOTE,
     READ_CHUNK,
     credentials_problem,
@@ -35,7 +39,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._http import (
     url_secrets,
     without_credentials,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import (
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import (
     HUB_SAYS_CHARS,
     _status_problem,
     endpoint_problem,
@@ -43,7 +47,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._hub_manifest import
     repo_id_problem,
     revision_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils._safetensors import MAX_HEADER_BYTES, parse_header
 
 
 class HeaderFetchError(Exception):

@@ -11,11 +11,11 @@ import re
 from collections.abc import Mapping
 from typing import Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._checkpoint import Config, is_mla, text_config
-from ansible_collections.llmserve.vllm.plugins.module_utils._model_config import config_int
-from ansible_collections.llmserve.vllm.plugins.module_utils._preflight_common import ceil_div
-from ansible_collections.llmserve.vllm.plugins.module_utils._reserve import version_tuple
-from ansible_collections.llmserve.vllm.plugins.module_utils._tensor_layout import Quantization
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config, is_mla, text_config
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import config_int
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import ceil_div
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import version_tuple
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import Quantization
 
 # Tensors every tensor-parallel rank holds in full in vLLM's DeepSeek-V2/V3 code
 # (ReplicatedLinear / disable_tp=True): the fused q_a/kv_a down-projections, norms,
