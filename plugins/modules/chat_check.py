@@ -528,7 +528,7 @@ startup:
       returned: when logged
     weights_gib_per_second:
       description:
-        - O(startup.weights_gib) over O(startup.weights_read_seconds), or over O(startup.weights_seconds) where vLLM
+        - RV(startup.weights_gib) over RV(startup.weights_read_seconds), or over RV(startup.weights_seconds) where vLLM
           logged no read of its own; one rank's rate, to set beside the disk's.
       type: float
       returned: when the weights and their seconds are logged
