@@ -20,7 +20,7 @@ from urllib.parse import quote as percent_encode
 from urllib.parse import quote_plus
 from urllib.parse import unquote as percent_decode
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint import _load_probe
@@ -210,5 +210,7 @@ RAW_PASSWORDS = st.text(alphabet=PRINTABLE, min_size=PART, max_size=24)
 @given(USERS, RAW_PASSWORDS, st.sampled_from(['', '/', '/vllm', '/v1', ':99999', ':8000/x?q']))
 def test_no_text_that_names_the_url_shows_its_password(user, password, rest):
     url = 'http://%s:%s@127.0.0.1%s' % (user, password, rest)
+    # A password that the rest of the URL spells (127.0.0.) is shown by the host, whatever the masking.
+    assume(not shown_runs('http://%s:@127.0.0.1%s' % (user, rest), password))
     for text in (without_credentials(url), url_problem(url) or '', credentials_problem(url) or ''):
         assert not shown_runs(text, password)
