@@ -35,6 +35,7 @@ from sandbox_helpers import (  # noqa: E402
     ROLE_DEFAULTS,
     SANDBOX_VARS,
     WEATHER_TOOL,
+    ad_hoc,
     ansible_env,
     first_failure,
     revision,
@@ -95,20 +96,10 @@ def deploy(host_vars):
     return proc.returncode, proc.stdout.decode(errors='replace'), report
 
 
-def sh(host, command):
-    return subprocess.run(
-        [os.path.join(BIN, 'ansible'), host, '-i', INVENTORY, '-m', 'ansible.builtin.shell', '-a', command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=ansible_env(),
-        check=True,
-    ).stdout.decode()
-
-
 def last_good(host):
     """The deployment the host's last-good record names."""
     return json.loads(
-        sh(host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json').split('\n', 1)[1]
+        ad_hoc(INVENTORY, host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json')
     )['deployment']
 
 
@@ -191,7 +182,7 @@ def test_after_the_rollbacks_every_replica_answers_and_calls_tools(fleet, broken
 def test_after_a_restart_every_replica_still_answers_and_calls_tools(fleet, broken_changes):
     hosts, ports, settings = fleet
     for host in hosts:
-        sh(host, 'systemctl restart vllm-kimi')
+        ad_hoc(INVENTORY, host, 'systemctl restart vllm-kimi')
     rc = subprocess.run(
         [os.path.join(BIN, 'ansible-playbook'), '-i', INVENTORY, os.path.join(REPO, 'playbooks', 'gate.yml')],
         stdout=subprocess.PIPE,

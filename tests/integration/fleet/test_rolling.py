@@ -41,7 +41,7 @@ import requests
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'sandbox'))
-from sandbox_helpers import BIN, CALLBACKS, REPO, ansible_env, first_failure, revision, task_results  # noqa: E402
+from sandbox_helpers import BIN, CALLBACKS, REPO, ad_hoc, ansible_env, first_failure, revision, task_results  # noqa: E402
 
 INVENTORY = os.environ.get('MOLECULE_INVENTORY_FILE')
 pytestmark = pytest.mark.skipif(
@@ -222,21 +222,11 @@ def unit_file(host):
     )
 
 
-def sh(host, command):
-    return subprocess.run(
-        [os.path.join(BIN, 'ansible'), host, '-i', INVENTORY, '-m', 'ansible.builtin.command', '-a', command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=ansible_env(),
-        check=True,
-    ).stdout.decode()
-
-
 @pytest.fixture(scope='module')
 def one_replica_down(fleet, endpoints_file):
     """A change tried while the third replica is stopped; the replica is back and answering before the next test."""
     hosts, ports, settings = fleet
-    sh(hosts[2], 'systemctl stop vllm-kimi')
+    ad_hoc(INVENTORY, hosts[2], 'systemctl stop vllm-kimi')
     try:
         # The stopped replica is waited for up to vllm_kimi_replica_check_timeout; a replica that serves answers the
         # miniature's question within a second.
@@ -244,7 +234,7 @@ def one_replica_down(fleet, endpoints_file):
             fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=2048', '-e', 'vllm_kimi_replica_check_timeout=6'
         )
     finally:
-        sh(hosts[2], 'systemctl start vllm-kimi')
+        ad_hoc(INVENTORY, hosts[2], 'systemctl start vllm-kimi')
     deadline = time.time() + 300
     while True:
         rc, output = gate_all(fleet)
@@ -352,7 +342,7 @@ def test_good_change_passes_on_all_three(fleet, good_change):
     assert all(outcome == 'changed' and before != after for before, after, outcome in rows.values()), rows
     for host in hosts:
         record = json.loads(
-            sh(host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json').split('\n', 1)[1]
+            ad_hoc(INVENTORY, host, 'cat /var/lib/llmserve-vllm/vllm-kimi/deployments/last-good/record.json')
         )
         assert record['serve_argv'][record['serve_argv'].index('--max-model-len') + 1] == '1536'
 
@@ -396,7 +386,8 @@ def test_memory_peak_of_the_three_vllms_leaves_half_the_machine_to_the_rest(flee
     hosts, ports, settings = fleet
     peaks = {}
     for host in hosts:
-        out = sh(
+        out = ad_hoc(
+            INVENTORY,
             host,
             "sh -c 'for pid in $(pgrep -u %s); do grep VmHWM /proc/$pid/status; done'" % settings['vllm_kimi_user'],
         )
