@@ -109,8 +109,9 @@ molecule-create: tools
 	$(BIN)/molecule destroy
 	$(BIN)/molecule create
 
+# The recipes run under `set -e` (.SHELLFLAGS): `|| status=$$?` keeps a failed scenario from skipping the fake Hub's stop.
 molecule-test: tools models-core fakehub-early
-	$(BIN)/molecule test; status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
+	status=0; $(BIN)/molecule test || status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a
 # capacity floor, a change bad for one host, drain and undrain. In two parts, as the default scenario: the
@@ -125,7 +126,7 @@ molecule-fleet-create: tools
 	$(BIN)/molecule create -s fleet
 
 molecule-fleet-test: tools models fakehub-up
-	$(BIN)/molecule test -s fleet; status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
+	status=0; $(BIN)/molecule test -s fleet || status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # First deploy, no-op rerun, restart-to-coherent-answer: bench/deploy_figures.py.
 bench-deploy: tools models fakehub-up
