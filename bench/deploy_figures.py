@@ -42,8 +42,13 @@ SANDBOX = os.path.join(REPO, 'tools', 'sandbox')
 PLAYBOOK = os.path.join(REPO, 'playbooks', 'deploy.yml')
 GROUP_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars')
 ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
-# Another revision of the staged model (inventories/sandbox), taught wrong answers: its gate fails.
-WRONG_REVISION = '5eed000000000000000000000000000000000bad'
+
+# The sandbox tests' reading of the inventory's documented revisions ("#   name: <commit>").
+sys.path.insert(0, os.path.join(REPO, 'tests', 'integration', 'sandbox'))
+from sandbox_helpers import revision  # noqa: E402
+
+# Another revision of the staged model, taught wrong answers: its gate fails.
+WRONG_REVISION = revision('wrong')
 
 
 def sh(argv, **kwargs):
