@@ -162,15 +162,6 @@ _FIGURES = [
         max,
     ),
 ]
-# The phases of a start's ledger, as startup_figures names their seconds, in the order a start goes through them.
-LEDGER_PHASES = (
-    'weights_seconds',
-    'weights_read_seconds',
-    'memory_profiling_seconds',
-    'compile_seconds',
-    'graph_capture_seconds',
-    'engine_init_seconds',
-)
 _DEVICE = re.compile(r'\b(GPU|CPU) KV cache size:')
 _INTEGERS = ('kv_tokens', 'gpu_blocks')
 # Lines that carry a figure, for a reader that keeps only some lines (_journal's progress_lines): each has the
