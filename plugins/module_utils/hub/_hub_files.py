@@ -15,7 +15,7 @@ token and the password are masked in what the Hub or the network error says befo
 
 from http.client import HTTPException
 from typing import Any, Callable, Optional
-from urllib.error import HTTPError, URLError
+from urllib.error import URLError
 
 from ansible.module_utils import urls
 
@@ -32,7 +32,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http impor
     url_secrets,
     without_credentials,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_headers import resolve_url
+from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_headers import open_file, resolve_url
 from ansible_collections.llmserve.vllm.plugins.module_utils.hub._hub_manifest import (
     HUB_SAYS_CHARS,
     MAX_MANIFEST_BYTES,
@@ -125,21 +125,9 @@ class HubRevision:
         """The body of a 200 answer to GET url, at most limit bytes, within the timeout; HubFileError otherwise,
         naming url without the endpoint's password."""
         shown = without_credentials(url)
-        headers = {'Authorization': 'Bearer %s' % self.token} if self.token else {}
         try:
             with deadline(self.timeout):
-                try:
-                    response = self.open_url(
-                        url,
-                        headers=headers,
-                        method='GET',
-                        timeout=self.timeout,
-                        follow_redirects='safe',
-                        unredirected_headers=['Authorization'],
-                        decompress=False,
-                    )
-                except HTTPError as exc:
-                    response = exc  # an HTTP status is an answer: its headers say why
+                response = open_file(self.open_url, url, self.token, self.timeout)
                 try:
                     status, answer_headers = response.getcode(), response.headers
                     body = read_limited(response, limit) if status == 200 else b''

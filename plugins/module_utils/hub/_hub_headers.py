@@ -58,6 +58,31 @@ def resolve_url(endpoint: str, repo_id: str, revision: str, name: str) -> str:
     return '%s/%s/resolve/%s/%s' % (endpoint.rstrip('/'), repo_id, quote(revision, safe=''), quote(name))
 
 
+def open_file(
+    opener: Callable[..., Any], url: str, token: Optional[str], timeout: float, headers: Optional[dict[str, str]] = None
+) -> Any:
+    """GET a file of a revision as every file request of the collection goes: the Hub sends its large files on to its
+    CDN, so GET redirects are followed ('safe'), and the token, a Bearer header, goes to the Hub alone (no redirect
+    carries it on); the body comes as sent, never unpacked. An HTTP status is an answer: its HTTPError, which reads as
+    a response, is returned. (The manifest, what every file is checked against, follows no redirect at all:
+    _hub_manifest.fetch_manifest.)"""
+    sent = dict(headers or {})
+    if token:
+        sent['Authorization'] = 'Bearer %s' % token
+    try:
+        return opener(
+            url,
+            headers=sent,
+            method='GET',
+            timeout=timeout,
+            follow_redirects='safe',
+            unredirected_headers=['Authorization'],
+            decompress=False,
+        )
+    except HTTPError as exc:
+        return exc
+
+
 def _file_bytes(response: Any) -> Optional[int]:
     """The whole file's size as the answer tells it (Content-Range of a 206, Content-Length of a 200), or None."""
     if response.getcode() == 206:
@@ -92,28 +117,14 @@ class _Fetch:
 
     def get(self, first: int, last: int) -> Any:
         """The open answer to ``Range: bytes=first-last``: a 206, or a 200 of the whole file."""
-        headers = {'Range': 'bytes=%d-%d' % (first, last)}
-        if self.token:
-            headers['Authorization'] = 'Bearer %s' % self.token
-        try:
-            response = self.opener(
-                self.url,
-                headers=headers,
-                method='GET',
-                timeout=self.timeout,
-                follow_redirects='safe',
-                unredirected_headers=['Authorization'],
-                decompress=False,
-            )
-        except HTTPError as exc:
+        response = open_file(self.opener, self.url, self.token, self.timeout, {'Range': 'bytes=%d-%d' % (first, last)})
+        status = response.getcode()
+        if status not in (200, 206):
             try:
-                body = read_limited(exc, 4096) or b''
+                body = read_limited(response, 4096) or b''
             finally:
-                exc.close()
-            raise HeaderFetchError(self.status_problem(exc.code, exc.headers, body)) from None
-        if response.getcode() not in (200, 206):
-            response.close()
-            raise HeaderFetchError(self.status_problem(response.getcode(), response.headers, b''))
+                response.close()
+            raise HeaderFetchError(self.status_problem(status, response.headers, body))
         return response
 
     def status_problem(self, status: int, headers: Any, body: bytes) -> str:
