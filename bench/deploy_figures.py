@@ -73,6 +73,10 @@ def write_inventory(directory, name, ssh_port, port, front_port):
         'vllm_kimi_listen': 'tcp',
         'vllm_kimi_port': port,
         'vllm_kimi_front_port': front_port,
+        # The answers are watched every 100 ms through each change: load that the performance gate would judge a
+        # regression of the change (477 against 1090 tokens/s measured). The bench times the downtime; make
+        # bench-perf-gate measures the gate.
+        'vllm_kimi_perf_gate': 'never',
     }
     with open(os.path.join(directory, 'hosts.yml'), 'w') as f:
         yaml.safe_dump({'vllm': {'hosts': {name: host}}}, f)
