@@ -310,9 +310,8 @@ def fetch_manifest(
                     method='GET',
                     timeout=timeout,
                     validate_certs=validate_certs,
-                    # The manifest is what every file is checked against: it comes from the endpoint named, or
-                    # not at all (a redirect is refused, naming where it led). The files follow redirects to the
-                    # Hub's CDN (_hub_headers.open_file).
+                    # What every file is checked against comes from the endpoint named or not at all; the files
+                    # themselves follow redirects to the Hub's CDN (_hub_headers.open_file).
                     follow_redirects='none',
                     decompress=False,
                 )
