@@ -297,11 +297,10 @@ def input_problem(params):
     if token is not None and not all(' ' < ch < '\x7f' for ch in token):
         # Named, never shown: http.client would print it escaped, out of reach of no_log's masking.
         return 'token must be printable ASCII, without spaces or control characters (a line break from a YAML block scalar?)'
-    problem = (params['threads'] is not None and range_problem('threads', params['threads'], 1)) or range_problem(
-        'timeout', params['timeout'], 1, MAX_WAIT_SECONDS, ' seconds'
-    )
-    if problem:
-        return problem
+    for name, low, high, unit in (('threads', 1, None, ''), ('timeout', 1, MAX_WAIT_SECONDS, ' seconds')):
+        problem = params[name] is not None and range_problem(name, params[name], low, high, unit)
+        if problem:
+            return problem
     if params['revision'] is not None:
         found = revision_problem(params['revision'], params['allow_unpinned_revision'], params['repo_id'])
         if found:
