@@ -28,7 +28,14 @@ import stat
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import cause, file_kind
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import (
+    TEMP_PREFIX,
+    FileTransactionError,
+    Transaction,
+    cause,
+    file_kind,
+    write_new,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils._json_text import decode_json, nests_deeper
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
     environment_value_problem,
@@ -51,9 +58,6 @@ MAX_FILE_BYTES = 1 << 20
 # How deep a record may nest objects and arrays, for the writer and the reader alike; far below the depth at which
 # Python's json raises RecursionError.
 MAX_RECORD_DEPTH = 32
-TEMP_PREFIX = '.llmserve-deployment-'
-NEW_PREFIX = TEMP_PREFIX + 'new-'
-OLD_PREFIX = TEMP_PREFIX + 'old-'
 
 Record = dict[str, Any]
 # A variable's name in an environment file, as the role writes them.
@@ -359,6 +363,8 @@ def record(
             raise
     except OSError as exc:
         raise DeploymentError('cannot record %s: %s; nothing was recorded' % (snapshot, cause(exc))) from exc
+    except FileTransactionError as exc:
+        raise DeploymentError('cannot record %s: %s' % (snapshot, exc)) from exc
     removed, warnings = [], []
     for doomed in pruned:
         try:
@@ -382,7 +388,7 @@ def _create_snapshot(path: str, name: str, files: tuple[tuple[str, bytes], ...])
         fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             for file_name, data in files:
-                _write_new(file_name, data, 0o600, fd)
+                write_new(file_name, data, 0o600, fd)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -403,30 +409,12 @@ def _discard_snapshot(path: str, name: str) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def _write_new(name: str, data: bytes, mode: int, dir_fd: Optional[int] = None) -> None:
-    """Create the file name with data and mode, synced; an existing file or link there is an error."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def point_last_good(path: str, name: str) -> None:
     """Switch last-good to name in one rename: a reader sees the old pointer or the new one, never none."""
-    temp = os.path.join(path, TEMP_PREFIX + LAST_GOOD)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(temp)
-    os.symlink(name, temp)
-    try:
-        os.rename(temp, os.path.join(path, LAST_GOOD))
-    except BaseException:
-        os.unlink(temp)
-        raise
+    pointer = os.path.join(path, LAST_GOOD)
+    transaction = Transaction()
+    transaction.replace(pointer, pointer, link=name)
+    transaction.commit()
 
 
 def secrets_problem(secrets: dict[str, Any]) -> Optional[str]:
@@ -494,13 +482,16 @@ def restore(
     counted = rollbacks(path)
     counted = {'total': counted['total'] + 1, 'last': int(now())}
     if not check_mode:
-        _replace_together(
-            [
-                (unit_file, unit, 0o644),
-                (environment_file, environment, 0o600),
-                (os.path.join(path, ROLLBACKS), (json.dumps(counted, sort_keys=True) + '\n').encode('ascii'), 0o600),
-            ]
-        )
+        # All or nothing: every file is staged beside its place, and each one it replaces copied aside, before the
+        # first is renamed in. The environment file holds secrets: private, whatever mode it had.
+        transaction = Transaction()
+        for dest, data, mode in (
+            (unit_file, unit, 0o644),
+            (environment_file, environment, 0o600),
+            (os.path.join(path, ROLLBACKS), (json.dumps(counted, sort_keys=True) + '\n').encode('ascii'), 0o600),
+        ):
+            transaction.replace(dest, dest, data=data, mode=mode)
+        transaction.commit()
     return {
         'deployment': name,
         'record': good,
@@ -509,63 +500,3 @@ def restore(
         'unit_before': (unit_before or b'').decode('utf-8', 'replace'),
         'unit_after': unit.decode('utf-8', 'replace'),
     }
-
-
-def _replace_together(files: list[tuple[str, bytes, int]]) -> None:
-    """Replace each (path, bytes, mode) of files, all or nothing.
-
-    Every new file is written and synced beside its place, and every file it replaces hard-linked aside, before the
-    first rename: a full disk, or a file that cannot be replaced (immutable), fails there with nothing changed. A
-    rename that fails all the same puts back the files already renamed in.
-    """
-    temps: list[str] = []
-    planned: list[tuple[str, str, Optional[str]]] = []  # (path, new file, the original's link or None)
-    try:
-        for dest, data, mode in files:
-            directory, base = os.path.split(dest)
-            new, old = os.path.join(directory, NEW_PREFIX + base), os.path.join(directory, OLD_PREFIX + base)
-            try:
-                original = os.lstat(dest) if os.path.lexists(dest) else None
-                if original is not None and stat.S_ISDIR(original.st_mode):
-                    raise DeploymentError('cannot replace %s: it is a directory; nothing was changed' % dest)
-                for temp in (new, old):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(temp)
-                temps.append(new)
-                _write_new(new, data, mode)
-                if original is not None:
-                    os.link(dest, old, follow_symlinks=False)
-                    temps.append(old)
-            except OSError as exc:
-                raise DeploymentError('cannot write %s: %s; nothing was changed' % (dest, cause(exc))) from exc
-            planned.append((dest, new, old if original is not None else None))
-        done: list[tuple[str, Optional[str]]] = []
-        for dest, new, original_copy in planned:
-            try:
-                os.rename(new, dest)
-            except OSError as exc:
-                raise DeploymentError('cannot replace %s: %s%s' % (dest, cause(exc), _put_back(done, temps))) from exc
-            done.append((dest, original_copy))
-    finally:
-        for temp in temps:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-
-
-def _put_back(done: list[tuple[str, Optional[str]]], temps: list[str]) -> str:
-    """Put back the originals of the files renamed in, last first; returns the end of the failure's message. An
-    original that cannot be put back is kept (taken out of temps), so that a person can."""
-    failures = []
-    for dest, old in reversed(done):
-        try:
-            if old is None:
-                os.unlink(dest)
-            else:
-                os.rename(old, dest)
-        except OSError as exc:
-            kept = ''
-            if old is not None:
-                temps.remove(old)
-                kept = ' (the original is %s)' % old
-            failures.append('putting back %s failed: %s%s' % (dest, cause(exc), kept))
-    return '; ' + '; '.join(failures) if failures else '; nothing was changed'

@@ -2,11 +2,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Change several files of one directory all or nothing, under a lock.
+"""The collection's one way to write a file: whole or not at all, several files all or nothing, under a lock.
 
 This is PRIVATE to the collection. It can change at any time, without notice.
 
-A DirectoryLock serialises the runs that change one directory. A Transaction
+A DirectoryLock serialises the runs that change one directory. write_new
+creates a file that was not there, synced before it is closed. A Transaction
 stages every new file, every backup and a copy of every file it replaces under
 a temporary name beside it first (a full disk or a directory that cannot be
 written fails there, before anything changes), then renames them into place in
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Callable, Optional
 
-TEMP_PREFIX = '.llmserve-kvq-'
+TEMP_PREFIX = '.llmserve-tmp-'
 LOCK_POLL_SECONDS = 0.1
 # The lock file cannot be created where nothing can be written; nobody changes such a directory.
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -151,6 +152,26 @@ class DirectoryLock:
         return None
 
 
+def write_new(name: str, data: bytes, mode: int, dir_fd: Optional[int] = None) -> None:
+    """Create the file ``name`` (relative to ``dir_fd`` where given) with ``data`` and ``mode``, synced, or raise
+    OSError and leave nothing. An existing file or link there is an error, so a name chosen at random cannot be
+    raced."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+        # A full disk or a quota shows on some file systems (NFS) only here.
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+
+
 def temp_name(directory: str) -> str:
     return os.path.join(directory, TEMP_PREFIX + binascii.hexlify(os.urandom(8)).decode('ascii'))
 
@@ -193,17 +214,27 @@ class Transaction:
         self._steps: list[Step] = []
 
     def replace(
-        self, dest: str, where: str, data: Optional[bytes] = None, link: Optional[str] = None, first: bool = False
+        self,
+        dest: str,
+        where: str,
+        data: Optional[bytes] = None,
+        link: Optional[str] = None,
+        first: bool = False,
+        mode: Optional[int] = None,
     ) -> None:
         """Stage ``data`` (bytes) or a symbolic link to ``link`` for ``dest``, named ``where`` in messages.
 
+        The new file gets the owner, mode and extended attributes of the one it replaces; ``mode``, where given, is
+        its mode whatever the original's (a file of secrets stays private even where it was missing or loosened).
         ``first``: commit it before the steps added so far.
         """
         with self._staging():
             original = _lstat(dest, where)
+            if original is not None and not (stat.S_ISREG(original.st_mode) or stat.S_ISLNK(original.st_mode)):
+                raise FileTransactionError('cannot write %s: it is %s' % (where, file_kind(original.st_mode)))
             staged = self._stage('write', where, os.path.dirname(dest), data=data, link=link)
             if link is None:
-                _take_attributes(staged, dest, original, where)
+                _take_attributes(staged, dest, original, where, mode=mode)
             undo = self._copy('write', where, dest, original) if original is not None else None
             self._steps.insert(0 if first else len(self._steps), ('replace', dest, where, staged, undo))
 
@@ -284,16 +315,8 @@ class Transaction:
                 os.symlink(link, staged)
                 self._temps.append(staged)
                 return staged
-            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            write_new(staged, data or b'', 0o600)
             self._temps.append(staged)
-            try:
-                view = memoryview(data or b'')
-                while view:
-                    view = view[os.write(fd, view) :]
-                # A full disk or a quota shows on some file systems (NFS) only here.
-                os.fsync(fd)
-            finally:
-                os.close(fd)
         except OSError as exc:
             raise FileTransactionError(
                 'cannot %s %s: %s (a temporary file in %s)' % (action, where, cause(exc), directory)
@@ -333,17 +356,25 @@ def _stat(path: str, where: str) -> os.stat_result:
 
 
 def _take_attributes(
-    staged: str, dest: str, original: Optional[os.stat_result], where: str, keep_times: bool = False
+    staged: str,
+    dest: str,
+    original: Optional[os.stat_result],
+    where: str,
+    keep_times: bool = False,
+    mode: Optional[int] = None,
 ) -> None:
-    """Give ``staged`` the owner, mode and extended attributes (SELinux context) of ``dest``, as atomic_move does.
+    """Give ``staged`` the owner, mode and extended attributes (SELinux context) of ``dest``, as atomic_move does;
+    ``mode``, where given, replaces the mode.
 
-    A new file (``original`` None) gets the mode the umask allows, as atomic_move gives it.
+    A new file (``original`` None) gets ``mode``, else the mode the umask allows, as atomic_move gives it.
     """
     try:
         if original is None:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(staged, 0o666 & ~umask)
+            if mode is None:
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.chmod(staged, mode)
             return
         target = os.stat(dest)
         try:
@@ -353,6 +384,8 @@ def _take_attributes(
             if exc.errno != errno.EPERM:
                 raise
         shutil.copystat(dest, staged)
+        if mode is not None:
+            os.chmod(staged, mode)
         if not keep_times:
             now = time.time()
             os.utime(staged, (now, now))

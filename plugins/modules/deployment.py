@@ -206,6 +206,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction im
     DirectoryLock,
     FileTransactionError,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import remove_stale as remove_stale_files
 
 MODULE_NAME = 'llmserve.vllm.deployment'
 PATH_OPTIONS = ('path', 'unit_file', 'environment_file', 'releases_dir')
@@ -266,7 +267,12 @@ def main():
         )
         with lock:
             if p['state'] != 'read' and not module.check_mode:
-                warnings.extend('removed %s, left by an interrupted run' % stale for stale in remove_stale(p['path']))
+                stale = remove_stale(p['path'])
+                if p['state'] == 'restored':
+                    # A restore killed half way leaves its temporary files beside the unit and the environment file.
+                    for directory in sorted({os.path.dirname(p['unit_file']), os.path.dirname(p['environment_file'])}):
+                        stale += remove_stale_files(directory)
+                warnings.extend('removed %s, left by an interrupted run' % path for path in stale)
             warnings.extend(apply(module, created, result))
     except (DeploymentError, FileTransactionError, OSError) as exc:
         failure = str(exc)

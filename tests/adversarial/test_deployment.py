@@ -32,7 +32,7 @@ from ansible_collections.llmserve.vllm.tests.support import warning_texts
 pytestmark = pytest.mark.adversarial
 
 MODULE = 'deployment'
-TEMP_PREFIX = '.llmserve-deployment-'
+TEMP_PREFIX = '.llmserve-tmp-'
 LOCK = '.llmserve-deployment.lock'
 MAX_FILE_BYTES = 1 << 20
 MAX_RECORD_DEPTH = 32
@@ -70,7 +70,7 @@ class Host:
         self.env = root / 'etc' / 'vllm-kimi.env'
         self.releases = root / 'releases'
         self.outside = root / 'outside'
-        self.names = dict(d=self.d, unit=self.unit, env=self.env, out=self.outside)
+        self.names = dict(d=self.d, unit=self.unit, unit_dir=self.unit.parent, env=self.env, out=self.outside)
 
     def make(self):
         for directory in (self.d, self.unit.parent, self.releases / '0123456789ab', self.releases / NEW_RELEASE):
@@ -441,7 +441,7 @@ CASES = [
      '{unit} is a directory, not a regular file: it is not read'),
     ('environment_file a directory to restore over',
      then(lambda host: host.env.unlink(), lambda host: host.env.mkdir()), ('restored', {}),
-     'cannot replace {env}: it is a directory; nothing was changed'),
+     'cannot write {env}: it is a directory'),
     ('unit_file missing to record', lambda host: host.unit.unlink(), ('recorded', {}), '{unit} is missing'),
     ('environment_file missing to restore', lambda host: host.env.unlink(), ('restored', {}), restored_good),
     ('a deployment of this second already there', this_second_taken, ('recorded', {}),
@@ -546,11 +546,11 @@ def counted_once(host):
 # (id, what is made immutable (host -> paths), state, expected message, a pattern where it names the new deployment)
 IMMUTABLE_CASES = [
     ('environment file immutable: the unit stays', lambda host: [host.env], 'restored',
-     'cannot write {env}: Operation not permitted; nothing was changed'),
+     'cannot replace {env}: Operation not permitted; nothing was changed'),
     ('rollback count immutable: unit and environment stay', counted_once, 'restored',
-     'cannot write {d}/rollbacks.json: Operation not permitted; nothing was changed'),
+     'cannot replace {d}/rollbacks.json: Operation not permitted; nothing was changed'),
     ('unit directory immutable', lambda host: [host.unit.parent], 'restored',
-     'cannot write {unit}: Operation not permitted; nothing was changed'),
+     'cannot write {unit}: Operation not permitted (a temporary file in {unit_dir})'),
     ('deployments directory immutable', lambda host: [host.d], 'recorded',
      re.compile(r'cannot record {d}/[0-9]{{8}}T[0-9]{{6}}Z-fedcba987654: Operation not permitted; nothing was '
                 r'recorded')),
@@ -763,7 +763,9 @@ def test_sigkill_never_blocks_the_next_rollback(tmp_path, verdict):
         after_kill = run(host, host.args('restored'))
         expected_unit = (host.d / name / 'unit').read_text() if (host.d / name).is_dir() else None
         good = (
-            expected_unit is not None and host.unit.read_text() == expected_unit and not ours(os.listdir(str(host.d)))
+            expected_unit is not None
+            and host.unit.read_text() == expected_unit
+            and not any(ours(os.listdir(str(d))) for d in (host.d, host.unit.parent, host.env.parent))
         )
         outcome = harness.judge(after_kill, True, check=lambda result, good=good: good, secrets=SECRETS)
         verdict(MODULE, outcome, 'attempt %d (%s): last-good %s, %s' % (attempt, state, name, detail(after_kill)))

@@ -31,7 +31,7 @@ from ansible_collections.llmserve.vllm.tests.support import LOADED_OVERRUN, TRAI
 MODULE = 'kv_cache_quant'
 RECORD = '.llmserve-kv-cache-quant.json'
 LOCK = '.llmserve-kv-cache-quant.lock'
-TEMP_PREFIX = '.llmserve-kvq-'
+TEMP_PREFIX = '.llmserve-tmp-'
 
 HF_NESTED = """{
   "producer": {"name": "modelopt", "version": "0.29.0"},

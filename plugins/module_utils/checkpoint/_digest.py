@@ -16,15 +16,17 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union, overload
+
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import FileTransactionError, Transaction
 
 SHA256 = 'sha256'
 GIT_SHA1 = 'git-sha1'
 CHUNK_BYTES = 8 << 20
 CACHE_NAME = 'checkpoint-digests.json'
 CACHE_FORMAT = 1
+SPECIAL_FILES = (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK)
 
 
 class DigestError(Exception):
@@ -226,16 +228,15 @@ class DigestCache:
                         describe_mode(os.lstat(self.directory).st_mode),
                     )
                 os.makedirs(self.directory, 0o700)
-            fd, temp = tempfile.mkstemp(prefix='.%s.' % CACHE_NAME, suffix='.tmp', dir=self.directory)
-            try:
-                with os.fdopen(fd, 'w') as handle:
-                    json.dump({'format': CACHE_FORMAT, 'entries': entries}, handle, sort_keys=True)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.rename(temp, self.path)
-            except BaseException:
-                os.unlink(temp)
-                raise
+            # A cache that is a FIFO, a socket or a device was not used (load said so): it goes, never opened.
+            if os.path.lexists(self.path) and stat.S_IFMT(os.lstat(self.path).st_mode) in SPECIAL_FILES:
+                os.unlink(self.path)
+            transaction = Transaction()
+            content = json.dumps({'format': CACHE_FORMAT, 'entries': entries}, sort_keys=True).encode('utf-8')
+            transaction.replace(self.path, self.path, data=content, mode=0o600)
+            transaction.commit()
         except OSError as exc:
             return 'digest cache %s not written: %s' % (self.path, exc.strerror or exc)
+        except FileTransactionError as exc:
+            return 'digest cache not written: %s' % exc
         return None

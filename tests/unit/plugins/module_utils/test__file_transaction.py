@@ -140,12 +140,12 @@ def test_no_lock_where_nothing_can_be_written(tmp_path, monkeypatch):
 
 
 def test_remove_stale_removes_only_temporary_files(tmp_path):
-    (tmp_path / '.llmserve-kvq-abc').write_text('half')
-    os.symlink('x', str(tmp_path / '.llmserve-kvq-link'))
-    (tmp_path / '.llmserve-kvq-dir').mkdir()
+    (tmp_path / '.llmserve-tmp-abc').write_text('half')
+    os.symlink('x', str(tmp_path / '.llmserve-tmp-link'))
+    (tmp_path / '.llmserve-tmp-dir').mkdir()
     (tmp_path / 'config.json').write_text('{}')
-    assert ft.remove_stale(str(tmp_path)) == [str(tmp_path / '.llmserve-kvq-abc'), str(tmp_path / '.llmserve-kvq-link')]
-    assert sorted(os.listdir(str(tmp_path))) == ['.llmserve-kvq-dir', 'config.json']
+    assert ft.remove_stale(str(tmp_path)) == [str(tmp_path / '.llmserve-tmp-abc'), str(tmp_path / '.llmserve-tmp-link')]
+    assert sorted(os.listdir(str(tmp_path))) == ['.llmserve-tmp-dir', 'config.json']
 
 
 def test_commit_replaces_creates_removes_and_keeps_attributes(tmp_path):
@@ -271,3 +271,47 @@ def test_a_step_added_first_is_committed_first(tmp_path, monkeypatch):
     monkeypatch.setattr(os, 'rename', rename)
     transaction.commit()
     assert order == ['record', 'config']
+
+
+@pytest.mark.parametrize('existing', [None, 0o644], ids=['new', 'loosened'])
+def test_a_mode_given_is_the_files_whatever_it_had(tmp_path, existing):
+    secrets = tmp_path / 'env'
+    if existing is not None:
+        secrets.write_text('OLD=1\n')
+        os.chmod(str(secrets), existing)
+    transaction = ft.Transaction()
+    transaction.replace(str(secrets), 'env', data=b'KEY=2\n', mode=0o600)
+    transaction.commit()
+    assert secrets.read_bytes() == b'KEY=2\n'
+    assert stat.S_IMODE(os.stat(str(secrets)).st_mode) == 0o600
+
+
+@pytest.mark.parametrize('make, kind', [(os.mkfifo, 'a FIFO'), (os.mkdir, 'a directory')], ids=['fifo', 'directory'])
+def test_replacing_what_is_not_a_file_is_refused_without_opening_it(tmp_path, make, kind):
+    """A FIFO would block the copy kept for the undo; a file cannot be renamed over a directory."""
+    dest = tmp_path / 'dest'
+    make(str(dest))
+    transaction = ft.Transaction()
+    with pytest.raises(ft.FileTransactionError) as caught:
+        transaction.replace(str(dest), 'dest', data=b'x')
+    assert str(caught.value) == 'cannot write dest: it is %s' % kind
+    assert sorted(os.listdir(str(tmp_path))) == ['dest']
+
+
+def test_write_new_that_fails_leaves_nothing(tmp_path, monkeypatch):
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, 'fsync', disk_full)
+    with pytest.raises(OSError):
+        ft.write_new(str(tmp_path / 'new'), b'data', 0o600)
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_write_new_never_writes_through_what_is_there(tmp_path):
+    (tmp_path / 'target').write_text('kept')
+    os.symlink('target', str(tmp_path / 'new'))
+    with pytest.raises(OSError) as caught:
+        ft.write_new(str(tmp_path / 'new'), b'data', 0o600)
+    assert caught.value.errno == errno.EEXIST
+    assert (tmp_path / 'target').read_text() == 'kept'

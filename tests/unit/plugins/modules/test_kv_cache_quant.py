@@ -218,7 +218,7 @@ def test_unwritable_directory_modifies_nothing(checkpoint, capsys, monkeypatch, 
 
 @pytest.mark.parametrize('check_mode', [False, True], ids=['real', 'check'])
 def test_temporary_files_of_an_interrupted_run_are_removed(run, checkpoint, check_mode):
-    stale = checkpoint / '.llmserve-kvq-0123456789abcdef'
+    stale = checkpoint / '.llmserve-tmp-0123456789abcdef'
     stale.write_text('half')
     rc, result = run({'path': str(checkpoint)}, check_mode=check_mode)
     assert (rc, result['changed']) == (0, True)
