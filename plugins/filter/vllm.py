@@ -23,6 +23,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preload_s
 # prefix and no pin.
 _PINNED = re.compile(r'^\s*[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?\s*===?\s*([0-9][A-Za-z0-9.!+_-]*)\s*(?:;.*)?$')
 _WHOLE_NUMBER = re.compile(r'\s*[0-9]+\s*')
+_LONG_OPTION = re.compile(r'--[a-z0-9][a-z0-9-]*')
 
 
 def _is_word(value):
@@ -72,12 +73,11 @@ _SERVE_SETTINGS = frozenset(
         'kv_cache_memory_bytes',
         'kv_cache_dtype',
         'tool_call_parser',
-        'reasoning_parser',
         'trust_remote_code',
         'multimodal',
         'allowed_media_domains',
         'limit_mm_per_prompt',
-        'shutdown_timeout',
+        'flags',
         'cluster_args',
         'extra_args',
     )
@@ -176,6 +176,27 @@ def _media_limits(settings):
         ) from None
 
 
+def _flags(settings):
+    """The options that pass a value as it is, from the setting's mapping of option to value: the option and its
+    value; the option alone for true; nothing for none, empty or false."""
+    value = settings['flags']
+    expected = 'a mapping of long options (--name) to a text, a number, a boolean or none'
+    if not isinstance(value, Mapping):
+        raise _refusal('flags', expected, value)
+    argv = []
+    for flag, given in value.items():
+        finite = not isinstance(given, float) or math.isfinite(given)
+        if not (isinstance(flag, str) and _LONG_OPTION.fullmatch(flag)) or not (
+            given is None or isinstance(given, bool) or (_is_word(given) and finite)
+        ):
+            raise _refusal('flags', expected, value)
+        if given is True:
+            argv.append(flag)
+        elif given is not None and given is not False and given != '':
+            argv += [flag, to_text(given)]
+    return argv
+
+
 def vllm_serve_argv(settings):
     if not isinstance(settings, dict):
         raise AnsibleFilterError(
@@ -217,9 +238,6 @@ def vllm_serve_argv(settings):
     tool_call_parser = _text(s, 'tool_call_parser', optional=True)
     if tool_call_parser:
         argv += ['--enable-auto-tool-choice', '--tool-call-parser', tool_call_parser]
-    reasoning_parser = _text(s, 'reasoning_parser', optional=True)
-    if reasoning_parser:
-        argv += ['--reasoning-parser', reasoning_parser]
     if _boolean(s, 'trust_remote_code'):
         argv.append('--trust-remote-code')
     argv += _MULTIMODAL_FLAGS.get(multimodal, [])
@@ -228,10 +246,7 @@ def vllm_serve_argv(settings):
     # --language-model-only takes no media at all.
     if media_limits and multimodal != 'text_only':
         argv += ['--limit-mm-per-prompt', media_limits]
-    shutdown_timeout = _whole_number(s, 'shutdown_timeout', optional=True)
-    if shutdown_timeout:
-        argv += ['--shutdown-timeout', to_text(shutdown_timeout)]
-    return argv + _words(s, 'cluster_args') + _words(s, 'extra_args')
+    return argv + _flags(s) + _words(s, 'cluster_args') + _words(s, 'extra_args')
 
 
 def vllm_flags_named(argv, flags):

@@ -165,8 +165,6 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         '--enable-auto-tool-choice',
         '--tool-call-parser',
         'kimi_k2',
-        '--reasoning-parser',
-        'kimi_k2',
         '--trust-remote-code',
         '--mm-encoder-tp-mode',
         'data',
@@ -174,6 +172,8 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         'media.invalid',
         '--limit-mm-per-prompt',
         '{"vision_chunk": 8}',
+        '--reasoning-parser',
+        'kimi_k2',
         '--shutdown-timeout',
         '120',
     ]
@@ -181,16 +181,17 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
 
 
 MEDIA_LIMITS = ['--allowed-media-domains', 'media.invalid', '--limit-mm-per-prompt', '{"vision_chunk": 8}']
-DRAIN = ['--shutdown-timeout', '120']
+# The role's _vllm_kimi_serve_flags, in their order.
+SERVE_FLAGS = ['--reasoning-parser', 'kimi_k2', '--shutdown-timeout', '120']
 
 
 @pytest.mark.parametrize(
     ('mode', 'flags'),
     [
-        ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights'] + MEDIA_LIMITS + DRAIN),
+        ('encoder_tensor_parallel', ['--mm-encoder-tp-mode', 'weights'] + MEDIA_LIMITS + SERVE_FLAGS),
         # A language model alone takes no media: no per-prompt limit, and still no media host.
-        ('text_only', ['--language-model-only', '--allowed-media-domains', 'media.invalid'] + DRAIN),
-        ('', MEDIA_LIMITS + DRAIN),
+        ('text_only', ['--language-model-only', '--allowed-media-domains', 'media.invalid'] + SERVE_FLAGS),
+        ('', MEDIA_LIMITS + SERVE_FLAGS),
     ],
     ids=['tensor-parallel', 'text-only', 'no-encoder'],
 )

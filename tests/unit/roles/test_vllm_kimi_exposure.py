@@ -195,11 +195,25 @@ def test_extra_arguments_that_would_override_the_roles_own_are_refused_by_name(t
     """vLLM keeps an option's last value, and the extra arguments come last: each spelling vLLM's parser takes."""
     output = override_refusal(
         tmp_path,
-        {'vllm_kimi_extra_args': ['--enforce-eager', '--API_KEY=sk-sneaky', '-tp', '2', '--hos', '0.0.0.0']},
+        {
+            'vllm_kimi_extra_args': [
+                '--enforce-eager',
+                '--API_KEY=sk-sneaky',
+                '-tp',
+                '2',
+                '--hos',
+                '0.0.0.0',
+                '--shutdown_timeout=5',
+            ]
+        },
     )
     assert 'vllm_kimi_extra_args sets --api-key, which the role renders from vllm_kimi_api_key' in output, output
     assert 'vllm_kimi_extra_args sets -tp, which the role renders from vllm_kimi_tensor_parallel_size' in output
     assert 'vllm_kimi_extra_args sets --host, which the role renders from vllm_kimi_listen and vllm_kimi_host' in output
+    # An option of _vllm_kimi_serve_flags is the role's as much as one it renders by a rule of its own.
+    assert (
+        'vllm_kimi_extra_args sets --shutdown-timeout, which the role renders from vllm_kimi_shutdown_timeout' in output
+    )
     assert '--enforce-eager' not in output and 'sk-sneaky' not in output
 
 

@@ -79,15 +79,15 @@ SERVE_SETTINGS = {
     'kv_cache_memory_bytes': 0,
     'kv_cache_dtype': 'auto',
     'tool_call_parser': 'kimi_k2',
-    'reasoning_parser': 'kimi_k2',
     'trust_remote_code': True,
     'multimodal': 'encoder_data_parallel',
     'allowed_media_domains': [],
     'limit_mm_per_prompt': {'video': 0, 'image': 8},
-    'shutdown_timeout': 120,
+    'flags': {'--reasoning-parser': 'kimi_k2', '--shutdown-timeout': 120},
     'cluster_args': [],
     'extra_args': ['--max-num-seqs', '64'],
 }
+FLAGS_EXPECTED = 'a mapping of long options (--name) to a text, a number, a boolean or none'
 REAL_CASE_ARGV = [
     '/opt/vllm/0123456789ab/bin/vllm',
     'serve',
@@ -109,8 +109,6 @@ REAL_CASE_ARGV = [
     '--enable-auto-tool-choice',
     '--tool-call-parser',
     'kimi_k2',
-    '--reasoning-parser',
-    'kimi_k2',
     '--trust-remote-code',
     '--mm-encoder-tp-mode',
     'data',
@@ -118,6 +116,8 @@ REAL_CASE_ARGV = [
     'media.invalid',
     '--limit-mm-per-prompt',
     '{"image": 8, "video": 0}',
+    '--reasoning-parser',
+    'kimi_k2',
     '--shutdown-timeout',
     '120',
     '--max-num-seqs',
@@ -146,8 +146,7 @@ def test_a_unix_socket_replaces_the_host_and_the_port():
         ({'kv_cache_dtype': 'fp8'}, ['--gpu-memory-utilization', '0.95', '--kv-cache-dtype', 'fp8']),
         ({'multimodal': 'text_only', 'extra_args': []}, ['--trust-remote-code', '--language-model-only']),
         ({'multimodal': 'encoder_tensor_parallel', 'extra_args': []}, ['--mm-encoder-tp-mode', 'weights']),
-        ({'multimodal': '', 'trust_remote_code': False, 'extra_args': []}, ['--reasoning-parser', 'kimi_k2']),
-        ({'reasoning_parser': '', 'multimodal': '', 'trust_remote_code': False, 'extra_args': []}, ['kimi_k2']),
+        ({'multimodal': '', 'trust_remote_code': False, 'extra_args': []}, ['kimi_k2', '--allowed-media-domains']),
         (
             {'cluster_args': ['--nnodes', '2', '--node-rank', '1', '--headless'], 'extra_args': ['--enforce-eager']},
             ['120', '--nnodes', '2', '--node-rank', '1', '--headless', '--enforce-eager'],
@@ -156,9 +155,21 @@ def test_a_unix_socket_replaces_the_host_and_the_port():
             {'allowed_media_domains': ['images.example.org', 'cdn.example.org']},
             ['--allowed-media-domains', 'images.example.org', 'cdn.example.org', '--limit-mm-per-prompt'],
         ),
-        ({'limit_mm_per_prompt': {}}, ['--allowed-media-domains', 'media.invalid', '--shutdown-timeout']),
-        # vLLM's own 0 aborts the requests in flight at a stop: no flag.
-        ({'shutdown_timeout': 0}, ['{"image": 8, "video": 0}', '--max-num-seqs', '64']),
+        ({'limit_mm_per_prompt': {}}, ['--allowed-media-domains', 'media.invalid', '--reasoning-parser']),
+        # Each option of flags as it is given: 0 is a value; none, empty or false leaves the option out, true passes
+        # it alone.
+        (
+            {'flags': {'--shutdown-timeout': 0}},
+            ['{"image": 8, "video": 0}', '--shutdown-timeout', '0', '--max-num-seqs'],
+        ),
+        (
+            {'flags': {'--reasoning-parser': '', '--shutdown-timeout': None, '--enable-x': False}},
+            ['{"image": 8, "video": 0}', '--max-num-seqs', '64'],
+        ),
+        (
+            {'flags': {'--enable-prefix-caching': True}},
+            ['{"image": 8, "video": 0}', '--enable-prefix-caching', '--max-num-seqs'],
+        ),
     ],
 )
 def test_vllm_serve_argv_follows_each_setting(changes, expected_run):
@@ -187,6 +198,22 @@ def test_vllm_serve_argv_without_a_tool_parser_leaves_auto_tool_choice_out():
             'vllm_serve_argv: settings missing max_model_len, unknown none',
         ),
         (dict(SERVE_SETTINGS, max_num_seq=8), 'vllm_serve_argv: settings missing none, unknown max_num_seq'),
+        (
+            dict(SERVE_SETTINGS, flags=['--shutdown-timeout', 120]),
+            'vllm_serve_argv: flags must be %s, got %r' % (FLAGS_EXPECTED, ['--shutdown-timeout', 120]),
+        ),
+        (
+            dict(SERVE_SETTINGS, flags={'-tp': 8}),
+            'vllm_serve_argv: flags must be %s, got %r' % (FLAGS_EXPECTED, {'-tp': 8}),
+        ),
+        (
+            dict(SERVE_SETTINGS, flags={'--shutdown-timeout': [120]}),
+            'vllm_serve_argv: flags must be %s, got %r' % (FLAGS_EXPECTED, {'--shutdown-timeout': [120]}),
+        ),
+        (
+            dict(SERVE_SETTINGS, flags={'--shutdown-timeout': float('nan')}),
+            'vllm_serve_argv: flags must be %s, got %r' % (FLAGS_EXPECTED, {'--shutdown-timeout': float('nan')}),
+        ),
     ],
 )
 def test_vllm_serve_argv_refuses(settings, message):
