@@ -102,7 +102,7 @@ collection-link:
 # Python lint and format (ruff.toml) and types (.mypy.ini) of every Python file: the collection's code, imported as
 # Ansible imports it, and the tests, tools, benchmarks and the role's programs kept with it.
 # Every Python file of the repository: the role's programs have no extension, so they are named.
-ROLE_PROGRAMS := $(addprefix roles/vllm_kimi/files/,llmserve-check-release llmserve-preload-smoke llmserve-fetch-model llmserve-shm-clean llmserve-own-tree llmserve-vllm-cli)
+ROLE_PROGRAMS := $(addprefix roles/vllm_kimi/files/,llmserve-check-release llmserve-preload-smoke llmserve-fetch-model llmserve-shm-clean llmserve-own-tree llmserve-seal-caches llmserve-vllm-cli)
 RUFF_PATHS := plugins tests tools bench molecule $(ROLE_PROGRAMS)
 lint: tools
 	$(BIN)/yamllint -s .

@@ -53,9 +53,20 @@ def exec_start(unit):
 NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
 # vLLM's Unix socket (vllm_kimi_listen unix, the default): its directory is the front door workers' group's.
 SOCKET_DIRECTORY = ['ExecStartPre=+/bin/rm -f /run/vllm-kimi-api/vllm.sock']
+# The seeding of the per-run HOME from the sealed caches, as the service user: one line, its store named by hashes.
+SEED = 'ExecStartPre=<seed>'
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
 GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
 NVLINK_VARS = os.path.join(REPO, 'inventories', 'nvlink', 'group_vars', 'vllm.yml')
+
+
+def start_pre(unit):
+    """The ExecStartPre= lines of a unit, the seeding of the sealed caches as SEED."""
+    return [
+        SEED if line.startswith('ExecStartPre="/bin/sh" "-c" ') and '"seed"' in line else line
+        for line in unit.splitlines()
+        if line.startswith('ExecStartPre=')
+    ]
 
 
 def unit_settings(unit, section):
@@ -114,7 +125,7 @@ def test_gpu_unit_waits_for_the_nvidia_devices(gpu_unit):
     head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
     assert head['After'] == ['network-online.target', 'modprobe@nvidia_uvm.service nvidia-persistenced.service']
     assert head['Wants'] == ['network-online.target', 'modprobe@nvidia_uvm.service nvidia-persistenced.service']
-    assert service['ExecStartPre'] == [line.split('=', 1)[1] for line in SOCKET_DIRECTORY + [NVIDIA_MODPROBE]]
+    assert start_pre(unit) == SOCKET_DIRECTORY + [SEED, NVIDIA_MODPROBE]
     assert service['DeviceAllow'][-2:] == ['char-nvidia m', 'char-nvidia-uvm m']
     assert service['NoNewPrivileges'] == ['yes'] and service['CapabilityBoundingSet'] == ['']
 
@@ -124,8 +135,10 @@ def test_cpu_unit_waits_for_no_nvidia_device(tmp_path):
     head, service = unit_settings(unit, 'Unit'), unit_settings(unit, 'Service')
     assert (head['After'], head['Wants']) == (['network-online.target'], ['network-online.target'])
     assert 'nvidia' not in unit
-    assert service['ExecStartPre'] == ['+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60'] + [
-        line.split('=', 1)[1] for line in SOCKET_DIRECTORY
+    assert start_pre(unit) == [
+        'ExecStartPre=+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60',
+        *SOCKET_DIRECTORY,
+        SEED,
     ]
     assert 'DeviceAllow' not in service
 
@@ -249,16 +262,17 @@ def test_gpu_unit_runs_unprivileged_with_gpu_devices_and_a_private_shm(gpu_unit)
         'CapabilityBoundingSet=',
     ):
         assert expected in lines
-    # With a private /dev/shm there is nothing stale to clean: the socket's directory, then nvidia-modprobe.
-    assert [line for line in lines if line.startswith('ExecStartPre=')] == SOCKET_DIRECTORY + [NVIDIA_MODPROBE]
+    # With a private /dev/shm there is nothing stale to clean: the socket's directory, the seed, then nvidia-modprobe.
+    assert start_pre(unit) == SOCKET_DIRECTORY + [SEED, NVIDIA_MODPROBE]
 
 
 def test_shared_shm_gets_the_stale_segment_cleaner(tmp_path):
     unit = render(tmp_path, GPU_VARS, vllm_kimi_private_shm=False)[0]
     lines = unit.splitlines()
-    assert [line for line in lines if line.startswith('ExecStartPre=')] == [
+    assert start_pre(unit) == [
         'ExecStartPre=+/usr/bin/python3 -I /usr/local/libexec/llmserve-shm-clean --min-age 60',
         *SOCKET_DIRECTORY,
+        SEED,
         NVIDIA_MODPROBE,
     ]
     assert not [line for line in lines if line.startswith('TemporaryFileSystem=')]
@@ -568,8 +582,17 @@ def test_code_and_caches_stay_out_of_what_the_service_user_keeps(gpu_unit):
     # The model's remote code is copied afresh at each start: the runtime directory goes with each stop.
     assert env['HF_MODULES_CACHE'] == '/run/vllm-kimi/hf_modules'
     assert unit_settings(unit, 'Service')['RuntimeDirectory'] == ['vllm-kimi']
+    # HOME and every cache are per run too, and nothing persistent is the service's to write.
+    for name in ('HOME', 'XDG_CACHE_HOME', 'HF_HOME', 'VLLM_CACHE_ROOT', 'TRITON_CACHE_DIR'):
+        assert env[name].startswith('/run/vllm-kimi/home'), (name, env[name])
+    service = unit_settings(unit, 'Service')
+    assert service['ReadWritePaths'] == ['/run/vllm-kimi-api']
+    # Each start first seeds HOME, as the service user (no "+"), from root's store of this release and command line.
     release = re.search(r'/opt/vllm-kimi/([0-9a-f]{12})/bin/', unit).group(1)
-    assert env['VLLM_CACHE_ROOT'] == '/var/lib/vllm-kimi/cache/vllm/' + release
+    [seed] = [line for line in service['ExecStartPre'] if '"seed"' in line]
+    assert re.fullmatch(
+        r'"/bin/sh" "-c" .* "seed" "/var/cache/vllm-kimi/%s-[0-9a-f]{12}" "/run/vllm-kimi/home"' % release, seed
+    ), seed
 
 
 # Run by .venv-vllm's python: vLLM's parser reads the command line's flags into its MultiModalConfig, which gives each
@@ -619,8 +642,8 @@ def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_rende
     assert argv[argv.index('--uds') + 1] == '/run/vllm-kimi-api/vllm.sock'
     assert '--host' not in argv and '--port' not in argv
     assert service['PrivateNetwork'] == ['yes'] and service['UMask'] == ['0007']
-    # The one more path vLLM may write (systemd-tmpfiles keeps the directory, tasks/user.yml).
-    assert service['ReadWritePaths'] == ['/var/lib/vllm-kimi /run/vllm-kimi-api']
+    # The one path vLLM may write besides its runtime directory (systemd-tmpfiles keeps it, tasks/user.yml).
+    assert service['ReadWritePaths'] == ['/run/vllm-kimi-api']
     assert 'GLOO_SOCKET_IFNAME=lo' in environment.splitlines() and 'NCCL_SOCKET_IFNAME=lo' in environment.splitlines()
     front = (out / 'front.nginx.conf').read_text()
     assert 'server unix:/run/vllm-kimi-api/vllm.sock;' in front
@@ -650,7 +673,7 @@ def test_the_network_stays_where_vllm_needs_it(tmp_path, extra, private_network)
     if extra.get('vllm_kimi_listen') == 'tcp':
         assert argv[argv.index('--host') + 1 :][:3] == ['127.0.0.1', '--port', '8000'] and '--uds' not in argv
         assert service['UMask'] == ['0077'] and 'RuntimeDirectory' in service
-        assert service['ReadWritePaths'] == ['/var/lib/vllm-kimi'] and 'vllm-kimi-api' not in unit
+        assert 'ReadWritePaths' not in service and 'vllm-kimi-api' not in unit
         assert 'server 127.0.0.1:8000;' in front
     else:
         assert '--uds' in argv and 'server unix:/run/vllm-kimi-api/vllm.sock;' in front

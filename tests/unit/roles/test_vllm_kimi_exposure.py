@@ -238,6 +238,18 @@ def test_environment_that_would_override_the_roles_own_or_reach_root_is_refused(
     assert 'NCCL_PROTO' not in output and 'sk-sneaky' not in output
 
 
+def test_environment_that_would_move_home_or_a_cache_out_of_the_run_is_refused(tmp_path):
+    """vLLM loads its caches as code: a cache moved where it outlives a run would carry a compromise into the next."""
+    output = override_refusal(
+        tmp_path,
+        {'vllm_kimi_environment': {'TRITON_CACHE_DIR': '/var/lib/kept', 'HOME': '/srv/home', 'NCCL_PROTO': 'LL'}},
+    )
+    assert (
+        "vllm_kimi_environment sets HOME, TRITON_CACHE_DIR: the service's HOME and caches stay in its runtime" in output
+    )
+    assert 'NCCL_PROTO' not in output
+
+
 def cluster_refusal(tmp_path, head_host, worker_address):
     """The exposure refusal on the head of a two-node model: this host (ansible_host head_host, no cluster address)
     and node-b (vllm_kimi_cluster_address worker_address)."""
