@@ -4,12 +4,16 @@
 """Sealed caches on the sandbox host, with the real vLLM (CPU build) and the real role.
 
 vLLM loads its caches as code. The service's HOME and every cache live in its runtime directory, which systemd
-empties at each stop; what the deploy's gated run warmed was sealed into root's store, and each start is seeded from
-it. Here the service user plants files everywhere it can write, the service restarts, and the next run's caches hold
-what the store holds and nothing that was planted.
+empties at each stop; what a change's gated run warmed is sealed into root's store, and each start is seeded from it.
+Here a change turns torch.compile on (the inventory's flags without --enforce-eager), so that its gated start
+compiles kernels and the role seals them; then the service user plants files everywhere it can write, the service
+restarts, and the next run's caches hold what the store holds, nothing that was planted, and no kernel compiled
+again. At the end the inventory's own settings are deployed again.
 """
 
+import json
 import re
+import shlex
 
 import pytest
 
@@ -47,8 +51,36 @@ def as_service_user(sandbox, command):
     return sandbox.host.run('runuser -u %s -- sh -c %s', sandbox.vars['vllm_kimi_user'], command)
 
 
+def files_with_times(sandbox, top):
+    """relative path -> modification time (seconds since the epoch) of every file under top."""
+    lines = sandbox.sh("cd %s && find . -type f -printf '%%T@ %%p\\n'" % top).splitlines()
+    return dict((path, float(when)) for when, path in (line.split(' ', 1) for line in lines))
+
+
+def main_start(sandbox):
+    """When the service's main process started, in seconds since the epoch (microseconds kept)."""
+    shown = sandbox.sh('systemctl show -p ExecMainStartTimestamp --value --timestamp=us+utc %s' % sandbox.unit)
+    return float(sandbox.sh('date -d %s +%%s.%%N' % shlex.quote(shown.strip())))
+
+
 @pytest.fixture(scope='module')
-def planted_and_restarted(sandbox):
+def compiled_change(sandbox):
+    """A change with torch.compile on, gated and sealed; the inventory's own settings deployed again after."""
+    settings = {
+        'vllm_kimi_extra_args': [arg for arg in sandbox.vars['vllm_kimi_extra_args'] if arg != '--enforce-eager'],
+        'vllm_kimi_environment': dict(sandbox.vars.get('vllm_kimi_environment') or {}, LLMSERVE_SEALED_TEST='1'),
+    }
+    rc, output, _ = sandbox.deploy('-e', json.dumps(settings))
+    assert rc == 0, output[-3000:]
+    try:
+        yield settings
+    finally:
+        rc, output, _ = sandbox.deploy()
+        assert rc == 0, output[-3000:]
+
+
+@pytest.fixture(scope='module')
+def planted_and_restarted(sandbox, compiled_change):
     unit = sandbox.sh('cat /etc/systemd/system/%s.service' % sandbox.unit)
     store = re.search(r'"seed" "(/[^"]+)"', unit).group(1)
     home = environment_of(sandbox, sandbox.show('MainPID')['MainPID'])['HOME']
@@ -65,6 +97,8 @@ def planted_and_restarted(sandbox):
         after = sandbox.show('MainPID', 'ReadWritePaths')
         environment = environment_of(sandbox, after['MainPID'])
         yield {
+            'home_files': files_with_times(sandbox, home),
+            'main_start': main_start(sandbox),
             'store': store,
             'stored': files_under(sandbox, store),
             'store_stat': sandbox.sh('stat -c "%%U %%G %%a" %s' % store),
@@ -99,6 +133,16 @@ def test_the_next_run_is_seeded_from_the_sealed_store(planted_and_restarted):
     # On the CPU build vLLM caches what it learnt of the model's class (modelinfos), numba its compiled functions.
     assert run['stored'], 'the store %s is empty' % run['store']
     assert run['stored'] <= run['seeded'], sorted(run['stored'] - run['seeded'])
+
+
+def test_the_next_run_compiled_no_kernel_again(planted_and_restarted):
+    """Every compiled kernel (torch inductor's shared objects) in the warm run's HOME was copied in by the seed before
+    vLLM started; none was written by vLLM since. A cold start writes every one of them after its start."""
+    run = planted_and_restarted
+    kernels = dict((path, when) for path, when in run['home_files'].items() if path.endswith('.so'))
+    assert kernels, 'no compiled kernel in %s: was torch.compile on?' % run['home']
+    assert dict((p, w) for p, w in kernels.items() if w >= run['main_start']) == {}
+    assert set(kernels) <= run['stored']
 
 
 def test_the_store_is_roots_and_the_service_user_cannot_write_it(planted_and_restarted):
