@@ -119,14 +119,14 @@ def main():
     args = parser.parse_args()
     sandbox = Sandbox(args.inventory)
     settings = compiled_settings(sandbox)
-    rc, output, _ = sandbox.deploy('-e', json.dumps(settings))
+    rc, output, _report = sandbox.deploy('-e', json.dumps(settings))
     if rc != 0:
         raise SystemExit('the deploy with torch.compile on failed:\n%s' % output[-3000:])
     try:
         store, starts = measure(sandbox, args.rounds)
     finally:
         if not args.keep:
-            rc, output, _ = sandbox.deploy()
+            rc, output, _report = sandbox.deploy()
             if rc != 0:
                 print('the deploy of the inventory settings failed:\n%s' % output[-3000:], file=sys.stderr)
     figures = {'store': store, 'settings': settings, 'starts': starts, 'summary': summary(starts)}

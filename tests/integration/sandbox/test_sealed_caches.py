@@ -70,12 +70,12 @@ def compiled_change(sandbox):
         'vllm_kimi_extra_args': [arg for arg in sandbox.vars['vllm_kimi_extra_args'] if arg != '--enforce-eager'],
         'vllm_kimi_environment': dict(sandbox.vars.get('vllm_kimi_environment') or {}, LLMSERVE_SEALED_TEST='1'),
     }
-    rc, output, _ = sandbox.deploy('-e', json.dumps(settings))
+    rc, output, _report = sandbox.deploy('-e', json.dumps(settings))
     assert rc == 0, output[-3000:]
     try:
         yield settings
     finally:
-        rc, output, _ = sandbox.deploy()
+        rc, output, _report = sandbox.deploy()
         assert rc == 0, output[-3000:]
 
 

@@ -81,7 +81,7 @@ def listing(top):
 
 
 def test_the_service_users_files_are_copied_roots_and_read_only(layout):
-    run_home, store, _ = layout
+    run_home, store, _secret = layout
     rc, result = seal(run_home, store)
     assert rc == 0, result
     sealed = store / '0123456789ab-ba9876543210'
@@ -144,7 +144,7 @@ def test_links_special_files_and_other_owners_files_are_left_out_and_named(layou
 
 @pytest.mark.parametrize('swap', ['link', 'roots'], ids=['a link', "root's directory"])
 def test_a_run_home_that_is_not_the_service_users_directory_is_refused(layout, tmp_path, swap):
-    run_home, store, _ = layout
+    run_home, store, _secret = layout
     if swap == 'link':
         os.rename(str(run_home), str(tmp_path / 'moved'))
         os.symlink(str(tmp_path / 'moved'), str(run_home))
@@ -162,7 +162,7 @@ def test_a_run_home_that_is_not_the_service_users_directory_is_refused(layout, t
 
 
 def test_a_store_that_exists_is_never_written_again(layout):
-    run_home, store, _ = layout
+    run_home, store, _secret = layout
     assert seal(run_home, store)[0] == 0
     before = listing(store)
     services(run_home / '.cache' / 'vllm' / 'later.py', b'import os')
@@ -172,7 +172,7 @@ def test_a_store_that_exists_is_never_written_again(layout):
 
 
 def test_caches_over_the_bound_seal_nothing_and_leave_nothing(layout):
-    run_home, store, _ = layout
+    run_home, store, _secret = layout
     rc, message = seal(run_home, store, '0123456789ab-ba9876543210', '--max-bytes=15')
     assert rc == 1
     assert message == 'llmserve-seal-caches: the caches hold more than --max-bytes; nothing was sealed\n'
@@ -180,7 +180,7 @@ def test_caches_over_the_bound_seal_nothing_and_leave_nothing(layout):
 
 
 def test_stores_beyond_the_newest_kept_are_pruned(layout):
-    run_home, store, _ = layout
+    run_home, store, _secret = layout
     for age, name in enumerate(['000000000003-x', '000000000002-x', '000000000001-x']):
         (store / name).mkdir()
         os.utime(str(store / name), (1e9 - age * 100, 1e9 - age * 100))
@@ -195,7 +195,7 @@ def test_stores_beyond_the_newest_kept_are_pruned(layout):
 
 @pytest.mark.parametrize('spoil', ['link', 'group-writable'])
 def test_a_store_root_does_not_own_alone_is_refused(layout, tmp_path, spoil):
-    run_home, store, _ = layout
+    run_home, store, _secret = layout
     if spoil == 'link':
         os.rename(str(store), str(tmp_path / 'elsewhere'))
         os.symlink(str(tmp_path / 'elsewhere'), str(store))
