@@ -99,6 +99,10 @@ def parse_environment_file(text):
     return env
 
 
+# The unit's RuntimeDirectory= (vllm_kimi_service_name's default), where HOME and the caches live.
+RUNTIME_DIR = '/run/vllm-kimi'
+
+
 def render_cluster(tmp_path, model_dir):
     """Render both nodes' unit and environment file; {host: (argv, environment text)}."""
     with open(ROLE_DEFAULTS) as f:
@@ -333,7 +337,8 @@ def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_pa
         assert env['VLLM_HOST_IP'] == node['address'], env
         assert env['GLOO_SOCKET_IFNAME'] == node['ifname'], env
         assert env['NCCL_SOCKET_IFNAME'] == node['ifname'], env
-        assert env['HOME'] == str(tmp_path / node['host'] / 'state'), env
+        # HOME and the caches are per run, in the unit's runtime directory, which systemd makes for each node.
+        assert env['HOME'] == '/run/vllm-kimi/home', env
     api_key = envs['node-a']['VLLM_API_KEY']
     assert api_key == 'sandbox-$HOME-%i-3f9c1e0b'
 
@@ -341,9 +346,16 @@ def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_pa
     # The worker first: start order does not matter, and this way the head has to wait for it.
     for node in (worker_node, head_node):
         host = node['host']
-        env = dict(envs[host], PATH=SERVICE_PATH, LANG='C.UTF-8')
+        # Each node's own runtime directory, as systemd would make it on that node, in place of /run/vllm-kimi.
+        runtime = tmp_path / host / 'run'
+        env = dict(
+            ((name, str(runtime) + value[len(RUNTIME_DIR) :]) if value.startswith(RUNTIME_DIR + '/') else (name, value))
+            for name, value in envs[host].items()
+        )
+        env.update(PATH=SERVICE_PATH, LANG='C.UTF-8')
+        os.makedirs(env['HOME'])
         logs[host] = tmp_path / ('%s.log' % host)
-        procs[host] = cluster(node, argvs[host], env, envs[host]['HOME'], logs[host])
+        procs[host] = cluster(node, argvs[host], env, env['HOME'], logs[host])
 
     def logs_tail():
         return '\n'.join('--- %s\n%s' % (host, tail(path)) for host, path in logs.items())
