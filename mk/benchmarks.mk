@@ -7,3 +7,7 @@ bench-perf-gate: tools models
 .PHONY: bench-load-probe
 bench-load-probe: tools models
 	$(BIN)/python bench/load_probe_vs_vllm_bench.py
+# The weights phase beside the disk's read rate, on tiny-kimi padded to gigabytes: bench/weights_rate.py.
+.PHONY: bench-weights-rate
+bench-weights-rate: tools models
+	$(BIN)/python bench/weights_rate.py
