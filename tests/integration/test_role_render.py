@@ -766,3 +766,17 @@ def test_each_client_key_opens_the_door_and_vllm_gets_its_own_key(tmp_path):
     render(tmp_path, GPU_VARS, vllm_kimi_api_key=key)
     assert 'llmserve_upstream_authorization' not in (tmp_path / 'front.auth.conf').read_text()
     assert 'proxy_set_header Authorization' not in (tmp_path / 'front.nginx.conf').read_text()
+
+
+def test_behind_a_load_balancer_the_limits_count_its_clients(tmp_path):
+    """From a trusted balancer the client is X-Forwarded-For's last untrusted address: the limits per client, the
+    metrics sources and the log see the clients, not the balancer. Without one, nothing of the header is believed."""
+    render(tmp_path, GPU_VARS, vllm_kimi_front_trusted_proxies=['10.0.0.5', '10.0.1.0/24'])
+    front = (tmp_path / 'front.nginx.conf').read_text()
+    http = front[: front.index('    server {')]
+    assert 'set_real_ip_from 10.0.0.5;\n    set_real_ip_from 10.0.1.0/24;\n' in http
+    assert 'real_ip_header X-Forwarded-For;' in http and 'real_ip_recursive on;' in http
+    assert http.index('real_ip_recursive on;') < http.index('limit_conn_zone $binary_remote_addr')
+    (tmp_path / 'alone').mkdir()
+    render(tmp_path / 'alone', GPU_VARS)
+    assert 'real_ip' not in (tmp_path / 'alone' / 'front.nginx.conf').read_text()
