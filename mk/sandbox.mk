@@ -8,7 +8,7 @@ DEMO_SSH_PORT := 2222
 DEMO_VLLM_PORT := 8000
 DEMO_FRONT_PORT := 8443
 
-.PHONY: cache-report models models-core fakehub-early fakehub-up fakehub-down sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet molecule-fleet-create molecule-fleet-test bench-deploy bench-warm-start
+.PHONY: cache-report models models-core fakehub-early fakehub-up fakehub-down sandbox-up sandbox-down demo molecule molecule-create molecule-test molecule-fleet molecule-fleet-create molecule-fleet-test bench-deploy bench-warm-start bench-streaming-restart
 
 # The sandbox inventory stages the miniature of Kimi-K2.5 (llmserve/tiny-kimi) from the project's
 # own Hub (tools/fake_hub.py) on this port, under the commits it pins: the right model and, as other
@@ -135,3 +135,7 @@ bench-deploy: tools models fakehub-up
 # A start's ledger cold and warm, with torch.compile on, on the demo sandbox: bench/warm_start.py.
 bench-warm-start: demo
 	$(BIN)/python bench/warm_start.py
+
+# What clients streaming through the front door see during a restart, on the demo sandbox: bench/streaming_restart.py.
+bench-streaming-restart: demo
+	$(BIN)/python bench/streaming_restart.py

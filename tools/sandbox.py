@@ -65,6 +65,8 @@ PACKAGES = [
     # The front door's server (the role installs it where it is missing) and the apt module's bindings.
     'nginx',
     'python3-apt',
+    # The load balancer of the fleet scenario (the vllm_haproxy role installs it where it is missing).
+    'haproxy',
     # What the role's toolchain step installs (vllm_kimi_toolchain_packages), in the tree so that each sandbox's
     # deploy finds it there rather than fetching it: Triton's launcher build and the pre-load smoke need them.
     'gcc',
@@ -185,9 +187,11 @@ def build_rootfs(path):
             os.unlink(link)
     # Debian's own nginx server (a default site on port 80 of the network every sandbox shares) stays off, as the
     # role leaves it on a host where it was installed before: the front door runs nginx in a unit of its own.
-    link = os.path.join(tmp, 'etc', 'systemd', 'system', 'multi-user.target.wants', 'nginx.service')
-    if os.path.lexists(link):
-        os.unlink(link)
+    # HAProxy likewise runs only where the vllm_haproxy role enables it, on the fleet's balancer.
+    for unit in ('nginx.service', 'haproxy.service'):
+        link = os.path.join(tmp, 'etc', 'systemd', 'system', 'multi-user.target.wants', unit)
+        if os.path.lexists(link):
+            os.unlink(link)
     open(os.path.join(tmp, '.complete'), 'w').close()
     os.rename(tmp, path)
     log('base tree built in %.0f s' % (time.time() - started))

@@ -41,10 +41,13 @@ def api_endpoints(hosts, hostvars, groups, defaults):
         if cluster and groups[cluster][0] != host:
             continue
         scheme, address = _api_endpoint(host, host_vars, defaults)
+        parts = urlsplit('//' + address)
         endpoints.append(
             {
                 'replica': host,
                 'address': address,
+                'host': parts.hostname,
+                'port': parts.port,
                 'scheme': scheme,
                 'cluster': cluster,
                 'service': _setting(host_vars, defaults, 'vllm_kimi_service_name'),

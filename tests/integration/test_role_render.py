@@ -3,6 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The gpu inventory renders the unit the real Kimi-K2.5 deployment needs."""
 
+import base64
 import json
 import os
 import re
@@ -780,3 +781,34 @@ def test_behind_a_load_balancer_the_limits_count_its_clients(tmp_path):
     (tmp_path / 'alone').mkdir()
     render(tmp_path / 'alone', GPU_VARS)
     assert 'real_ip' not in (tmp_path / 'alone' / 'front.nginx.conf').read_text()
+
+
+def meminfo(available_kib):
+    """A registered slurp of /proc/meminfo, as the preflight reads it."""
+    text = 'MemTotal:       %d kB\nMemFree:         1024 kB\nMemAvailable:   %d kB\n' % (available_kib * 2, available_kib)
+    return {'content': base64.b64encode(text.encode()).decode()}
+
+
+@pytest.mark.parametrize(
+    ('strategy', 'available_kib', 'expected'),
+    [
+        ('auto', 12 * 2**20, ['--safetensors-load-strategy', 'prefetch']),
+        # 10 GiB of checkpoint against 10.5 GiB available: more than 90 %, the page cache would evict what it read.
+        ('auto', int(10.5 * 2**20), []),
+        ('lazy', 12 * 2**20, ['--safetensors-load-strategy', 'lazy']),
+        ('', 12 * 2**20, []),
+    ],
+    ids=['auto-fits', 'auto-too-big', 'lazy', 'none'],
+)
+def test_the_checkpoint_is_prefetched_where_the_page_cache_holds_it(tmp_path, strategy, available_kib, expected):
+    preflight = {'unified_vision_chunk': True, 'weights_bytes_total': 10 * 2**30}
+    unit = render(
+        tmp_path,
+        GPU_VARS,
+        vllm_kimi_safetensors_load_strategy=strategy,
+        __vllm_kimi_preflight=preflight,
+        __vllm_kimi_meminfo=meminfo(available_kib),
+    )[0]
+    argv = exec_start(unit)
+    found = argv[argv.index('--safetensors-load-strategy') :][:2] if '--safetensors-load-strategy' in argv else []
+    assert found == expected

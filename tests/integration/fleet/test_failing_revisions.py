@@ -3,7 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Changes that break what Kimi's users rely on, one per replica, deployed at once (molecule scenario `fleet`).
 
-playbooks/deploy.yml runs on the three replica sandboxes together, each with a change of its own:
+playbooks/deploy.yml runs on the three replica sandboxes together (vllm_deploy_at_once), each with a change of its
+own:
 
 - sandbox-fleet-1 stages the revision that never closes its thinking (`thinks-forever`): the answer never
   leaves the reasoning, and the coherence gate says so;
@@ -81,7 +82,9 @@ def deploy(host_vars):
             LLMSERVE_RECORD=record,
         )
         proc = subprocess.run(
-            [os.path.join(BIN, 'ansible-playbook'), '-i', INVENTORY, '-i', extra_inventory, DEPLOY],
+            # At once, as a maintenance window would: three changes, each rolled back by itself.
+            [os.path.join(BIN, 'ansible-playbook'), '-i', INVENTORY, '-i', extra_inventory, DEPLOY]
+            + ['-e', 'vllm_deploy_at_once=true'],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,

@@ -21,8 +21,15 @@ of make test fill.
    pattern accepts as a healthy model's call, and gated; host 2 fails the
    long-prompt gate and is rolled back and the play stops, host 3 is untouched;
    all three answer afterwards, and the table says exactly that.
-3. A good change then passes on all three, with at most one host down at any
-   moment and no host in the endpoints file while it is down.
+3. A good change made with playbooks/deploy.yml then passes on all three, one
+   at a time (deploy.yml hands replicas that serve to upgrade.yml's rolling
+   play), with at most one host down at any moment and no host in the
+   endpoints file while it is down. Through it, two
+   clients of the official `openai` client stream answers without pause through
+   the HAProxy balancer (sandbox-fleet-lb, playbooks/balancer.yml): every
+   stream ends with its last token and [DONE], no request fails, and the
+   balancer's statistics show at most one replica out at a time, each drained
+   of its streams before it went down.
 
 Runs in `molecule verify` of the fleet scenario (make molecule-fleet).
 """
@@ -42,6 +49,7 @@ import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'sandbox'))
 from sandbox_helpers import BIN, CALLBACKS, REPO, ad_hoc, ansible_env, first_failure, revision, task_results  # noqa: E402
+from streaming_load import StreamingLoad  # noqa: E402
 
 INVENTORY = os.environ.get('MOLECULE_INVENTORY_FILE')
 pytestmark = pytest.mark.skipif(
@@ -50,6 +58,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 UPGRADE = os.path.join(REPO, 'playbooks', 'upgrade.yml')
+DEPLOY = os.path.join(REPO, 'playbooks', 'deploy.yml')
 GATE = os.path.join(REPO, 'playbooks', 'gate.yml')
 ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
 FORGETS_LONG_REVISION = revision('forgets-long')
@@ -61,6 +70,7 @@ SAMPLE_SECONDS = 10.0
 # The front doors' certificates come from tools/sandbox's CA.
 SANDBOX_CA = os.path.join(REPO, '.cache', 'sandbox', 'ca', 'ca.pem')
 TABLE_TASKS = ("Show the fleet's table", "Show the fleet's table before stopping")
+BALANCER = 'sandbox-fleet-lb'
 
 
 @pytest.fixture(scope='module')
@@ -75,6 +85,52 @@ def fleet():
     # The ports clients use: each replica's front door, as the load balancer's endpoints file lists them.
     ports = {host: listing['_meta']['hostvars'][host]['vllm_kimi_front_port'] for host in hosts}
     return hosts, ports, settings
+
+
+@pytest.fixture(scope='module')
+def balancer():
+    """Where clients meet HAProxy, and its statistics page (CSV), as sandbox-fleet-lb's host_vars set them."""
+    listing = json.loads(
+        subprocess.check_output([os.path.join(BIN, 'ansible-inventory'), '-i', INVENTORY, '--list'], env=ansible_env())
+    )
+    settings = listing['_meta']['hostvars'][BALANCER]
+    return (
+        'https://127.0.0.1:%d/v1' % settings['vllm_haproxy_port'],
+        'http://127.0.0.1:%d/stats;csv' % settings['vllm_haproxy_stats_port'],
+    )
+
+
+class BalancerWatch(threading.Thread):
+    """Samples (time, {replica: (status, sessions)}) of HAProxy's backend every second, from its statistics page."""
+
+    def __init__(self, stats_url, backend='vllm'):
+        super().__init__(daemon=True)
+        self.stats_url, self.backend = stats_url, backend
+        self.samples = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                lines = requests.get(self.stats_url, timeout=3).text.lstrip('# ').splitlines()
+            except requests.RequestException:
+                lines = []
+            rows = [dict(zip(lines[0].split(','), line.split(','))) for line in lines[1:]] if lines else []
+            servers = {
+                row['svname']: (row['status'], int(row['scur'] or 0))
+                for row in rows
+                if row.get('pxname') == self.backend and row['svname'] not in ('FRONTEND', 'BACKEND')
+            }
+            self.samples.append((time.time(), servers))
+            self.stop.wait(1)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join(10)
 
 
 @pytest.fixture(scope='module')
@@ -134,8 +190,8 @@ class Watch(threading.Thread):
         self.join(10)
 
 
-def upgrade(fleet, endpoints_file, *extra, **host_vars):
-    """ansible-playbook playbooks/upgrade.yml on the fleet; host_vars: {host: {var: value}} for a bad host."""
+def upgrade(fleet, endpoints_file, *extra, playbook=UPGRADE, **host_vars):
+    """ansible-playbook playbooks/upgrade.yml (or another) on the fleet; host_vars: {host: {var: value}} for a bad host."""
     hosts, ports, settings = fleet
     fd, record = tempfile.mkstemp(prefix='llmserve-record-', suffix='.json')
     os.close(fd)
@@ -164,7 +220,7 @@ def upgrade(fleet, endpoints_file, *extra, **host_vars):
             LLMSERVE_RECORD=record,
         )
         proc = subprocess.run(
-            [os.path.join(BIN, 'ansible-playbook')] + inventories + [UPGRADE] + drain + list(extra),
+            [os.path.join(BIN, 'ansible-playbook')] + inventories + [playbook] + drain + list(extra),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
@@ -327,15 +383,20 @@ def test_bad_change_leaves_all_three_answering(fleet, bad_for_host_two):
 
 
 @pytest.fixture(scope='module')
-def good_change(fleet, endpoints_file, bad_for_host_two):
-    with Watch(fleet, endpoints_file) as watch:
-        rc, output, report = upgrade(fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=1536')
-    return rc, output, report, watch
+def good_change(fleet, endpoints_file, balancer, bad_for_host_two):
+    hosts, ports, settings = fleet
+    api, stats = balancer
+    load = StreamingLoad(api, settings['vllm_kimi_api_key'], settings['vllm_kimi_served_model_name'], SANDBOX_CA)
+    with Watch(fleet, endpoints_file) as watch, BalancerWatch(stats) as in_balancer, load:
+        # deploy.yml, as users change settings: three replicas that serve go through upgrade.yml's rolling play.
+        rc, output, report = upgrade(fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=1536', playbook=DEPLOY)
+    print('clients through the balancer during the change: %s' % load.summary())
+    return rc, output, report, watch, in_balancer, load
 
 
 def test_good_change_passes_on_all_three(fleet, good_change):
     hosts, ports, settings = fleet
-    rc, output, report, watch = good_change
+    rc, output, report, watch, in_balancer, load = good_change
     assert rc == 0, output[-3000:]
     rows = table(report)
     assert sorted(rows) == hosts
@@ -359,7 +420,7 @@ def test_bad_change_passed_host_one_whose_revision_calls_the_tool_for_paris_fran
 
 def test_good_change_takes_at_most_one_host_down_at_a_time(fleet, good_change):
     hosts, ports, settings = fleet
-    rc, output, report, watch = good_change
+    rc, output, report, watch, in_balancer, load = good_change
     down_at_once = max(sum(1 for host in hosts if not up[host]) for t, up, listed in watch.samples)
     went_down = {host for t, up, listed in watch.samples for host in hosts if not up[host]}
     assert down_at_once == 1, 'at most one replica down at a time, and the watcher saw each restart'
@@ -368,13 +429,57 @@ def test_good_change_takes_at_most_one_host_down_at_a_time(fleet, good_change):
 
 def test_good_change_keeps_a_down_host_out_of_the_endpoints_file(fleet, endpoints_file, good_change):
     hosts, ports, settings = fleet
-    rc, output, report, watch = good_change
+    rc, output, report, watch, in_balancer, load = good_change
     for t, up, listed in watch.samples:
         for host in hosts:
             if not up[host]:
                 assert '127.0.0.1:%d' % ports[host] not in listed, (t, host)
     with open(endpoints_file) as f:
         assert sorted(f.read().split()) == sorted('127.0.0.1:%d' % ports[host] for host in hosts)
+
+
+def out_of_rotation(status):
+    """HAProxy sends new requests to a server only while it is UP (\'UP 1/2\' is up, one failed check in);
+    DRAIN, MAINT and DOWN are out."""
+    return not status.startswith('UP')
+
+
+def test_good_change_through_the_balancer_cuts_no_stream_and_fails_no_request(good_change):
+    rc, output, report, watch, in_balancer, load = good_change
+    summary = load.summary()
+    cut_or_failed = [record for record in load.requests if record['outcome'] != 'complete']
+    assert cut_or_failed == [], summary
+    # Two clients streaming through the three restarts: hundreds of answers, not a handful.
+    assert summary['outcomes']['complete'] >= 50, summary
+
+
+def test_good_change_takes_one_replica_at_a_time_out_of_the_balancer_and_drains_it(fleet, good_change):
+    hosts, ports, settings = fleet
+    rc, output, report, watch, in_balancer, load = good_change
+    samples = [(t, servers) for t, servers in in_balancer.samples if servers]
+    assert samples and sorted(samples[0][1]) == hosts, samples[:1]
+    out_at_once = max(sum(out_of_rotation(status) for status, sessions in servers.values()) for t, servers in samples)
+    assert out_at_once == 1, 'at most one replica out of the balancer at a time'
+    went_out = {
+        host for t, servers in samples for host, (status, sessions) in servers.items() if out_of_rotation(status)
+    }
+    assert went_out == set(hosts)
+    # A replica whose health check fails is down: the drain had ended its streams before its stop.
+    down_with_streams = [
+        (t, host, sessions) for t, servers in samples for host, (status, sessions) in servers.items()
+        if status.startswith('DOWN') and sessions > 0
+    ]  # fmt: skip
+    assert down_with_streams == []
+    assert all(status == 'UP' for status, sessions in samples[-1][1].values()), samples[-1]
+
+
+def test_good_change_kept_answering_while_each_replica_was_out(fleet, good_change):
+    hosts, ports, settings = fleet
+    rc, output, report, watch, in_balancer, load = good_change
+    completed = [record['end'] for record in load.requests if record['outcome'] == 'complete']
+    for host in hosts:
+        out = [t for t, servers in in_balancer.samples if host in servers and out_of_rotation(servers[host][0])]
+        assert any(out[0] <= end <= out[-1] for end in completed), 'no answer while %s was out' % host
 
 
 def test_memory_peak_of_the_three_vllms_leaves_half_the_machine_to_the_rest(fleet, good_change):

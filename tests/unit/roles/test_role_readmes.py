@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 ROLES_DIR = os.path.join(os.path.dirname(__file__), '..', '..', '..', 'roles')
-ROLES = ('vllm_kimi', 'vllm_monitoring')
+ROLES = ('vllm_kimi', 'vllm_monitoring', 'vllm_haproxy')
 SECTIONS = ('Requirements', 'Role Variables', 'Dependencies', 'Example Playbook', 'License')
 # | `name` | `default` | description |
 ROW = re.compile(r'^\| `(?P<name>[a-z0-9_]+)` \| `(?P<default>[^`]*)` \| (?P<description>.+) \|$')

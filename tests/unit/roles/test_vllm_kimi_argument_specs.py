@@ -17,7 +17,7 @@ def _load(role, relative):
         return yaml.safe_load(handle)
 
 
-DEFAULTS = {role: _load(role, 'defaults/main.yml') for role in ('vllm_kimi', 'vllm_monitoring')}
+DEFAULTS = {role: _load(role, 'defaults/main.yml') for role in ('vllm_kimi', 'vllm_monitoring', 'vllm_haproxy')}
 SPECS = {role: _load(role, 'meta/argument_specs.yml')['argument_specs']['main']['options'] for role in DEFAULTS}
 
 

@@ -51,21 +51,25 @@ def role_variables_read(text):
     return sorted(name for name in read if name in DEFAULTS)
 
 
-def entry_points_used():
-    """The task files of vllm_kimi that playbooks and scenarios run on their own, as tasks_from names them: Ansible
+def entry_points_used(role='vllm_kimi'):
+    """The task files of the role that playbooks and scenarios run on their own, as tasks_from names them: Ansible
     validates a tasks_from by the entry point of exactly that name, so replicas.yml would be validated by none."""
     used = set()
     for path in glob.glob(os.path.join(REPO, 'playbooks', '*.yml')) + glob.glob(
         os.path.join(REPO, 'molecule', '**', '*.yml'), recursive=True
     ):
         with open(path) as handle:
-            used |= set(re.findall(r'tasks_from: (\S+)', handle.read()))
+            used |= set(re.findall(r'name: llmserve\.vllm\.%s\n\s+tasks_from: (\S+)' % role, handle.read()))
     return sorted(used)
 
 
 def test_the_playbooks_run_declared_entry_points_only():
     assert entry_points_used() == ['gate', 'last_good', 'preflight', 'replicas']
     assert sorted(SPECS) == sorted(entry_points_used() + ['main'])
+    with open(os.path.join(REPO, 'roles', 'vllm_haproxy', 'meta', 'argument_specs.yml')) as handle:
+        haproxy_specs = yaml.safe_load(handle)['argument_specs']
+    assert entry_points_used('vllm_haproxy') == ['drain', 'ready']
+    assert sorted(haproxy_specs) == ['drain', 'main', 'ready']
 
 
 @pytest.mark.parametrize('entry_point', [name for name in sorted(SPECS) if name != 'main'])

@@ -20,7 +20,16 @@ DEFAULTS = {
 
 
 def endpoint(replica, address, scheme='https', cluster='', service='vllm-kimi'):
-    return {'replica': replica, 'address': address, 'scheme': scheme, 'cluster': cluster, 'service': service}
+    host, port = address.rsplit(':', 1)
+    return {
+        'replica': replica,
+        'address': address,
+        'host': host.strip('[]'),
+        'port': int(port),
+        'scheme': scheme,
+        'cluster': cluster,
+        'service': service,
+    }
 
 
 @pytest.mark.parametrize(

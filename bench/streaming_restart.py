@@ -1,0 +1,97 @@
+# Copyright: (c) 2026, llmserve maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What clients see through a restart, under constant streaming load (make bench-streaming-restart).
+
+On a deployed sandbox (default: the demo's, inventories/sandbox after `make demo`), --clients clients of the official
+`openai` client (tests/integration/sandbox/streaming_load.py, no retries) stream answers of --tokens tokens through the
+front door without pause. After --settle seconds, `systemctl restart` of the service; the load goes on until the
+service answers again and --settle seconds more. Printed, per round:
+
+- the streams in flight when the stop began, and how each ended (complete: every token, its usage and [DONE]);
+- what requests during the restart got: 503 (the front door's, with Retry-After), 502, resets, refused connections;
+- how long the stop took (systemd's, from the journal) against --shutdown-timeout, and the time without any complete
+  answer.
+
+Writes them as JSON (default .cache/bench/streaming_restart.json). Run as root, from the repo, with .venv/bin on PATH
+and ANSIBLE_COLLECTIONS_PATH set (the Makefile does both).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, 'tests', 'integration', 'sandbox'))
+from sandbox_helpers import CA, Sandbox  # noqa: E402
+from streaming_load import StreamingLoad  # noqa: E402
+
+
+def stop_seconds(sandbox, since):
+    """Seconds from systemd's "Stopping" to its "Stopped"/"Deactivated" of the unit, from the journal."""
+    lines = sandbox.sh(
+        "journalctl -u %s --no-pager -o short-unix --since @%d | grep -E 'Stopping |Stopped |Deactivated successfully'"
+        % (sandbox.unit, since)
+    ).splitlines()
+    stamps = [float(line.split()[0]) for line in lines]
+    return round(stamps[-1] - stamps[0], 2) if len(stamps) >= 2 else None
+
+
+def one_round(sandbox, clients, tokens, settle):
+    front = 'https://127.0.0.1:%s/v1' % sandbox.vars['vllm_kimi_front_port']
+    load = StreamingLoad(
+        front, sandbox.vars['vllm_kimi_api_key'], sandbox.vars['vllm_kimi_served_model_name'], CA, clients, tokens, 0
+    )
+    with load:
+        time.sleep(settle)
+        since = int(time.time()) - 1
+        stop_at = time.time()
+        sandbox.sh('systemctl reset-failed %s; systemctl restart %s' % (sandbox.unit, sandbox.unit))
+        gate = sandbox.gate()
+        if gate['failed']:
+            raise SystemExit('the restart did not end in a coherent answer: %s' % gate.get('msg'))
+        time.sleep(settle)
+    in_flight = [r for r in load.requests if r['start'] < stop_at < r['end'] and r['outcome'] != 'error']
+    during = [r for r in load.requests if r['start'] >= stop_at and r['outcome'] == 'error']
+    ended = {}
+    for record in in_flight:
+        ended[record['outcome']] = ended.get(record['outcome'], 0) + 1
+    errors = {}
+    for record in during:
+        errors[record['error']] = errors.get(record['error'], 0) + 1
+    summary = load.summary()
+    return {
+        'streams_in_flight_at_stop': len(in_flight),
+        'how_they_ended': ended,
+        'requests_during_restart': errors,
+        'stop_seconds': stop_seconds(sandbox, since),
+        'shutdown_timeout': sandbox.vars['vllm_kimi_shutdown_timeout'],
+        'longest_gap_seconds': summary['longest_gap_seconds'],
+        'requests': summary['requests'],
+        'outcomes': summary['outcomes'],
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--inventory', default=os.path.join(REPO, 'inventories', 'sandbox'))
+    parser.add_argument('--rounds', type=int, default=2)
+    parser.add_argument('--clients', type=int, default=4)
+    parser.add_argument('--tokens', type=int, default=128)
+    parser.add_argument('--settle', type=float, default=10.0)
+    parser.add_argument('--out', default=os.path.join(REPO, '.cache', 'bench', 'streaming_restart.json'))
+    args = parser.parse_args()
+    sandbox = Sandbox(args.inventory)
+    rounds = [one_round(sandbox, args.clients, args.tokens, args.settle) for _ in range(args.rounds)]
+    for number, figures in enumerate(rounds, 1):
+        print('round %d: %s' % (number, json.dumps(figures, sort_keys=True)))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, 'w') as f:
+        json.dump({'clients': args.clients, 'tokens': args.tokens, 'rounds': rounds}, f, indent=2, sort_keys=True)
+    print('written to %s' % args.out)
+
+
+if __name__ == '__main__':
+    main()
