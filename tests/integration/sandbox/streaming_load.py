@@ -4,7 +4,7 @@
 """Constant streaming load from the official `openai` client, and what each client saw.
 
 Each of `streams` clients asks for one streamed answer of exactly `tokens` tokens (ignore_eos) after another, `pause`
-seconds apart, with no retries, until stopped. Each request's raw server-sent events are read to the end, so a stream is complete only when
+seconds apart (a second after a refusal), with no retries, until stopped. Each request's raw server-sent events are read to the end, so a stream is complete only when
 it brought every token, a finish reason, its usage and `data: [DONE]`; one that ends sooner was cut. A request that
 got no stream at all is an error, with its status (a 502, a 503) or its exception (a reset, a refused connection).
 
@@ -21,6 +21,7 @@ import httpx2
 import openai
 
 QUESTION = 'What is the capital of France?'
+ERROR_BACKOFF_SECONDS = 1.0
 
 
 class StreamingLoad:
@@ -60,8 +61,9 @@ class StreamingLoad:
             record['end'] = time.time()
             with self.lock:
                 self.requests.append(record)
-            # A user reads an answer before asking again, and no client loops tightly against a door that refuses.
-            self.stopping.wait(self.pause)
+            # A user reads an answer before asking again, and a client that was refused backs off, as the official
+            # clients do, instead of looping against the door.
+            self.stopping.wait(self.pause if record['outcome'] != 'error' else max(self.pause, ERROR_BACKOFF_SECONDS))
 
     def _one_stream(self, client):
         seen = {'tokens': 0, 'finish_reason': None, 'usage': None, 'done': False}
