@@ -785,7 +785,10 @@ def test_behind_a_load_balancer_the_limits_count_its_clients(tmp_path):
 
 def meminfo(available_kib):
     """A registered slurp of /proc/meminfo, as the preflight reads it."""
-    text = 'MemTotal:       %d kB\nMemFree:         1024 kB\nMemAvailable:   %d kB\n' % (available_kib * 2, available_kib)
+    text = 'MemTotal:       %d kB\nMemFree:         1024 kB\nMemAvailable:   %d kB\n' % (
+        available_kib * 2,
+        available_kib,
+    )
     return {'content': base64.b64encode(text.encode()).decode()}
 
 
