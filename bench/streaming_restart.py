@@ -1,11 +1,12 @@
 # Copyright: (c) 2026, llmserve maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What clients see through a restart, under constant streaming load (make bench-streaming-restart).
+"""What clients see through a restart and through a change, under constant streaming load (make bench-streaming-restart).
 
 On a deployed sandbox (default: the demo's, inventories/sandbox after `make demo`), --clients clients of the official
 `openai` client (tests/integration/sandbox/streaming_load.py, no retries) stream answers of --tokens tokens through the
-front door without pause. After --settle seconds, `systemctl restart` of the service; the load goes on until the
+front door without pause. After --settle seconds, `systemctl restart` of the service, or with --change a change made
+with playbooks/deploy.yml (the context length, alternately 2048 and the inventory's); the load goes on until the
 service answers again and --settle seconds more. Printed, per round:
 
 - the streams in flight when the stop began, and how each ended (complete: every token, its usage and [DONE]);
@@ -29,17 +30,31 @@ from sandbox_helpers import CA, Sandbox  # noqa: E402
 from streaming_load import StreamingLoad  # noqa: E402
 
 
-def stop_seconds(sandbox, since):
-    """Seconds from systemd's "Stopping" to its "Stopped"/"Deactivated" of the unit, from the journal."""
+def stop_of(sandbox, since):
+    """When systemd began stopping the unit and how long the stop took ("Stopping" to "Stopped"), from the journal."""
     lines = sandbox.sh(
         "journalctl -u %s --no-pager -o short-unix --since @%d | grep -E 'Stopping |Stopped |Deactivated successfully'"
         % (sandbox.unit, since)
     ).splitlines()
     stamps = [float(line.split()[0]) for line in lines]
-    return round(stamps[-1] - stamps[0], 2) if len(stamps) >= 2 else None
+    if len(stamps) < 2:
+        raise SystemExit('no stop of %s in the journal since @%d' % (sandbox.unit, since))
+    return stamps[0], round(stamps[-1] - stamps[0], 2)
 
 
-def one_round(sandbox, clients, tokens, settle):
+def restart(sandbox, number):
+    sandbox.sh('systemctl reset-failed %s; systemctl restart %s' % (sandbox.unit, sandbox.unit))
+
+
+def change(sandbox, number):
+    """A change through the playbook: the role restarts onto it, gates it and records it."""
+    length = 2048 if number % 2 else sandbox.vars['vllm_kimi_max_model_len']
+    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_max_model_len=%s' % length)
+    if rc != 0:
+        raise SystemExit('the change failed:\n%s' % output[-3000:])
+
+
+def one_round(sandbox, clients, tokens, settle, disturb, number):
     front = 'https://127.0.0.1:%s/v1' % sandbox.vars['vllm_kimi_front_port']
     load = StreamingLoad(
         front, sandbox.vars['vllm_kimi_api_key'], sandbox.vars['vllm_kimi_served_model_name'], CA, clients, tokens, 0
@@ -47,12 +62,12 @@ def one_round(sandbox, clients, tokens, settle):
     with load:
         time.sleep(settle)
         since = int(time.time()) - 1
-        stop_at = time.time()
-        sandbox.sh('systemctl reset-failed %s; systemctl restart %s' % (sandbox.unit, sandbox.unit))
+        disturb(sandbox, number)
         gate = sandbox.gate()
         if gate['failed']:
             raise SystemExit('the restart did not end in a coherent answer: %s' % gate.get('msg'))
         time.sleep(settle)
+    stop_at, stop_seconds = stop_of(sandbox, since)
     in_flight = [r for r in load.requests if r['start'] < stop_at < r['end'] and r['outcome'] != 'error']
     during = [r for r in load.requests if r['start'] >= stop_at and r['outcome'] == 'error']
     ended = {}
@@ -66,7 +81,7 @@ def one_round(sandbox, clients, tokens, settle):
         'streams_in_flight_at_stop': len(in_flight),
         'how_they_ended': ended,
         'requests_during_restart': errors,
-        'stop_seconds': stop_seconds(sandbox, since),
+        'stop_seconds': stop_seconds,
         'shutdown_timeout': sandbox.vars['vllm_kimi_shutdown_timeout'],
         'longest_gap_seconds': summary['longest_gap_seconds'],
         'requests': summary['requests'],
@@ -81,15 +96,30 @@ def main():
     parser.add_argument('--clients', type=int, default=4)
     parser.add_argument('--tokens', type=int, default=128)
     parser.add_argument('--settle', type=float, default=10.0)
-    parser.add_argument('--out', default=os.path.join(REPO, '.cache', 'bench', 'streaming_restart.json'))
+    parser.add_argument('--change', action='store_true', help='a change through deploy.yml instead of a restart')
+    parser.add_argument(
+        '--out', help='default .cache/bench/streaming_restart.json, or streaming_change.json with --change'
+    )
     args = parser.parse_args()
+    args.out = args.out or os.path.join(
+        REPO, '.cache', 'bench', 'streaming_change.json' if args.change else 'streaming_restart.json'
+    )
     sandbox = Sandbox(args.inventory)
-    rounds = [one_round(sandbox, args.clients, args.tokens, args.settle) for _ in range(args.rounds)]
+    disturb = change if args.change else restart
+    rounds = [
+        one_round(sandbox, args.clients, args.tokens, args.settle, disturb, number)
+        for number in range(1, args.rounds + 1)
+    ]
     for number, figures in enumerate(rounds, 1):
         print('round %d: %s' % (number, json.dumps(figures, sort_keys=True)))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, 'w') as f:
-        json.dump({'clients': args.clients, 'tokens': args.tokens, 'rounds': rounds}, f, indent=2, sort_keys=True)
+        json.dump(
+            {'through': disturb.__name__, 'clients': args.clients, 'tokens': args.tokens, 'rounds': rounds},
+            f,
+            indent=2,
+            sort_keys=True,
+        )
     print('written to %s' % args.out)
 
 

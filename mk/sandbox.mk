@@ -139,3 +139,4 @@ bench-warm-start: demo
 # What clients streaming through the front door see during a restart, on the demo sandbox: bench/streaming_restart.py.
 bench-streaming-restart: demo
 	$(BIN)/python bench/streaming_restart.py
+	$(BIN)/python bench/streaming_restart.py --change

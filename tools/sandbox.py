@@ -90,6 +90,11 @@ SITE_PREFIX = 24
 # Seconds a connection the IP fence drops is given before the probe calls it dropped.
 FENCE_PROBE_TIMEOUT = 2
 STOP_TIMEOUT = 60
+# The unified cgroup hierarchy: /sys/fs/cgroup/unified beside the v1 controllers (this machine), /sys/fs/cgroup itself
+# on a cgroup-v2 host. Each sandbox's systemd keeps its units there, with their IP fences attached, below a cgroup of
+# its own, as each real host has a tree of its own: nspawn --keep-unit puts the container's `payload` below the cgroup
+# it was started in, which for every sandbox started from this machine's root would be one and the same.
+UNIFIED_CGROUP_ROOT = '/sys/fs/cgroup/unified' if os.path.isdir('/sys/fs/cgroup/unified') else '/sys/fs/cgroup'
 
 
 class SandboxError(Exception):
@@ -584,11 +589,14 @@ def create(args):
     ]
     if os.path.isdir(HOST_WHEELS):
         argv.append('--bind-ro=%s' % HOST_WHEELS)
+    cgroup = sandbox_cgroup(name)
+    os.makedirs(cgroup, exist_ok=True)
     # The container writes its console there for as long as it runs; this process only hands it the file.
     with open(os.path.join(sdir, 'console.log'), 'wb') as logf:
         proc = subprocess.Popen(
             argv,
             env=dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY='1'),
+            preexec_fn=lambda: enter_cgroup(cgroup),
             stdin=subprocess.DEVNULL,
             stdout=logf,
             stderr=subprocess.STDOUT,
@@ -644,6 +652,26 @@ def create(args):
     return 0
 
 
+def sandbox_cgroup(name):
+    return os.path.join(UNIFIED_CGROUP_ROOT, 'llmserve-' + name)
+
+
+def enter_cgroup(path):
+    """Run in nspawn's process before it starts: move it (0 is the writer) into the sandbox's own cgroup."""
+    with open(os.path.join(path, 'cgroup.procs'), 'w') as f:
+        f.write('0')
+
+
+def remove_cgroup(name):
+    """Remove the sandbox's cgroup and what its systemd left below it, deepest first; each must be empty."""
+    top = sandbox_cgroup(name)
+    for path in [entry[0] for entry in os.walk(top, topdown=False)]:
+        try:
+            os.rmdir(path)
+        except OSError as exc:
+            raise SandboxError('cannot remove the cgroup %s of sandbox %s: %s' % (path, name, exc.strerror)) from None
+
+
 def destroy_sandbox(name):
     state = read_state(name) or {}
     nspawn_pid = state.get('nspawn_pid') or 0
@@ -686,6 +714,7 @@ def destroy_sandbox(name):
             raise SandboxError('port %d of sandbox %s is still listening after teardown' % (port, name))
     if os.path.exists(sdir):
         shutil.rmtree(sdir)
+    remove_cgroup(name)
     remove_site_link_if_unused()
 
 

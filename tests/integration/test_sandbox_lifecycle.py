@@ -22,6 +22,7 @@ import yaml
 
 from ansible_collections.llmserve.vllm.tests import support
 from ansible_collections.llmserve.vllm.tools import fake_hub
+from ansible_collections.llmserve.vllm.tools.sandbox import UNIFIED_CGROUP_ROOT
 
 # The sandbox scenarios' helpers (deploy with every task's result recorded) sit beside their tests.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sandbox'))
@@ -113,6 +114,14 @@ def test_systemd_is_pid_1_and_the_system_is_up(booted):
     comm, state = result.stdout.decode().split()
     assert comm == 'systemd'
     assert state in ('running', 'degraded')
+
+
+def test_its_systemd_keeps_its_units_in_a_cgroup_tree_of_its_own(booted):
+    """As each real host has its own: sandboxes side by side (the fleet beside the default scenario) never share the
+    cgroup that a unit's IP fences are attached to, or that a stop kills."""
+    with open('/proc/%d/cgroup' % booted['state']['init_pid']) as f:
+        unified = [line.split(':', 2)[2].strip() for line in f if line.startswith('0::')]
+    assert len(unified) == 1 and unified[0].startswith('/llmserve-%s/' % NAME), unified
 
 
 def test_sshd_listens_on_loopback_only(booted):
@@ -249,4 +258,5 @@ def test_destroy_leaves_no_process_mount_port_or_directory(booted):
         assert SANDBOX_DIR not in f.read()
     assert not listening(SSH_PORT)
     assert not os.path.exists(SANDBOX_DIR)
+    assert not os.path.exists(os.path.join(UNIFIED_CGROUP_ROOT, 'llmserve-' + NAME))
     assert tool('destroy', NAME) == {'changed': False, 'name': NAME}

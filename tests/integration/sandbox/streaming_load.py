@@ -8,8 +8,9 @@ seconds apart (a second after a refusal), with no retries, until stopped. Each r
 it brought every token, a finish reason, its usage and `data: [DONE]`; one that ends sooner was cut. A request that
 got no stream at all is an error, with its status (a 502, a 503) or its exception (a reset, a refused connection).
 
-The fleet's rolling change (tests/integration/fleet/test_rolling.py) is judged by it, and bench/streaming_change.py
-prints its figures.
+BalancerWatch samples what HAProxy's statistics page says of each replica meanwhile. The fleet's rolling change
+(tests/integration/fleet/test_rolling.py) is judged by both, and bench/streaming_restart.py prints what clients see
+through a restart and a rolling change.
 """
 
 import json
@@ -19,6 +20,7 @@ import time
 
 import httpx2
 import openai
+import requests
 
 QUESTION = 'What is the capital of France?'
 ERROR_BACKOFF_SECONDS = 1.0
@@ -123,3 +125,36 @@ class StreamingLoad:
             'longest_gap_seconds': round(max(gaps), 2) if gaps else None,
             'seconds': round(requests[-1]['end'] - requests[0]['start'], 1) if requests else 0,
         }
+
+
+class BalancerWatch(threading.Thread):
+    """Samples (time, {replica: (status, sessions)}) of HAProxy's backend every second, from its statistics page."""
+
+    def __init__(self, stats_url, backend='vllm'):
+        super().__init__(daemon=True)
+        self.stats_url, self.backend = stats_url, backend
+        self.samples = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                lines = requests.get(self.stats_url, timeout=3).text.lstrip('# ').splitlines()
+            except requests.RequestException:
+                lines = []
+            rows = [dict(zip(lines[0].split(','), line.split(','))) for line in lines[1:]] if lines else []
+            servers = {
+                row['svname']: (row['status'], int(row['scur'] or 0))
+                for row in rows
+                if row.get('pxname') == self.backend and row['svname'] not in ('FRONTEND', 'BACKEND')
+            }
+            self.samples.append((time.time(), servers))
+            self.stop.wait(1)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join(10)
