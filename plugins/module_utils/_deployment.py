@@ -117,7 +117,7 @@ def _kind(path: str) -> str:
             return 'a link to %r' % os.readlink(path)
     except OSError as exc:
         return 'unreadable (%s)' % cause(exc)
-    return 'a regular file' if stat.S_ISREG(info.st_mode) else file_kind(info.st_mode)
+    return file_kind(info.st_mode)
 
 
 def _read_regular(name: str, where: str, dir_fd: Optional[int] = None) -> bytes:

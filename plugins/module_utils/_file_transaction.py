@@ -34,6 +34,7 @@ LOCK_POLL_SECONDS = 0.1
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 FILE_KINDS = (
+    (stat.S_ISREG, 'a regular file'),
     (stat.S_ISDIR, 'a directory'),
     (stat.S_ISFIFO, 'a FIFO'),
     (stat.S_ISCHR, 'a character device'),
@@ -51,7 +52,7 @@ class FileTransactionError(Exception):
 
 
 def file_kind(mode: int) -> str:
-    """'a FIFO', 'a directory', ... for a mode that is not a regular file's."""
+    """'a regular file', 'a FIFO', 'a directory', ...: what a mode says a path is, for a message."""
     return next((kind for test, kind in FILE_KINDS if test(mode)), 'an unknown kind of file')
 
 

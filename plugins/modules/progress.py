@@ -201,6 +201,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path, range_problem
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import JOURNAL_SCAN_LINES, journal_lines
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._progress import (
     MAX_RESULTS_BYTES,
@@ -230,14 +231,6 @@ PART_SUFFIX = '.incomplete'
 # The async wrapper writes a regular file and renames it into place: a link is not followed, and a FIFO in its
 # place is opened without waiting for a writer (then refused as no regular file).
 RESULTS_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
-# What a results file that is no regular file is, for the message.
-FILE_KINDS = (
-    (stat.S_ISDIR, 'a directory'),
-    (stat.S_ISFIFO, 'a FIFO'),
-    (stat.S_ISSOCK, 'a socket'),
-    (stat.S_ISCHR, 'a character device'),
-    (stat.S_ISBLK, 'a block device'),
-)
 
 
 class ResultsUnreadable(Exception):
@@ -259,7 +252,7 @@ def read_job(path):
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
-            kind = next((name for is_kind, name in FILE_KINDS if is_kind(status.st_mode)), 'no regular file')
+            kind = file_kind(status.st_mode)
             raise ResultsUnreadable(
                 'the async job results file %s is %s, not the file the async wrapper writes' % (path, kind)
             )

@@ -23,6 +23,7 @@ import stat
 import time
 from typing import Any, Callable, NoReturn, Optional
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._file_transaction import file_kind
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import format_seconds, quote
 
 DEFAULT_SOCKET = '/run/haproxy/admin.sock'
@@ -51,13 +52,6 @@ PROXY_ROWS = ('FRONTEND', 'BACKEND')
 NAME = re.compile(r'[A-Za-z0-9_.:-]+\Z')
 # What `show servers state <backend>` answers for a backend that is not there.
 NO_BACKEND = "Can't find backend."
-FILE_KINDS = (
-    (stat.S_ISREG, 'a regular file'),
-    (stat.S_ISDIR, 'a directory'),
-    (stat.S_ISFIFO, 'a FIFO'),
-    (stat.S_ISCHR, 'a character device'),
-    (stat.S_ISBLK, 'a block device'),
-)
 
 # exchange(command) -> the reply's text.
 Exchange = Callable[[str], str]
@@ -102,8 +96,7 @@ def socket_problem(path: str) -> Optional[str]:
         return str(exc)
     if stat.S_ISSOCK(mode):
         return None
-    kind = next((name for is_kind, name in FILE_KINDS if is_kind(mode)), 'no socket')
-    return 'it is %s, not a socket' % kind
+    return 'it is %s, not a socket' % file_kind(mode)
 
 
 class RuntimeApi:

@@ -356,10 +356,12 @@ def good_change(fleet, endpoints_file, balancer, bad_for_host_two):
     # Two clients, each asking again 3 s after an answer. vLLM's CPU worker spins on sched_yield for a second after
     # each request, and this kernel then all but stops another process on the same core: a replica restarting beside
     # one that never rests got 1 % of its core and did not start in 7 minutes. Here each replica rests half the time.
-    load = StreamingLoad(
-        api, settings['vllm_kimi_api_key'], settings['vllm_kimi_served_model_name'], SANDBOX_CA, streams=2, pause=3.0
-    )
-    with Watch(fleet, endpoints_file) as watch, BalancerWatch(stats) as in_balancer, load:
+    clients = (api, settings['vllm_kimi_api_key'], settings['vllm_kimi_served_model_name'], SANDBOX_CA)
+    with (
+        Watch(fleet, endpoints_file) as watch,
+        BalancerWatch(stats) as in_balancer,
+        StreamingLoad(*clients, streams=2, pause=3.0) as load,
+    ):
         # deploy.yml, as users change settings: three replicas that serve go through upgrade.yml's rolling play.
         rc, output, report = upgrade(fleet, endpoints_file, '-e', 'vllm_kimi_max_model_len=1536', playbook=DEPLOY)
     # What the clients saw, for docs/benchmarks.md (as the memory test below keeps the replicas' peak).

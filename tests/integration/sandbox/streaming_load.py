@@ -4,9 +4,10 @@
 """Constant streaming load from the official `openai` client, and what each client saw.
 
 Each of `streams` clients asks for one streamed answer of exactly `tokens` tokens (ignore_eos) after another, `pause`
-seconds apart (a second after a refusal), with no retries, until stopped. Each request's raw server-sent events are read to the end, so a stream is complete only when
-it brought every token, a finish reason, its usage and `data: [DONE]`; one that ends sooner was cut. A request that
-got no stream at all is an error, with its status (a 502, a 503) or its exception (a reset, a refused connection).
+seconds apart (a second after a refusal), with no retries, until stopped. Each request's raw server-sent events are
+read to the end, so a stream is complete only when it brought every token, a finish reason, its usage and
+`data: [DONE]`; one that ends sooner was cut. A request that got no stream at all is an error, with its status (a 502,
+a 503) or its exception (a reset, a refused connection).
 
 BalancerWatch samples what HAProxy's statistics page says of each replica meanwhile. The fleet's rolling change
 (tests/integration/fleet/test_rolling.py) is judged by both, and bench/streaming_restart.py prints what clients see
@@ -33,7 +34,7 @@ class StreamingLoad:
         self.requests = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(streams)]
+        self.threads = [threading.Thread(target=self._client, daemon=True) for number in range(streams)]
 
     def __enter__(self):
         for thread in self.threads:

@@ -99,7 +99,7 @@ def test_each_replica_that_serves_is_a_server_at_its_front_door(rendered):
 
 
 def test_haproxy_accepts_the_configuration(rendered):
-    check = subprocess.run([HAPROXY, '-c', '-f', str(rendered)], capture_output=True, text=True)
+    check = subprocess.run([HAPROXY, '-c', '-f', str(rendered)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
