@@ -40,7 +40,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import pytest
@@ -49,7 +48,7 @@ import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'sandbox'))
 from sandbox_helpers import BIN, CALLBACKS, REPO, ad_hoc, ansible_env, first_failure, revision, task_results  # noqa: E402
-from streaming_load import BalancerWatch, StreamingLoad  # noqa: E402
+from streaming_load import BalancerWatch, Sampler, StreamingLoad  # noqa: E402
 
 INVENTORY = os.environ.get('MOLECULE_INVENTORY_FILE')
 pytestmark = pytest.mark.skipif(
@@ -110,11 +109,11 @@ def endpoints_file(fleet):
     os.unlink(path)
 
 
-class Watch(threading.Thread):
+class Watch(Sampler):
     """Samples (time, {host: answered coherently}, endpoints in the file) every SAMPLE_SECONDS."""
 
     def __init__(self, fleet, endpoints_file):
-        super().__init__(daemon=True)
+        super().__init__(every=SAMPLE_SECONDS)
         self.hosts, self.ports, settings = fleet
         self.endpoints_file = endpoints_file
         self.headers = {'Authorization': 'Bearer ' + settings['vllm_kimi_api_key']}
@@ -124,8 +123,6 @@ class Watch(threading.Thread):
             'max_tokens': 16,
             'messages': [{'role': 'user', 'content': settings['vllm_kimi_coherence_prompt']}],
         }
-        self.samples = []
-        self.stop = threading.Event()
 
     def coherent(self, host):
         try:
@@ -140,21 +137,11 @@ class Watch(threading.Thread):
         except (requests.RequestException, ValueError, KeyError, IndexError):
             return False
 
-    def run(self):
-        while not self.stop.is_set():
-            up = {host: self.coherent(host) for host in self.hosts}
-            with open(self.endpoints_file) as f:
-                listed = set(f.read().split())
-            self.samples.append((time.time(), up, listed))
-            self.stop.wait(SAMPLE_SECONDS)
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.join(10)
+    def sample(self):
+        up = {host: self.coherent(host) for host in self.hosts}
+        with open(self.endpoints_file) as f:
+            listed = set(f.read().split())
+        return time.time(), up, listed
 
 
 def upgrade(fleet, endpoints_file, *extra, playbook=UPGRADE, **host_vars):

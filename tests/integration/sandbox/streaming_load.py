@@ -128,29 +128,22 @@ class StreamingLoad:
         }
 
 
-class BalancerWatch(threading.Thread):
-    """Samples (time, {replica: (status, sessions)}) of HAProxy's backend every second, from its statistics page."""
+class Sampler(threading.Thread):
+    """Keeps what sample() returns every `every` seconds, from the start of a with block to its end."""
 
-    def __init__(self, stats_url, backend='vllm'):
+    def __init__(self, every):
         super().__init__(daemon=True)
-        self.stats_url, self.backend = stats_url, backend
+        self.every = every
         self.samples = []
         self.stop = threading.Event()
 
+    def sample(self):
+        raise NotImplementedError
+
     def run(self):
         while not self.stop.is_set():
-            try:
-                lines = requests.get(self.stats_url, timeout=3).text.lstrip('# ').splitlines()
-            except requests.RequestException:
-                lines = []
-            rows = [dict(zip(lines[0].split(','), line.split(','))) for line in lines[1:]] if lines else []
-            servers = {
-                row['svname']: (row['status'], int(row['scur'] or 0))
-                for row in rows
-                if row.get('pxname') == self.backend and row['svname'] not in ('FRONTEND', 'BACKEND')
-            }
-            self.samples.append((time.time(), servers))
-            self.stop.wait(1)
+            self.samples.append(self.sample())
+            self.stop.wait(self.every)
 
     def __enter__(self):
         self.start()
@@ -159,3 +152,24 @@ class BalancerWatch(threading.Thread):
     def __exit__(self, *exc):
         self.stop.set()
         self.join(10)
+
+
+class BalancerWatch(Sampler):
+    """Samples (time, {replica: (status, sessions)}) of HAProxy's backend every second, from its statistics page."""
+
+    def __init__(self, stats_url, backend='vllm'):
+        super().__init__(every=1)
+        self.stats_url, self.backend = stats_url, backend
+
+    def sample(self):
+        try:
+            lines = requests.get(self.stats_url, timeout=3).text.lstrip('# ').splitlines()
+        except requests.RequestException:
+            lines = []
+        rows = [dict(zip(lines[0].split(','), line.split(','))) for line in lines[1:]] if lines else []
+        servers = {
+            row['svname']: (row['status'], int(row['scur'] or 0))
+            for row in rows
+            if row.get('pxname') == self.backend and row['svname'] not in ('FRONTEND', 'BACKEND')
+        }
+        return time.time(), servers
