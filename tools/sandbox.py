@@ -90,6 +90,7 @@ SITE_PREFIX = 24
 # Seconds a connection the IP fence drops is given before the probe calls it dropped.
 FENCE_PROBE_TIMEOUT = 2
 STOP_TIMEOUT = 60
+SITE_LOCK = '/run/llmserve-sandbox-site.lock'
 # The unified cgroup hierarchy: /sys/fs/cgroup/unified beside the v1 controllers (this machine), /sys/fs/cgroup itself
 # on a cgroup-v2 host. Each sandbox's systemd keeps its units there, with their IP fences attached, below a cgroup of
 # its own, as each real host has a tree of its own: nspawn --keep-unit puts the container's `payload` below the cgroup
@@ -367,6 +368,16 @@ def configure_tree(name, root, ssh_port, models):
 # --- processes, ports, mounts ---------------------------------------------
 
 
+def site_lock():
+    """An open file holding the machine-wide lock on the bridge: a create holds it from bringing the bridge up until
+    its nspawn runs, a destroy while it decides that no sandbox is left and removes the bridge. Lanes of make test
+    create and destroy side by side, and a destroy of the fleet's sandboxes once removed the bridge under the default
+    scenario's create."""
+    handle = open(SITE_LOCK, 'a')  # noqa: SIM115 - the open file is the lock the caller holds
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
 def ensure_site_link():
     """The bridge (no ports: nothing leaves through it) that carries the sandboxes' host address (SITE_ADDRESS), made once for all of them."""
     if subprocess.run(['ip', 'link', 'show', SITE_LINK], capture_output=True, check=False).returncode == 0:
@@ -385,14 +396,15 @@ def ensure_site_link():
 
 def remove_site_link_if_unused():
     """Removes the bridge once no sandbox is left on this machine, of this checkout or of another one."""
-    for entry in os.listdir('/proc'):
-        try:
-            with open('/proc/%s/comm' % entry) as comm:
-                if comm.read().strip() == 'systemd-nspawn':
-                    return
-        except OSError:
-            continue
-    subprocess.run(['ip', 'link', 'del', SITE_LINK], capture_output=True, check=False)
+    with site_lock():
+        for entry in os.listdir('/proc'):
+            try:
+                with open('/proc/%s/comm' % entry) as comm:
+                    if comm.read().strip() == 'systemd-nspawn':
+                        return
+            except OSError:
+                continue
+        subprocess.run(['ip', 'link', 'del', SITE_LINK], capture_output=True, check=False)
 
 
 def check_fences_enforced(name, init_pid, port):
@@ -564,6 +576,8 @@ def create(args):
         },
     )
     run(['cp', '-a', '--reflink=auto', base, root])
+    # Released once nspawn runs (or when this process ends).
+    bridge_lock = site_lock()
     ensure_site_link()
     configure_tree(name, root, args.ssh_port, args.models)
     os.makedirs(PIP_CACHE, exist_ok=True)
@@ -612,6 +626,7 @@ def create(args):
     while time.time() < deadline and proc.poll() is None and init_pid is None:
         init_pid = container_init(proc.pid)
         time.sleep(0.2)
+    bridge_lock.close()
     if init_pid is None:
         raise SandboxError(
             'systemd-nspawn for %s exited or never started systemd; see %s' % (name, os.path.join(sdir, 'console.log'))
