@@ -10,8 +10,8 @@ read to the end, so a stream is complete only when it brought every token, a fin
 a 503) or its exception (a reset, a refused connection).
 
 BalancerWatch samples what HAProxy's statistics page says of each replica meanwhile. The fleet's rolling change
-(tests/integration/fleet/test_rolling.py) is judged by both, and bench/streaming_restart.py prints what clients see
-through a restart and a rolling change.
+(tests/integration/fleet/test_rolling.py) is judged by both; bench/streaming_restart.py prints what clients of one
+host see through a restart or a change.
 """
 
 import json
