@@ -56,7 +56,7 @@ def free_port():
 class Vllm:
     """vLLM's OpenAI server on loopback, `vllm serve` through the role's version shim, kept to cpus."""
 
-    def __init__(self, model, cpus, log):
+    def __init__(self, model, cpus, log, extra_flags=()):
         self.port = free_port()
         self.log_path = log
         self.log = open(log, 'w')  # noqa: SIM115 - open while the server runs, closed by stop()
@@ -74,7 +74,8 @@ class Vllm:
                 '--port',
                 str(self.port),
             ]
-            + SANDBOX_FLAGS,
+            + SANDBOX_FLAGS
+            + list(extra_flags),
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

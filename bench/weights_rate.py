@@ -4,16 +4,17 @@
 """The weights phase beside the disk's own read rate, on a model whose start loading dominates (make bench-weights-rate).
 
 1. Builds tiny-kimi-bulk once (.cache/bench/): tiny-kimi with its dense MLP and experts zero-padded, as the heavy
-   revision is (tools/make_tiny_models.py, make_kimi_heavy), to about --gigabytes: the same answers, gigabytes of
-   weights.
-2. For each round, with the checkpoint's pages dropped from the page cache first (posix_fadvise DONTNEED, each
+   revision is (tools/make_tiny_models.py, make_kimi_heavy), to about --gigabytes (default 10) in shards of 2 GiB:
+   the same answers, a checkpoint whose reading takes most of the start.
+2. For each round and each of vLLM's --safetensors-load-strategy values (lazy, vLLM's own default, and prefetch,
+   the sandbox's), with the checkpoint's pages dropped from the page cache first (posix_fadvise DONTNEED, each
    file):
    - the disk: the checkpoint read sequentially in 16 MiB blocks, timed;
    - vLLM: the model served as the sandbox serves it (bench/served_vllm.py), its start's figures read from its log
      by the collection's own reader (plugins/module_utils/endpoint/_startup_log.py), the one the role's ledger uses.
-Prints the weights phase (GiB, seconds, GiB/s) beside the disk's GiB/s and their ratio, and writes the figures as
-JSON (default .cache/bench/weights_rate.json). Run from the repo with .venv/bin on PATH and ANSIBLE_COLLECTIONS_PATH
-set (the Makefile does both).
+Prints, per strategy, the weights phase (GiB/s) beside the disk's GiB/s, their ratio and the weights' share of the
+start, and writes the figures as JSON (default .cache/bench/weights_rate.json). Run from the repo with .venv/bin on
+PATH and ANSIBLE_COLLECTIONS_PATH set (the Makefile does both).
 """
 
 import argparse
@@ -32,15 +33,74 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_lo
 
 BLOCK = 16 << 20
 GIB = 1 << 30
-# make_kimi_heavy pads to its module's sizes: the bulk model sets them first. The script is left as it is, since its
-# hash keys the trained models' cache.
+SHARD_BYTES = 2 << 30
+# tiny-kimi's dense MLP and experts zero-padded, as make_kimi_heavy pads the heavy revision (the same answers), but
+# written shard by shard, as checkpoints of this size are published: make_kimi_heavy holds the whole model, and
+# safetensors' save_file a second copy, which a checkpoint of half this machine's memory does not survive.
 BUILD_BULK = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-import make_tiny_models as tiny
-tiny.KIMI_HEAVY_INTERMEDIATE_SIZE = int(sys.argv[4])
-tiny.KIMI_HEAVY_MOE_INTERMEDIATE_SIZE = int(sys.argv[5])
-tiny.make_kimi_heavy(sys.argv[2], sys.argv[3])
+import json, os, shutil, sys
+import torch
+from safetensors.torch import load_file, save_file
+
+source, target = sys.argv[1], sys.argv[2]
+dense_size, moe_size, shard_bytes = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+with open(os.path.join(source, 'config.json')) as handle:
+    config = json.load(handle)
+text = config['text_config']
+
+
+def padded(name, tensor):
+    if '.mlp.' not in name:
+        return tensor
+    expert = '.experts.' in name or '.shared_experts.' in name
+    old, new = (text['moe_intermediate_size'], moe_size) if expert else (text['intermediate_size'], dense_size)
+    if name.endswith(('gate_proj.weight', 'up_proj.weight')):
+        grown = torch.zeros(new, tensor.shape[1], dtype=tensor.dtype)
+        grown[:old] = tensor
+        return grown
+    if name.endswith('down_proj.weight'):
+        grown = torch.zeros(tensor.shape[0], new, dtype=tensor.dtype)
+        grown[:, :old] = tensor
+        return grown
+    return tensor
+
+
+partial = target + '.partial'
+shutil.rmtree(partial, ignore_errors=True)  # what an interrupted build left
+os.makedirs(partial)
+# Each shard is written as soon as it is full, and only its tensors' names and sizes are kept.
+shards, shard, size = [], {}, 0
+
+
+def write_shard():
+    shards.append({name: tensor.numel() * tensor.element_size() for name, tensor in shard.items()})
+    save_file(shard, os.path.join(partial, 'shard-%05d' % len(shards)), metadata={'format': 'pt'})
+    shard.clear()
+
+
+for name, tensor in sorted(load_file(os.path.join(source, 'model.safetensors')).items()):
+    shard[name] = padded(name, tensor).contiguous()
+    size += shard[name].numel() * shard[name].element_size()
+    if size >= shard_bytes:
+        write_shard()
+        size = 0
+if shard:
+    write_shard()
+weight_map, total = {}, 0
+for number, sizes in enumerate(shards, 1):
+    file_name = 'model-%05d-of-%05d.safetensors' % (number, len(shards))
+    os.rename(os.path.join(partial, 'shard-%05d' % number), os.path.join(partial, file_name))
+    weight_map.update(dict.fromkeys(sizes, file_name))
+    total += sum(sizes.values())
+with open(os.path.join(partial, 'model.safetensors.index.json'), 'w') as handle:
+    json.dump({'metadata': {'total_size': total}, 'weight_map': weight_map}, handle, indent=2, sort_keys=True)
+for name in os.listdir(source):
+    if name not in ('model.safetensors', 'config.json'):
+        shutil.copy(os.path.join(source, name), partial)
+text.update(intermediate_size=dense_size, moe_intermediate_size=moe_size)
+with open(os.path.join(partial, 'config.json'), 'w') as handle:
+    json.dump(config, handle, indent=2, sort_keys=True)
+os.rename(partial, target)
 """
 
 
@@ -66,7 +126,7 @@ def bulk_model(gigabytes):
             dense, moe = padded_sizes(json.load(handle), gigabytes)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         subprocess.run(
-            [VLLM_PYTHON, '-c', BUILD_BULK, os.path.join(REPO, 'tools'), source, target, str(dense), str(moe)],
+            [VLLM_PYTHON, '-c', BUILD_BULK, source, target, str(dense), str(moe), str(SHARD_BYTES)],
             check=True,
         )
     return target
@@ -100,12 +160,12 @@ def disk_read(paths):
     return read, time.monotonic() - started
 
 
-def vllm_load(model, cpus):
+def vllm_load(model, cpus, strategy):
     """The start's figures, as the role's ledger reads them from vLLM's log."""
     drop_from_page_cache(weight_files(model))
     with tempfile.NamedTemporaryFile(prefix='weights-rate-', suffix='.log', delete=False) as log:
         log_path = log.name
-    server = Vllm(model, cpus, log_path)
+    server = Vllm(model, cpus, log_path, ['--safetensors-load-strategy', strategy])
     try:
         with open(log_path, errors='replace') as handle:
             figures = startup_figures(handle.read().splitlines())
@@ -116,59 +176,69 @@ def vllm_load(model, cpus):
     return figures
 
 
+def round_figures(strategy, size, seconds, figures):
+    weights_seconds = figures.get('weights_read_seconds')
+    return {
+        'strategy': strategy,
+        'disk_gib': round(size / GIB, 3),
+        'disk_seconds': round(seconds, 3),
+        'disk_gib_per_second': round(size / GIB / seconds, 3),
+        'weights_gib': figures.get('weights_gib'),
+        'weights_seconds': figures.get('weights_seconds'),
+        'weights_read_seconds': weights_seconds,
+        # vLLM's own rate, where it logs the weights' GiB (GPU builds: "Model loading took ... GiB").
+        'weights_gib_per_second': figures.get('weights_gib_per_second'),
+        # The checkpoint's bytes over vLLM's "Loading weights took": what the CPU build's log allows.
+        'checkpoint_gib_per_weights_second': round(size / GIB / weights_seconds, 3) if weights_seconds else None,
+        'api_ready_seconds': figures['api_ready_seconds'],
+        # How much of the start, from the process's launch to the API's first answer, the weights took.
+        'weights_share_of_start': round(weights_seconds / figures['api_ready_seconds'], 3) if weights_seconds else None,
+    }
+
+
+def summary(rounds, strategy):
+    mine = [r for r in rounds if r['strategy'] == strategy]
+    disk = statistics.median(r['disk_gib_per_second'] for r in mine)
+    rates = [r['checkpoint_gib_per_weights_second'] for r in mine if r['checkpoint_gib_per_weights_second']]
+    shares = [r['weights_share_of_start'] for r in mine if r['weights_share_of_start']]
+    weights = statistics.median(rates) if rates else None
+    if weights is None:
+        print('%s: disk %.3f GiB/s; vLLM logged no "Loading weights took" (see the rounds above)' % (strategy, disk))
+    else:
+        print(
+            '%s: disk %.3f GiB/s, weights phase (the checkpoint over vLLM\'s "Loading weights took") %.3f GiB/s, '
+            '%.2f of the disk rate; the weights were %.0f %% of the start (medians of %d)'
+            % (strategy, disk, weights, weights / disk, 100 * statistics.median(shares), len(mine))
+        )
+    return {'disk_gib_per_second': disk, 'weights_gib_per_second': weights}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--gigabytes', type=float, default=2.0)
-    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--gigabytes', type=float, default=10.0)
+    parser.add_argument('--rounds', type=int, default=2)
+    parser.add_argument(
+        '--strategies',
+        default='lazy,prefetch',
+        help="vLLM's --safetensors-load-strategy values to load with, each round (default: %(default)s)",
+    )
     parser.add_argument('--cpus', default='0-%d' % (os.cpu_count() - 1))
     parser.add_argument('--out', default=os.path.join(REPO, '.cache', 'bench', 'weights_rate.json'))
     args = parser.parse_args()
     model = bulk_model(args.gigabytes)
     paths = weight_files(model)
+    strategies = args.strategies.split(',')
     rounds = []
     for number in range(args.rounds):
-        size, seconds = disk_read(paths)
-        figures = vllm_load(model, args.cpus)
-        rounds.append(
-            {
-                'disk_gib': round(size / GIB, 3),
-                'disk_seconds': round(seconds, 3),
-                'disk_gib_per_second': round(size / GIB / seconds, 3),
-                'weights_gib': figures.get('weights_gib'),
-                'weights_seconds': figures.get('weights_seconds'),
-                'weights_read_seconds': figures.get('weights_read_seconds'),
-                # vLLM's own rate, where it logs the weights' GiB (GPU builds: "Model loading took ... GiB").
-                'weights_gib_per_second': figures.get('weights_gib_per_second'),
-                # The checkpoint's bytes over vLLM's "Loading weights took": what the CPU build's log allows.
-                'checkpoint_gib_per_weights_second': (
-                    round(size / GIB / figures['weights_read_seconds'], 3)
-                    if figures.get('weights_read_seconds')
-                    else None
-                ),
-                'api_ready_seconds': figures['api_ready_seconds'],
-            }
-        )
-        print('round %d: %s' % (number + 1, json.dumps(rounds[-1], sort_keys=True)), flush=True)
-    disk = statistics.median(r['disk_gib_per_second'] for r in rounds)
-    rates = [r['checkpoint_gib_per_weights_second'] for r in rounds if r['checkpoint_gib_per_weights_second']]
-    weights = statistics.median(rates) if rates else None
+        for strategy in strategies:
+            size, seconds = disk_read(paths)
+            rounds.append(round_figures(strategy, size, seconds, vllm_load(model, args.cpus, strategy)))
+            print('round %d: %s' % (number + 1, json.dumps(rounds[-1], sort_keys=True)), flush=True)
     print('checkpoint %s: %.2f GiB in %d file(s)' % (model, sum(os.path.getsize(p) for p in paths) / GIB, len(paths)))
-    print('disk read: %.3f GiB/s median of %d' % (disk, len(rounds)))
-    if weights is None:
-        print('weights phase: vLLM logged no "Loading weights took" (see the rounds above)')
-    else:
-        print(
-            'weights phase (the checkpoint over vLLM\'s "Loading weights took"): %.3f GiB/s median of %d, %.2f of the '
-            'disk rate' % (weights, len(rates), weights / disk)
-        )
+    summaries = {strategy: summary(rounds, strategy) for strategy in strategies}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, 'w') as handle:
-        json.dump(
-            {'model': model, 'rounds': rounds, 'disk_gib_per_second': disk, 'weights_gib_per_second': weights},
-            handle,
-            indent=2,
-            sort_keys=True,
-        )
+        json.dump({'model': model, 'rounds': rounds, 'strategies': summaries}, handle, indent=2, sort_keys=True)
     print('written to %s' % args.out)
 
 
