@@ -1,8 +1,8 @@
 # Copyright (c) llmserve.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""playbooks/monitoring.yml (the vllm_monitoring role) on a local inventory: the file_sd target files exactly, four
-ways (check, check and diff, real, repeat), and its alert rules through promtool (check rules, test rules with
+"""playbooks/monitoring.yml (the vllm_monitoring role) on a local inventory: the file_sd target files and the scrape
+jobs that read them exactly, four ways (check, check and diff, real, repeat), and its alert rules through promtool (check rules, test rules with
 tests/unit/prometheus/llmserve_alerts_test.yml)."""
 
 import json
@@ -77,6 +77,7 @@ def run_playbook(directory, promtool, *args, inventory=None):
         'ansible_become': False,
         'vllm_monitoring_file_sd_dir': str(directory / 'file_sd'),
         'vllm_monitoring_rules_dir': str(directory / 'rules'),
+        'vllm_monitoring_scrape_config_dir': str(directory / 'scrape_configs'),
         'vllm_monitoring_promtool': promtool,
         'vllm_monitoring_prometheus_service': '',
         'vllm_monitoring_extra_labels': {'env': 'test'},
@@ -130,8 +131,8 @@ def test_file_sd_lists_every_endpoint_and_every_node_exactly(rendered):
 def test_check_diff_real_and_repeat(tmp_path, promtool):
     rc, output = run_playbook(tmp_path, promtool, '--check')
     assert rc == 0, output
-    # The directories, the two target files, the rules: a loop's task counts once.
-    assert recap(output)['changed'] == 3, output
+    # The directories, the two target files, the rules, the scrape jobs: a loop's task counts once.
+    assert recap(output)['changed'] == 4, output
     assert not (tmp_path / 'file_sd').exists()
 
     rc, output = run_playbook(tmp_path, promtool, '--check', '--diff')
@@ -141,18 +142,55 @@ def test_check_diff_real_and_repeat(tmp_path, promtool):
         '+      "10.0.1.2:9101"',
         '+  - name: llmserve',
         '+      - alert: VllmTimeToFirstTokenHigh',
+        '+  - job_name: "vllm"',
     ):
         assert line in output.splitlines(), line
     assert not (tmp_path / 'file_sd').exists()
 
     rc, output = run_playbook(tmp_path, promtool)
     assert rc == 0, output
-    assert recap(output)['changed'] == 3, output
+    assert recap(output)['changed'] == 4, output
     assert read_json(tmp_path / 'file_sd' / 'llmserve-vllm-vllm.json') == EXPECTED_VLLM
 
     rc, output = run_playbook(tmp_path, promtool, '--diff')
     assert rc == 0, output
     assert recap(output)['changed'] == 0, output
+
+
+def scrape_jobs(directory):
+    with open(str(directory / 'scrape_configs' / 'llmserve.yml')) as handle:
+        return yaml.safe_load(handle)
+
+
+def test_the_scrape_jobs_read_every_groups_target_files(rendered, promtool):
+    file_sd = str(rendered / 'file_sd')
+    assert scrape_jobs(rendered) == {
+        'scrape_configs': [
+            {'job_name': 'vllm', 'file_sd_configs': [{'files': [file_sd + '/llmserve-*-vllm.json']}]},
+            {'job_name': 'node', 'file_sd_configs': [{'files': [file_sd + '/llmserve-*-node.json']}]},
+        ]
+    }
+    proc = subprocess.run(
+        [promtool, 'check', 'config', str(rendered / 'scrape_configs' / 'llmserve.yml')],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_the_vllm_job_trusts_the_ca_file_and_an_empty_directory_writes_no_jobs(tmp_path, promtool):
+    rc, output = run_playbook(tmp_path, promtool, '-e', json.dumps({'vllm_monitoring_ca_file': '/etc/ssl/llmserve-ca.pem'}))
+    assert rc == 0, output
+    assert scrape_jobs(tmp_path)['scrape_configs'][0]['tls_config'] == {'ca_file': '/etc/ssl/llmserve-ca.pem'}
+    assert 'tls_config' not in scrape_jobs(tmp_path)['scrape_configs'][1]
+
+    other = tmp_path / 'other'
+    other.mkdir()
+    rc, output = run_playbook(other, promtool, '-e', json.dumps({'vllm_monitoring_scrape_config_dir': ''}))
+    assert rc == 0, output
+    assert sorted(os.listdir(str(other))) == ['file_sd', 'hosts.json', 'rules']
 
 
 def test_a_missing_cluster_group_is_named(tmp_path, promtool):
