@@ -55,7 +55,9 @@ attributes:
         one rollback a call, as each call is one such event.
 options:
   path:
-    description: The deployments directory, private to root, an absolute path. Created C(0700) where missing.
+    description:
+      - The deployments directory, private to root, an absolute path. O(state=recorded) and O(state=restored) create it
+        C(0700) where missing; O(state=read) of a missing one changes nothing and returns no deployment.
     type: path
     required: true
   state:
@@ -256,6 +258,9 @@ def main():
     result = dict(changed=False, last_good={}, deployment='', record={}, pruned=[], rolled_back=False)
     warnings = []
     failure = None
+    if p['state'] == 'read' and not os.path.lexists(p['path']):
+        # Nothing was ever recorded here: a read leaves the host as it is.
+        module.exit_json(**dict(result, rollbacks={'total': 0, 'last': 0}))
     try:
         created = ensure_private_directory(p['path'], module.check_mode)
         result['changed'] = created

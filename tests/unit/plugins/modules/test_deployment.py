@@ -24,14 +24,17 @@ def host(tmp_path):
     )
 
 
-def test_read_before_any_deployment_creates_the_private_directory(host, module_result):
-    rc, r = module_result('deployment', dict(path=host['path'], _ansible_check_mode=True))
-    assert (rc, r['changed'], r['last_good'], os.path.exists(host['path'])) == (0, True, {}, False)
-    rc, r = module_result('deployment', dict(path=host['path']))
-    assert (rc, r['changed'], r['last_good'], r['rollbacks']) == (0, True, {}, {'total': 0, 'last': 0})
+def test_read_before_any_deployment_changes_nothing(host, module_result):
+    for check_mode in (True, False):
+        rc, r = module_result('deployment', dict(path=host['path'], _ansible_check_mode=check_mode))
+        assert (rc, r['changed'], r['last_good'], r['rollbacks']) == (0, False, {}, {'total': 0, 'last': 0})
+        assert not os.path.lexists(host['path'])
+
+
+def test_recording_creates_the_private_directory(host, module_result):
+    rc, r = module_result('deployment', dict(host, state='recorded', record={'release': '0123456789ab'}))
+    assert (rc, r['changed']) == (0, True), r
     assert oct(os.stat(host['path']).st_mode & 0o777) == '0o700'
-    rc, r = module_result('deployment', dict(path=host['path']))
-    assert (rc, r['changed']) == (0, False)
 
 
 def test_recorded_then_read_then_restored(host, module_result):
