@@ -222,8 +222,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd im
 MAX_WAIT = 3600
 # The most bytes or files O(download.total_bytes) and O(download.total_files) may say: what an int64 holds.
 MAX_TOTAL = 2**63 - 1
-# How often the results file is read while waiting.
-POLL_SECONDS = 1.0
+# How often the results file is read while waiting: a gate that failed is rolled back this much later at most.
+POLL_SECONDS = 0.25
 # The downloader's own files (huggingface_hub: <dir>/.cache/huggingface/), of which only the parts of files
 # still downloading (download/<file>.<etag>.incomplete) are checkpoint bytes.
 DOWNLOAD_CACHE = '.cache'
