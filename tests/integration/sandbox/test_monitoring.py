@@ -3,9 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The deployment as Prometheus sees it, on the molecule sandbox host.
 
-Debian's Prometheus and node_exporter run on the sandbox (molecule/default/prepare.yml);
-playbooks/monitoring.yml pointed Prometheus at the vLLM endpoint and node_exporter and
-installed the alert rules. The tests ask Prometheus's HTTP API, as a dashboard would: vLLM's own
+Debian trixie's Prometheus and bookworm's node_exporter run on the sandbox (molecule/default/prepare.yml);
+playbooks/monitoring.yml pointed Prometheus at the vLLM endpoint and node_exporter, through its scrape config
+file, and installed the alert rules. The tests ask Prometheus's HTTP API, as a dashboard would: vLLM's own
 series and ours, with the values of the deployment's record, and the rules.
 
 What Prometheus shows of a failed performance gate and of the good change after it is asserted with
@@ -18,6 +18,7 @@ import re
 
 import pytest
 import requests
+import yaml
 from sandbox_helpers import REPO, Prometheus, ours
 
 DEPLOYMENTS = '/var/lib/llmserve-vllm/vllm-kimi/deployments'
@@ -51,6 +52,18 @@ def test_prometheus_scrapes_the_endpoint_and_its_node_exporter(prometheus):
     running = prometheus.query('vllm:num_requests_running')
     assert running and all(dict(labels)['job'] == 'vllm' for labels in running)
     assert prometheus.query('vllm:kv_cache_usage_perc')
+
+
+def test_the_scrape_jobs_are_the_roles_scrape_config_file(sandbox, prometheus):
+    """prometheus.yml names no job of its own (prepare.yml): the targets are there through the role's file alone."""
+    assert 'scrape_configs' not in yaml.safe_load(sandbox.sh('cat /etc/prometheus/prometheus.yml'))
+    reply = requests.get(prometheus.url + '/targets', params={'state': 'active'}, timeout=10)
+    reply.raise_for_status()
+    active = reply.json()['data']['activeTargets']
+    assert sorted((target['scrapePool'], target['scrapeUrl'].split(':')[0]) for target in active) == [
+        ('node', 'http'),
+        ('vllm', 'https'),
+    ]
 
 
 def test_prometheus_has_the_deployments_gate_release_and_load_figures(sandbox, prometheus):
