@@ -190,6 +190,8 @@ def round_figures(strategy, size, seconds, figures):
         'weights_gib_per_second': figures.get('weights_gib_per_second'),
         # The checkpoint's bytes over vLLM's "Loading weights took": what the CPU build's log allows.
         'checkpoint_gib_per_weights_second': round(size / GIB / weights_seconds, 3) if weights_seconds else None,
+        # vLLM's engine set-up after the weights (profiling, KV cache, warm-up), the start's other large phase.
+        'engine_init_seconds': figures.get('engine_init_seconds'),
         'api_ready_seconds': figures['api_ready_seconds'],
         # How much of the start, from the process's launch to the API's first answer, the weights took.
         'weights_share_of_start': round(weights_seconds / figures['api_ready_seconds'], 3) if weights_seconds else None,
