@@ -181,7 +181,9 @@ def test_the_scrape_jobs_read_every_groups_target_files(rendered, promtool):
 
 
 def test_the_vllm_job_trusts_the_ca_file_and_an_empty_directory_writes_no_jobs(tmp_path, promtool):
-    rc, output = run_playbook(tmp_path, promtool, '-e', json.dumps({'vllm_monitoring_ca_file': '/etc/ssl/llmserve-ca.pem'}))
+    rc, output = run_playbook(
+        tmp_path, promtool, '-e', json.dumps({'vllm_monitoring_ca_file': '/etc/ssl/llmserve-ca.pem'})
+    )
     assert rc == 0, output
     assert scrape_jobs(tmp_path)['scrape_configs'][0]['tls_config'] == {'ca_file': '/etc/ssl/llmserve-ca.pem'}
     assert 'tls_config' not in scrape_jobs(tmp_path)['scrape_configs'][1]
