@@ -3,9 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The weights phase beside the disk's own read rate, on a model whose start loading dominates (make bench-weights-rate).
 
-1. Builds tiny-kimi-bulk once (.cache/bench/): tiny-kimi with its dense MLP and experts zero-padded, as the heavy
-   revision is (tools/make_tiny_models.py, make_kimi_heavy), to about --gigabytes (default 10) in shards of 2 GiB:
-   the same answers, a checkpoint whose reading takes most of the start.
+1. Builds tiny-kimi-384-experts once (.cache/bench/): tiny-kimi with Kimi K2's 384 routed experts, sized to about
+   --gigabytes (default 10) in shards of 2 GiB, nearly all of it in experts that a token reads a few of, as Kimi's
+   checkpoint is (BUILD_BULK says how the answers stay the same).
 2. For each round and each of vLLM's --safetensors-load-strategy values (lazy, vLLM's own default, and prefetch,
    the sandbox's), with the checkpoint's pages dropped from the page cache first (posix_fadvise DONTNEED, each
    file):
@@ -34,35 +34,65 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_lo
 BLOCK = 16 << 20
 GIB = 1 << 30
 SHARD_BYTES = 2 << 30
-# tiny-kimi's dense MLP and experts zero-padded, as make_kimi_heavy pads the heavy revision (the same answers), but
-# written shard by shard, as checkpoints of this size are published: make_kimi_heavy holds the whole model, and
-# safetensors' save_file a second copy, which a checkpoint of half this machine's memory does not survive.
+# Kimi K2's routed experts per MoE layer.
+KIMI_EXPERTS = 384
+# tiny-kimi grown to KIMI_EXPERTS routed experts, as Kimi's checkpoint holds its bytes: nearly all in experts, of which
+# each token reads a few. The four trained experts and the shared one are zero-padded to the new intermediate size
+# (zero rows add nothing); the new experts are zeros that the router never picks (their selection bias is -1e4, and
+# DeepSeek-V3's noaux_tc router adds the bias only to choose): the same answers, gigabytes of weights, and a start
+# whose other phases stay as they were (padding the few experts instead multiplies every token's work, and the
+# start's profiling run with it). Written shard by shard, as checkpoints of this size are published: a whole-model
+# build would hold the model, and safetensors' save_file a second copy, which half this machine's memory does not
+# survive.
 BUILD_BULK = r"""
-import json, os, shutil, sys
+import json, os, re, shutil, sys
 import torch
 from safetensors.torch import load_file, save_file
 
 source, target = sys.argv[1], sys.argv[2]
-dense_size, moe_size, shard_bytes = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+experts, moe_size, shard_bytes = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 with open(os.path.join(source, 'config.json')) as handle:
     config = json.load(handle)
 text = config['text_config']
+trained = text['n_routed_experts']
+expert_name = re.compile(r'^(.*\.mlp\.)experts\.(\d+)\.(\w+)\.weight$')
 
 
 def padded(name, tensor):
-    if '.mlp.' not in name:
-        return tensor
-    expert = '.experts.' in name or '.shared_experts.' in name
-    old, new = (text['moe_intermediate_size'], moe_size) if expert else (text['intermediate_size'], dense_size)
-    if name.endswith(('gate_proj.weight', 'up_proj.weight')):
-        grown = torch.zeros(new, tensor.shape[1], dtype=tensor.dtype)
-        grown[:old] = tensor
+    if '.mlp.experts.' in name or '.mlp.shared_experts.' in name:
+        old = text['moe_intermediate_size'] * (text['n_shared_experts'] if 'shared_experts' in name else 1)
+        new = moe_size * (text['n_shared_experts'] if 'shared_experts' in name else 1)
+        if name.endswith('down_proj.weight'):
+            grown = torch.zeros(tensor.shape[0], new, dtype=tensor.dtype)
+            grown[:, :old] = tensor
+        else:
+            grown = torch.zeros(new, tensor.shape[1], dtype=tensor.dtype)
+            grown[:old] = tensor
         return grown
-    if name.endswith('down_proj.weight'):
-        grown = torch.zeros(tensor.shape[0], new, dtype=tensor.dtype)
-        grown[:, :old] = tensor
+    if name.endswith('.mlp.gate.weight'):
+        grown = torch.zeros(experts, tensor.shape[1], dtype=tensor.dtype)
+        grown[:trained] = tensor
+        return grown
+    if name.endswith('.mlp.gate.e_score_correction_bias'):
+        grown = torch.full((experts,), -1e4, dtype=tensor.dtype)
+        grown[:trained] = tensor
         return grown
     return tensor
+
+
+def tensors():
+    source_tensors = load_file(os.path.join(source, 'model.safetensors'))
+    for name in sorted(source_tensors):
+        yield name, padded(name, source_tensors[name])
+        found = expert_name.match(name)
+        # After the last trained expert's projections: the new experts of its layer.
+        if found and int(found.group(2)) == trained - 1 and found.group(3) == 'up_proj':
+            hidden = source_tensors[name].shape[1]
+            for number in range(trained, experts):
+                for projection, shape in (('down_proj', (hidden, moe_size)), ('gate_proj', (moe_size, hidden)),
+                                          ('up_proj', (moe_size, hidden))):
+                    yield '%sexperts.%d.%s.weight' % (found.group(1), number, projection), torch.zeros(
+                        shape, dtype=source_tensors[name].dtype)
 
 
 partial = target + '.partial'
@@ -78,8 +108,8 @@ def write_shard():
     shard.clear()
 
 
-for name, tensor in sorted(load_file(os.path.join(source, 'model.safetensors')).items()):
-    shard[name] = padded(name, tensor).contiguous()
+for name, tensor in tensors():
+    shard[name] = tensor.contiguous()
     size += shard[name].numel() * shard[name].element_size()
     if size >= shard_bytes:
         write_shard()
@@ -97,36 +127,31 @@ with open(os.path.join(partial, 'model.safetensors.index.json'), 'w') as handle:
 for name in os.listdir(source):
     if name not in ('model.safetensors', 'config.json'):
         shutil.copy(os.path.join(source, name), partial)
-text.update(intermediate_size=dense_size, moe_intermediate_size=moe_size)
+text.update(n_routed_experts=experts, moe_intermediate_size=moe_size)
 with open(os.path.join(partial, 'config.json'), 'w') as handle:
     json.dump(config, handle, indent=2, sort_keys=True)
 os.rename(partial, target)
 """
 
 
-def padded_sizes(config, gigabytes):
-    """The dense and expert intermediate sizes that make tiny-kimi about gigabytes of bf16 weights, a quarter of it in
-    the dense layers' MLP and the rest in the experts."""
+def expert_size(config, gigabytes, experts):
+    """The expert intermediate size that makes tiny-kimi with experts routed experts about gigabytes of bf16 weights,
+    nearly all of them in the experts, as Kimi's are."""
     text = config['text_config']
-    dense_layers = text['first_k_dense_replace']
-    moe_layers = text['num_hidden_layers'] - dense_layers
-    experts = text['n_routed_experts'] + text['n_shared_experts']
+    moe_layers = text['num_hidden_layers'] - text['first_k_dense_replace']
     per_row = 3 * text['hidden_size'] * 2  # gate, up and down projections, bf16
-    total = gigabytes * 1e9
-    dense = int(total / 4 / (dense_layers * per_row))
-    moe = int(total * 3 / 4 / (moe_layers * experts * per_row))
-    return dense, moe
+    return int(gigabytes * 1e9 / (moe_layers * (experts + text['n_shared_experts']) * per_row))
 
 
 def bulk_model(gigabytes):
     source = os.path.join(tiny_models(), 'tiny-kimi')
-    target = os.path.join(REPO, '.cache', 'bench', 'tiny-kimi-bulk-%g' % gigabytes)
+    target = os.path.join(REPO, '.cache', 'bench', 'tiny-kimi-%d-experts-%g' % (KIMI_EXPERTS, gigabytes))
     if not os.path.isdir(target):
         with open(os.path.join(source, 'config.json')) as handle:
-            dense, moe = padded_sizes(json.load(handle), gigabytes)
+            moe = expert_size(json.load(handle), gigabytes, KIMI_EXPERTS)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         subprocess.run(
-            [VLLM_PYTHON, '-c', BUILD_BULK, source, target, str(dense), str(moe), str(SHARD_BYTES)],
+            [VLLM_PYTHON, '-c', BUILD_BULK, source, target, str(KIMI_EXPERTS), str(moe), str(SHARD_BYTES)],
             check=True,
         )
     return target
