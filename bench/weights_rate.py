@@ -18,8 +18,10 @@ PATH and ANSIBLE_COLLECTIONS_PATH set (the Makefile does both).
 """
 
 import argparse
+import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -185,6 +187,30 @@ def disk_read(paths):
     return read, time.monotonic() - started
 
 
+# vLLM's log lines: "(Worker pid=1) INFO 12-06 08:19:26 [cpu_model_runner.py:68] Starting to load model ...".
+LOG_TIME = re.compile(r' (\d\d-\d\d \d\d:\d\d:\d\d) \[')
+LOAD_STARTED = 'Starting to load model'
+ENGINE_INIT = re.compile(r'init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s')
+
+
+def model_load_seconds(lines):
+    """Seconds from vLLM's "Starting to load model" to the end of the model's load: the engine's set-up report less
+    the set-up's own seconds. It holds the weights' reading and what vLLM then does to them (the CPU build repacks
+    its experts), which "Loading weights took" leaves out; to the log's whole seconds."""
+    started = ended = None
+    for line in lines:
+        stamp = LOG_TIME.search(line)
+        if stamp is None:
+            continue
+        when = datetime.datetime.strptime(stamp.group(1), '%m-%d %H:%M:%S')
+        if LOAD_STARTED in line and started is None:
+            started = when
+        engine = ENGINE_INIT.search(line)
+        if engine:
+            ended = when - datetime.timedelta(seconds=float(engine.group(1)))
+    return round((ended - started).total_seconds(), 1) if started and ended else None
+
+
 def vllm_load(model, cpus, strategy):
     """The start's figures, as the role's ledger reads them from vLLM's log."""
     drop_from_page_cache(weight_files(model))
@@ -193,7 +219,9 @@ def vllm_load(model, cpus, strategy):
     server = Vllm(model, cpus, log_path, ['--safetensors-load-strategy', strategy])
     try:
         with open(log_path, errors='replace') as handle:
-            figures = startup_figures(handle.read().splitlines())
+            lines = handle.read().splitlines()
+        figures = startup_figures(lines)
+        figures['model_load_seconds'] = model_load_seconds(lines)
     finally:
         server.stop()
     figures['api_ready_seconds'] = round(server.ready_after, 2)
@@ -215,11 +243,19 @@ def round_figures(strategy, size, seconds, figures):
         'weights_gib_per_second': figures.get('weights_gib_per_second'),
         # The checkpoint's bytes over vLLM's "Loading weights took": what the CPU build's log allows.
         'checkpoint_gib_per_weights_second': round(size / GIB / weights_seconds, 3) if weights_seconds else None,
-        # vLLM's engine set-up after the weights (profiling, KV cache, warm-up), the start's other large phase.
+        # The model's whole load: the weights' reading and what vLLM then does to them.
+        'model_load_seconds': figures['model_load_seconds'],
+        # vLLM's engine set-up after the load (profiling, KV cache, warm-up).
         'engine_init_seconds': figures.get('engine_init_seconds'),
         'api_ready_seconds': figures['api_ready_seconds'],
-        # How much of the start, from the process's launch to the API's first answer, the weights took.
+        # How much of the start, from the process's launch to the API's first answer, the weights and the whole
+        # load took.
         'weights_share_of_start': round(weights_seconds / figures['api_ready_seconds'], 3) if weights_seconds else None,
+        'load_share_of_start': (
+            round(figures['model_load_seconds'] / figures['api_ready_seconds'], 3)
+            if figures['model_load_seconds']
+            else None
+        ),
     }
 
 
@@ -228,14 +264,23 @@ def summary(rounds, strategy):
     disk = statistics.median(r['disk_gib_per_second'] for r in mine)
     rates = [r['checkpoint_gib_per_weights_second'] for r in mine if r['checkpoint_gib_per_weights_second']]
     shares = [r['weights_share_of_start'] for r in mine if r['weights_share_of_start']]
+    load_shares = [r['load_share_of_start'] for r in mine if r['load_share_of_start']]
     weights = statistics.median(rates) if rates else None
     if weights is None:
         print('%s: disk %.3f GiB/s; vLLM logged no "Loading weights took" (see the rounds above)' % (strategy, disk))
     else:
         print(
             '%s: disk %.3f GiB/s, weights phase (the checkpoint over vLLM\'s "Loading weights took") %.3f GiB/s, '
-            '%.2f of the disk rate; the weights were %.0f %% of the start (medians of %d)'
-            % (strategy, disk, weights, weights / disk, 100 * statistics.median(shares), len(mine))
+            '%.2f of the disk rate; of the start, the weights were %.0f %% and the whole load %s (medians of %d)'
+            % (
+                strategy,
+                disk,
+                weights,
+                weights / disk,
+                100 * statistics.median(shares),
+                '%.0f %%' % (100 * statistics.median(load_shares)) if load_shares else 'unknown',
+                len(mine),
+            )
         )
     return {'disk_gib_per_second': disk, 'weights_gib_per_second': weights}
 
