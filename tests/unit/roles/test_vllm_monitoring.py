@@ -157,6 +157,12 @@ def test_check_diff_real_and_repeat(tmp_path, promtool):
     assert recap(output)['changed'] == 0, output
 
 
+def promtool_run(promtool, *args, cwd=None):
+    return subprocess.run(
+        [promtool, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
+
+
 def scrape_jobs(directory):
     with open(str(directory / 'scrape_configs' / 'llmserve.yml')) as handle:
         return yaml.safe_load(handle)
@@ -170,13 +176,7 @@ def test_the_scrape_jobs_read_every_groups_target_files(rendered, promtool):
             {'job_name': 'node', 'file_sd_configs': [{'files': [file_sd + '/llmserve-*-node.json']}]},
         ]
     }
-    proc = subprocess.run(
-        [promtool, 'check', 'config', str(rendered / 'scrape_configs' / 'llmserve.yml')],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-    )
+    proc = promtool_run(promtool, 'check', 'config', str(rendered / 'scrape_configs' / 'llmserve.yml'))
     assert proc.returncode == 0, proc.stdout
 
 
@@ -205,27 +205,14 @@ def test_a_missing_cluster_group_is_named(tmp_path, promtool):
 
 
 def test_promtool_checks_the_rules(rendered, promtool):
-    proc = subprocess.run(
-        [promtool, 'check', 'rules', str(rendered / 'rules' / 'llmserve_alerts.yml')],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-    )
+    proc = promtool_run(promtool, 'check', 'rules', str(rendered / 'rules' / 'llmserve_alerts.yml'))
     assert proc.returncode == 0, proc.stdout
     assert 'SUCCESS: 10 rules found' in proc.stdout
 
 
 def test_each_alert_fires_on_its_condition_and_not_otherwise(rendered, promtool):
     shutil.copy(RULES_TEST, str(rendered / 'rules'))
-    proc = subprocess.run(
-        [promtool, 'test', 'rules', 'llmserve_alerts_test.yml'],
-        cwd=str(rendered / 'rules'),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-    )
+    proc = promtool_run(promtool, 'test', 'rules', 'llmserve_alerts_test.yml', cwd=str(rendered / 'rules'))
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.split() == ['Unit', 'Testing:', 'llmserve_alerts_test.yml', 'SUCCESS']
 
