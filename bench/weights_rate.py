@@ -62,8 +62,9 @@ expert_name = re.compile(r'^(.*\.mlp\.)experts\.(\d+)\.(\w+)\.weight$')
 
 def padded(name, tensor):
     if '.mlp.experts.' in name or '.mlp.shared_experts.' in name:
-        old = text['moe_intermediate_size'] * (text['n_shared_experts'] if 'shared_experts' in name else 1)
-        new = moe_size * (text['n_shared_experts'] if 'shared_experts' in name else 1)
+        # The shared expert is n_shared_experts experts wide.
+        width = text['n_shared_experts'] if 'shared_experts' in name else 1
+        old, new = text['moe_intermediate_size'] * width, moe_size * width
         if name.endswith('down_proj.weight'):
             grown = torch.zeros(tensor.shape[0], new, dtype=tensor.dtype)
             grown[:, :old] = tensor
