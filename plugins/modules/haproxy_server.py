@@ -163,6 +163,12 @@ previous:
       description: The status of the last health check (V(L7OK), V(L7STS), V(L4CON), V(INI), ...); null without one.
       type: str
       sample: L7OK
+    check_running:
+      description:
+        - Whether a health check is under way. HAProxy still shows the last finished check's status and code then;
+          a wait carries that check's RV(previous.check_detail) over from its earlier read.
+      type: bool
+      sample: false
     check_code:
       description: The HTTP status of the last layer-7 check; null where there is none.
       type: int
@@ -181,6 +187,7 @@ previous:
     sessions: 1
     queued: 0
     check_status: L7OK
+    check_running: false
     check_code: 200
     check_description: Layer7 check passed
     check_detail: null
@@ -196,6 +203,7 @@ server:
     sessions: 0
     queued: 0
     check_status: L7OK
+    check_running: false
     check_code: 200
     check_description: Layer7 check passed
     check_detail: null

@@ -209,6 +209,7 @@ def server_figures(state_row: dict[str, str], stat_row: dict[str, str], backend:
         'queued': number(stat_row, 'qcur', stat_command) or 0,
         # A check under way shows as "* L7OK" (src/stats.c): the status is the last one's either way.
         'check_status': (stat_row.get('check_status') or '').removeprefix('* ') or None,
+        'check_running': (stat_row.get('check_status') or '').startswith('* '),
         'check_code': number(stat_row, 'check_code', stat_command),
         'check_description': stat_row.get('check_desc') or None,
         'check_detail': stat_row.get('last_chk') or None,
@@ -229,6 +230,22 @@ def describe_check(figures: dict[str, Any]) -> str:
         words[0] = 'code %d' % figures['check_code']
     said = ': '.join(word for word in words if word)
     return figures['check_status'] + (' (%s)' % said if said else '')
+
+
+def with_finished_check_detail(figures: dict[str, Any], earlier: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """figures, their check detail taken from an earlier read where a check under way emptied it.
+
+    HAProxy empties last_chk when a check starts (set_server_check_status, HCHK_STATUS_START) but keeps the finished
+    check's status and code until the new one ends, so a read in between pairs that status with no detail.
+    """
+    if (
+        earlier is None
+        or not figures['check_running']
+        or figures['check_detail'] is not None
+        or (earlier['check_status'], earlier['check_code']) != (figures['check_status'], figures['check_code'])
+    ):
+        return figures
+    return dict(figures, check_detail=earlier['check_detail'])
 
 
 def reached(state: str, figures: dict[str, Any]) -> bool:
@@ -331,8 +348,9 @@ class ServerControl:
     def wait(self, state: str, timeout: float, interval: float) -> tuple[dict[str, Any], float]:
         """(figures, seconds waited) once reached(state); HAProxyFailed with both once timeout seconds passed."""
         start = self.clock()
+        figures: Optional[dict[str, Any]] = None
         while True:
-            figures = self.read()
+            figures = with_finished_check_detail(self.read(), figures)
             elapsed = self.clock() - start
             if reached(state, figures):
                 return figures, round(elapsed, 3)

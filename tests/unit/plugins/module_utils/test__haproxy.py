@@ -37,13 +37,14 @@ STAT_VLLM = 'show stat vllm 4 -1'
 SERVERS = 'a, b, c, d, e, f, sick'
 
 
-def figures(admin, status, sessions=0, check=None, code=None, description=None, detail=None):
+def figures(admin, status, sessions=0, check=None, code=None, description=None, detail=None, running=False):
     return {
         'admin_state': admin,
         'status': status,
         'sessions': sessions,
         'queued': 0,
         'check_status': check,
+        'check_running': running,
         'check_code': code,
         'check_description': description,
         'check_detail': detail,
@@ -120,7 +121,8 @@ def test_a_check_under_way_reads_as_its_last_status():
     # src/stats.c prefixes "* " while a check runs; the recorded row is marked so by hand.
     stat = SNAPSHOTS['ready'][STAT_VLLM].replace(',L7OK,200,', ',* L7OK,200,', 1)
     state_row = parse_servers_state(STATE_VLLM, SNAPSHOTS['ready'][STATE_VLLM])['a']
-    assert server_figures(state_row, parse_stat(STAT_VLLM, stat, 'vllm')['a'], 'vllm')['check_status'] == 'L7OK'
+    read = server_figures(state_row, parse_stat(STAT_VLLM, stat, 'vllm')['a'], 'vllm')
+    assert (read['check_status'], read['check_running']) == ('L7OK', True)
 
 
 def test_a_field_that_is_no_number_is_named():
@@ -202,8 +204,9 @@ class World:
     """HAProxy as recorded: each `show servers state` moves to the next step of steps (the last one repeats), and
     `show stat` answers from the same step; other commands answer from replies. The clock moves only by sleep."""
 
-    def __init__(self, steps, replies=None):
+    def __init__(self, steps, replies=None, snapshots=SNAPSHOTS):
         self.steps = list(steps)
+        self.snapshots = snapshots
         self.step = None
         self.replies = dict({'show backend': RECORDED['show backend']}, **(replies or {}))
         self.sent = []
@@ -216,8 +219,8 @@ class World:
             self.step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
         if command in self.replies:
             return self.replies[command]
-        if command in SNAPSHOTS[self.step or self.steps[0]]:
-            return SNAPSHOTS[self.step or self.steps[0]][command]
+        if command in self.snapshots[self.step or self.steps[0]]:
+            return self.snapshots[self.step or self.steps[0]][command]
         if command.startswith('set server '):
             return RECORDED['set_replies']['set server vllm/a state ready']
         return RECORDED['errors'].get(command, RECORDED['errors']['bogus'])
@@ -306,6 +309,23 @@ def test_ready_that_never_comes_up_fails_at_the_timeout_with_the_last_check(serv
     assert failed.value.details['elapsed'] == 5.0
     assert failed.value.details['changed'] is False
     assert failed.value.details['previous'] == failed.value.details['server']
+
+
+def test_a_check_under_way_keeps_the_finished_checks_detail_in_the_timeout():
+    # HAProxy empties last_chk as a check starts and keeps the finished one's status (src/check.c): the recorded
+    # sick row as HAProxy shows it then, marked by hand.
+    finished = SNAPSHOTS['draining'][STAT_VLLM]
+    under_way = finished.replace(',L7STS,503,', ',* L7STS,503,', 1).replace(',Service Unavailable,', ',,', 1)
+    assert under_way.count(',* L7STS,503,') == 1 and 'Service Unavailable' not in under_way
+    checking = dict(SNAPSHOTS['draining'], **{STAT_VLLM: under_way})
+    world = World(['draining', 'draining', 'checking'], snapshots=dict(SNAPSHOTS, checking=checking))
+    with pytest.raises(HAProxyFailed) as failed:
+        apply(world.control(server='sick'), 'ready', wait=True, timeout=2, interval=1, check_mode=False)
+    assert failed.value.msg == (
+        'timed out after 2 s waiting for vllm/sick to be UP: status DOWN, last check L7STS (Layer7 wrong status: '
+        'Service Unavailable)'
+    )
+    assert failed.value.details['server']['check_running'] is True
 
 
 def test_a_drain_that_never_ends_fails_at_the_timeout_with_the_sessions_left():
