@@ -6,8 +6,8 @@
 On a deployed sandbox (default: the demo's, inventories/sandbox after `make demo`), --clients clients of the official
 `openai` client (tests/integration/sandbox/streaming_load.py, no retries) stream answers of --tokens tokens through the
 front door without pause. After --settle seconds, `systemctl restart` of the service, or with --change a change made
-with playbooks/deploy.yml (the context length, alternately 2048 and the inventory's); the load goes on until the
-service answers again and --settle seconds more. Printed, per round:
+with playbooks/deploy.yml (the context length, alternately 2048 and the inventory's; its performance gate off, see
+change()); the load goes on until the service answers again and --settle seconds more. Printed, per round:
 
 - the streams in flight when the stop began, and how each ended (complete: every token, its usage and [DONE]);
 - what requests during the restart got: 503 (the front door's, with Retry-After), 502, resets, refused connections;
@@ -49,7 +49,10 @@ def restart(sandbox, number):
 def change(sandbox, number):
     """A change through the playbook: the role restarts onto it, gates it and records it."""
     length = 2048 if number % 2 else sandbox.vars['vllm_kimi_max_model_len']
-    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_max_model_len=%s' % length)
+    # The performance gate compares the release's throughput with the last good deployment's, measured without this
+    # bench's clients: beside them it judges their load, not the release (one run read 50.9 % "below" and rolled a
+    # sound change back). What the clients see is this bench's figure; the gate runs in the tests.
+    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_max_model_len=%s' % length, '-e', 'vllm_kimi_perf_gate=never')
     if rc != 0:
         raise SystemExit('the change failed:\n%s' % output[-3000:])
 

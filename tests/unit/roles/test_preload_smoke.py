@@ -8,6 +8,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -605,6 +606,38 @@ def test_gloo_group_of_two_with_bound_cpu_groups(tmp_path):
     assert checks['allreduce']['detail'].startswith(
         'gloo group of 2 rank(s) formed and all-reduced 3 on every rank in '
     )
+
+
+# strace's line for one call: "<pid> sched_setaffinity(0, <size>, [<cpus>]) = 0".
+SETAFFINITY = re.compile(r'^(\d+) +sched_setaffinity\(0, \d+, \[([\d ]+)\]\) += 0$', re.MULTILINE)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.skipif(shutil.which('strace') is None, reason='needs strace (tools/host-packages.txt)')
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason='a move across CPUs needs two of them')
+def test_importing_torch_moves_no_process_across_cpus(tmp_path):
+    # torch's import counts cores by moving the process onto each CPU in turn; beside a busy service a move can
+    # starve (staying_on_this_cpu). The smoke and its two ranks each import torch, allowed every CPU here (make test
+    # pins its lane to one): each may hold itself on one CPU, never move to a second.
+    log = tmp_path / 'strace.log'
+    proc = subprocess.run(
+        ['strace', '-f', '-qq', '-e', 'trace=sched_setaffinity', '-o', str(log), VLLM_PYTHON, SMOKE]
+        + ['--ranks', '2', '--checks', 'allreduce', '--', VLLM_PYTHON, VLLM_CLI, 'serve', '/models/x'],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HOME=str(tmp_path)),
+        preexec_fn=lambda: os.sched_setaffinity(0, range(os.cpu_count())),
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    held = {}
+    for pid, cpus in SETAFFINITY.findall(log.read_text()):
+        if len(cpus.split()) == 1:
+            held.setdefault(pid, set()).add(cpus)
+    assert len(held) == 3, log.read_text()
+    assert {pid: cpus for pid, cpus in held.items() if len(cpus) > 1} == {}
 
 
 # torch inductor's own words where CXX is unset and g++ is not on PATH.
