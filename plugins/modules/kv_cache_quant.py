@@ -60,8 +60,9 @@ options:
     description:
       - V(absent) strips the FP8 KV-cache quantization (each such key set to V(null)).
       - V(present) restores the values a previous V(absent) run recorded. Without a record there is
-        nothing to restore; the module then reports C(changed=false) with a warning instead of failing,
-        so that a play can always ensure V(present).
+        nothing to restore and the module reports C(changed=false), so that a play can always ensure V(present).
+        It warns only where a KV-cache quantization key is null, as a strip leaves it: a strip whose record is
+        gone, which it cannot undo.
     type: str
     choices: [absent, present]
     default: absent
@@ -189,6 +190,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._kv_cache
     check_directory,
     checkpoint_kv_cache_dtype,
     label,
+    nulled_kv_keys,
     plan_restore,
     plan_strip,
     read_checkpoint,
@@ -210,13 +212,14 @@ def plan(path, state):
         plans, new_record, warnings = plan_strip(path, files, record)
         return files, plans, new_record, warnings, bool(plans)
     if record is None:
-        return (
-            files,
-            [],
-            None,
-            ['%s: no record of stripped KV-cache quantization, nothing to restore' % label(RECORD_NAME, path)],
-            False,
-        )
+        # A checkpoint as published has nothing to restore and nothing to say; a null key may be a strip whose record
+        # was lost, which nothing here can undo.
+        warnings = [
+            '%s: no record of stripped KV-cache quantization, so %s (null) cannot be restored'
+            % (label(RECORD_NAME, path), nulled)
+            for nulled in nulled_kv_keys(path, files)
+        ]
+        return files, [], None, warnings, False
     plans, warnings = plan_restore(path, files, record)
     return files, plans, None, warnings, True
 

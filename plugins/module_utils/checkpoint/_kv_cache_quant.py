@@ -224,6 +224,22 @@ def find_kv_entries(name: str, doc: Config, where: str) -> list[tuple[tuple[str,
     return entries
 
 
+def nulled_kv_keys(path: str, files: dict[str, ConfigFile]) -> list[str]:
+    """The KV-cache quantization keys that are null, as a strip leaves them: 'config.json in PATH: key.path'."""
+    nulled = []
+    for name in CONFIG_FILES:
+        config_file = files.get(name)
+        if config_file is None:
+            continue
+        where = label(name, path)
+        nulled += [
+            '%s: %s' % (where, dotted(keys))
+            for keys, value in find_kv_entries(name, config_file.doc, where)
+            if value is None
+        ]
+    return nulled
+
+
 def kv_key_paths(name: str) -> set[tuple[str, ...]]:
     """Every key path find_kv_entries() looks at in the config file ``name``."""
     return set(

@@ -126,12 +126,24 @@ def test_strip_twice_then_restore(run, checkpoint):
     assert (rc, result['changed']) == (0, True)
     assert snapshot(checkpoint) == before
 
+    # Restored, the checkpoint is as published again: nothing to restore and nothing to warn about.
     rc, result = run({'path': str(checkpoint), 'state': 'present'})
     assert rc == 0
-    assert (result['changed'], result['files']) == (False, [])
+    assert (result['changed'], result['files'], warning_texts(result)) == (False, [], [])
+    assert snapshot(checkpoint) == before
+
+
+def test_a_strip_whose_record_is_gone_warns_on_present(run, checkpoint):
+    assert run({'path': str(checkpoint)})[0] == 0
+    (checkpoint / RECORD).unlink()
+    stripped = snapshot(checkpoint)
+    rc, result = run({'path': str(checkpoint), 'state': 'present'})
+    assert (rc, result['changed'], result['files']) == (0, False, [])
     assert warning_texts(result) == [
-        '%s in %s: no record of stripped KV-cache quantization, nothing to restore' % (RECORD, checkpoint)
+        '%s in %s: no record of stripped KV-cache quantization, so hf_quant_config.json in %s: '
+        'quantization.kv_cache_quant_algo (null) cannot be restored' % (RECORD, checkpoint, checkpoint)
     ]
+    assert snapshot(checkpoint) == stripped
 
 
 def test_backup(run, checkpoint):
