@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from json.decoder import scanstring  # type: ignore[attr-defined]  # in the stdlib, not in typeshed
 from typing import Any, Optional
 
@@ -224,14 +224,18 @@ def find_kv_entries(name: str, doc: Config, where: str) -> list[tuple[tuple[str,
     return entries
 
 
+def present_configs(path: str, files: dict[str, ConfigFile]) -> Iterator[tuple[str, ConfigFile, str]]:
+    """(name, config file, its label) of each config file the checkpoint has, in CONFIG_FILES' order."""
+    for name in CONFIG_FILES:
+        config_file = files.get(name)
+        if config_file is not None:
+            yield name, config_file, label(name, path)
+
+
 def nulled_kv_keys(path: str, files: dict[str, ConfigFile]) -> list[str]:
     """The KV-cache quantization keys that are null, as a strip leaves them: 'config.json in PATH: key.path'."""
     nulled = []
-    for name in CONFIG_FILES:
-        config_file = files.get(name)
-        if config_file is None:
-            continue
-        where = label(name, path)
+    for name, config_file, where in present_configs(path, files):
         nulled += [
             '%s: %s' % (where, dotted(keys))
             for keys, value in find_kv_entries(name, config_file.doc, where)
@@ -413,11 +417,7 @@ def plan_strip(
     plans = []
     warnings = []
     new_entries = []
-    for name in CONFIG_FILES:
-        config_file = files.get(name)
-        if config_file is None:
-            continue
-        where = label(name, path)
+    for name, config_file, where in present_configs(path, files):
         changes = []
         for keys, value in find_kv_entries(name, config_file.doc, where):
             kind = classify(value)
