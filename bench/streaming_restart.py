@@ -9,8 +9,10 @@ front door without pause. After --settle seconds, `systemctl restart` of the ser
 with playbooks/deploy.yml (the context length, alternately 2048 and the inventory's; its performance gate and pre-load
 smoke off, see change()); the load goes on until the service answers again and --settle seconds more. Printed, per round:
 
-- the streams in flight when the stop began, and how each ended (complete: every token, its usage and [DONE]);
+- the requests open when the stop began, and how each ended (complete: every token, its usage and [DONE]; cut;
+  or the error that ended it);
 - what requests during the restart got: 503 (the front door's, with Retry-After), 502, resets, refused connections;
+- the requests that failed before the stop began (with --change, what the steps before the restart cost), and when;
 - how long the stop took (systemd's, from the journal) against --shutdown-timeout, and the time without any complete
   answer.
 
@@ -60,6 +62,13 @@ def change(sandbox, number):
         raise SystemExit('the change failed:\n%s' % output[-3000:])
 
 
+def count_by(records, kind):
+    counts = {}
+    for record in records:
+        counts[kind(record)] = counts.get(kind(record), 0) + 1
+    return counts
+
+
 def one_round(sandbox, clients, tokens, settle, disturb, number):
     front = 'https://127.0.0.1:%s/v1' % sandbox.vars['vllm_kimi_front_port']
     load = StreamingLoad(
@@ -74,19 +83,19 @@ def one_round(sandbox, clients, tokens, settle, disturb, number):
             raise SystemExit('the restart did not end in a coherent answer: %s' % gate.get('msg'))
         time.sleep(settle)
     stop_at, stop_seconds = stop_of(sandbox, since)
-    in_flight = [r for r in load.requests if r['start'] < stop_at < r['end'] and r['outcome'] != 'error']
+    # Every request open when the stop began, whatever its end: a stream cut by a reset ends as an error, not as 'cut'.
+    in_flight = [r for r in load.requests if r['start'] < stop_at < r['end']]
     during = [r for r in load.requests if r['start'] >= stop_at and r['outcome'] == 'error']
-    ended = {}
-    for record in in_flight:
-        ended[record['outcome']] = ended.get(record['outcome'], 0) + 1
-    errors = {}
-    for record in during:
-        errors[record['error']] = errors.get(record['error'], 0) + 1
+    before = [r for r in load.requests if r['end'] <= stop_at and r['outcome'] == 'error']
     summary = load.summary()
     return {
         'streams_in_flight_at_stop': len(in_flight),
-        'how_they_ended': ended,
-        'requests_during_restart': errors,
+        'how_they_ended': count_by(in_flight, lambda r: r['error'] if r['outcome'] == 'error' else r['outcome']),
+        'requests_during_restart': count_by(during, lambda r: r['error']),
+        # Failures before the stop began: what the change's steps before its restart cost the clients.
+        'errors_before_stop': count_by(
+            before, lambda r: '%s, %.1f s before the stop' % (r['error'], stop_at - r['end'])
+        ),
         'stop_seconds': stop_seconds,
         'shutdown_timeout': sandbox.vars['vllm_kimi_shutdown_timeout'],
         'longest_gap_seconds': summary['longest_gap_seconds'],
