@@ -710,6 +710,17 @@ def test_the_front_door_checks_the_key_before_it_reads_a_body(gpu_render):
     assert not re.search(pattern[1:], 'Bearer sk-XecretXkey')
 
 
+def upstream_block(front):
+    return front[front.index('upstream vllm {') : front.index('    server {')]
+
+
+def test_the_front_door_closes_idle_connections_to_vllm_before_uvicorn_does(gpu_render, tmp_path):
+    assert 'keepalive_timeout 4s;' in upstream_block((gpu_render[0] / 'front.nginx.conf').read_text())
+    (tmp_path / 'longer').mkdir()
+    render(tmp_path / 'longer', GPU_VARS, vllm_kimi_environment={'VLLM_HTTP_TIMEOUT_KEEP_ALIVE': '75'})
+    assert 'keepalive_timeout 74s;' in upstream_block((tmp_path / 'longer' / 'front.nginx.conf').read_text())
+
+
 def test_the_front_door_bounds_each_client_and_buffers_in_memory_only(gpu_render):
     """Per client address: 32 requests in progress and 10 a second with a burst of 64; methods and bodies per path;
     descriptors for two per connection; request bodies in a tmpfs of the unit, never on the root filesystem."""
