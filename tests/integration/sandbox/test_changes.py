@@ -203,6 +203,9 @@ def test_wrong_model_rerun_with_the_good_settings_changes_nothing(sandbox, wrong
         n for n, r in task_results(report, sandbox.name) if r.get('changed')
     ]
     assert GATE_TASK not in [n for n, r in task_results(report, sandbox.name)]
+    # A routine run says nothing a user must learn to ignore: neither the empty group of a one-host deploy nor the
+    # KV-cache record a published checkpoint never had.
+    assert [line for line in output.splitlines() if 'host pattern' in line or 'nothing to restore' in line] == []
 
 
 def as_service_user(sandbox, path, content):
