@@ -61,7 +61,7 @@ options:
       - V(absent) strips the FP8 KV-cache quantization (each such key set to V(null)).
       - V(present) restores the values a previous V(absent) run recorded. Without a record there is
         nothing to restore and the module reports C(changed=false), so that a play can always ensure V(present).
-        It warns only where a KV-cache quantization key is null, as a strip leaves it: a strip whose record is
+        It warns only where a KV-cache quantization key is null, as a strip leaves it, for a strip whose record is
         gone, which it cannot undo.
     type: str
     choices: [absent, present]
