@@ -21,6 +21,7 @@ and ANSIBLE_COLLECTIONS_PATH set (the Makefile does both).
 """
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -63,10 +64,7 @@ def change(sandbox, number):
 
 
 def count_by(records, kind):
-    counts = {}
-    for record in records:
-        counts[kind(record)] = counts.get(kind(record), 0) + 1
-    return counts
+    return dict(collections.Counter(kind(record) for record in records))
 
 
 def one_round(sandbox, clients, tokens, settle, disturb, number):
