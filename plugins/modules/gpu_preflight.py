@@ -299,6 +299,17 @@ options:
       - Tests point it at a directory built from a real host's listing; deployments keep the default.
     type: path
     default: /dev
+  setting_names:
+    description:
+      - How the module's own messages name its options, for a caller that sets them under names of its own. Each
+        key is an option of this module, each value the name the caller's user sets. The vllm_kimi role maps each
+        option it sets from a role variable to that variable, so that a remedy reads C(set vllm_kimi_max_model_len to
+        160960), not C(set max_model_len to 160960).
+      - The remedies, the warnings and the messages of a refusal or of a preflight that cannot answer use these
+        names. RV(problems) keep vLLM's own words.
+      - A key that is no option of this module is refused.
+    type: dict
+    default: {}
 notes:
   - "Checked against vLLM 0.32.0 (CPU build): the predicted RV(kv_cache_tokens) for a grouped-query Llama (bf16 and fp8) and an
     MLA DeepSeek-V3 are within 0.12% of vLLM's logged C(CPU KV cache size)."
@@ -615,7 +626,7 @@ problems:
   sample:
     - GPU 0 (NVIDIA H200) memory is held by PID 578 (python3, 10758 MiB)
 remedies:
-  description: Concrete changes that make the plan fit.
+  description: Concrete changes that make the plan fit, naming the options as O(setting_names) names them.
   returned: always
   type: list
   elements: str
@@ -680,6 +691,10 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_sm
     query_persistence,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._setting_names import (
+    in_callers_words,
+    unknown_setting_names,
+)
 
 # Integer options and their least values (the optional ones are checked when given).
 INT_OPTIONS = (
@@ -754,6 +769,7 @@ ARGUMENT_SPEC = dict(
     memory_key=dict(type='dict', default={}, no_log=False),
     measurements_dir=dict(type=nul_free_path),
     measurements=dict(type='list', elements='dict', default=[]),
+    setting_names=dict(type='dict', default={}),
 )
 
 
@@ -792,6 +808,15 @@ def check_params(p):
     errors.append(range_problem('gpu_memory_utilization', p['gpu_memory_utilization'], 0, 1, above=True))
     errors.append(max_model_len_error(p))
     return next((e for e in errors if e), None)
+
+
+def argument_error(p):
+    """The message that refuses the arguments, in the caller's words (setting_names), or None."""
+    naming_error = unknown_setting_names(p['setting_names'], ARGUMENT_SPEC)
+    if naming_error:
+        return naming_error
+    error = check_params(p) or model_path_error(p['model_path'], p['hub'])
+    return in_callers_words(error, p['setting_names']) if error else None
 
 
 def model_path_error(path, hub):
@@ -897,9 +922,10 @@ def main():
         supports_check_mode=True,
     )
     p = dict(module.params)
+    names = p['setting_names']
     # Ansible hides a no_log option only whole: the Hub endpoint's password, wherever an error or the invocation shows it.
     module.no_log_values.update(url_secrets(str((p['hub'] or {}).get('endpoint') or '')))
-    error = check_params(p) or model_path_error(p['model_path'], p['hub'])
+    error = argument_error(p)
     if error:
         module.fail_json(msg=error)
 
@@ -911,17 +937,10 @@ def main():
         dtype_info = kv_cache_dtype_info(p, inputs)
         gpus, apps = gpus_and_apps(module, p)
         measurements = p['measurements'] + recorded_measurements(p['measurements_dir'])
+        facts = host_facts(p)
         result.update(
             plan(
-                p,
-                inputs.config,
-                inputs.checkpoint,
-                gpus,
-                apps,
-                dtype_info,
-                host_facts(p),
-                measurements,
-                inputs.hf_quant_config,
+                p, inputs.config, inputs.checkpoint, gpus, apps, dtype_info, facts, measurements, inputs.hf_quant_config
             )
         )
     except (
@@ -932,12 +951,13 @@ def main():
         KvCacheQuantError,
         PreflightError,
     ) as exc:
-        module.fail_json(msg=str(exc), **result)
+        module.fail_json(msg=in_callers_words(str(exc), names), **result)
 
     # Ansible shows these and returns them as the registered result's warnings
     # (passing warnings= to exit_json is deprecated).
     for text in inputs.warnings + result.pop('warnings'):
-        module.warn(text)
+        module.warn(in_callers_words(text, names))
+    result['remedies'] = [in_callers_words(remedy, names) for remedy in result['remedies']]
     for g in result['gpus']:
         g['processes'] = [
             dict(a, ours=belongs_to_service(a['pid'], p['service_name']))

@@ -10,6 +10,7 @@ build. The plan of each host is printed, and hosts whose start would fail fail.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -114,8 +115,8 @@ def run_playbook(tmp_path, hosts):
                 "Problem: To serve at least one request with the model''s max seq len (262144), (17.16 GiB KV cache is needed",
                 'Weights: 581.90 GB in the checkpoint, 69.32 GiB on the most loaded GPU (config), planned with 1.39 GiB margin',
                 'Reserve: 4.80 GiB per GPU (estimated)',
-                'Remedy: set max_model_len to 160960 (fits at gpu_memory_utilization 0.9)',
-                'Remedy: set gpu_memory_utilization to 0.97 (fits max_model_len 262144)',
+                'Remedy: set vllm_kimi_max_model_len to 160960 (fits at vllm_kimi_gpu_memory_utilization 0.9)',
+                'Remedy: set vllm_kimi_gpu_memory_utilization to 0.97 (fits vllm_kimi_max_model_len 262144)',
             ],
         ),
     ],
@@ -150,25 +151,48 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc,
         assert text in out
 
 
-def test_a_host_the_preflight_cannot_answer_for_fails_with_the_cause(tmp_path):
-    """A missing checkpoint: the preflight has no plan to print, and the host fails with the cause, not with an
-    error of the playbook's own templates."""
+def answers(out, host):
+    """What the plan task printed for host, from the joined output (YAML: a quote inside quotes is doubled)."""
+    found = re.search(r'ok: \[%s\] => msg: - (.*?)(?= ok: \[| fatal: \[| TASK \[| PLAY RECAP)' % re.escape(host), out)
+    return found.group(1).replace("''", "'") if found else ''
+
+
+def test_each_host_the_preflight_cannot_answer_for_fails_with_its_cause(tmp_path):
+    """Four hosts the preflight has no plan for, each for its own cause: each prints that cause in the role's words
+    (the variable to change), not an error of the playbook's own templates, and fails."""
     missing = str(tmp_path / 'no-such-checkpoint')
+    make_tiny(tmp_path / 'tiny')
+    cpu = {
+        'vllm_kimi_model_path': str(tmp_path / 'tiny'),
+        'vllm_kimi_accelerator': 'cpu',
+        'vllm_kimi_tensor_parallel_size': 1,
+        'vllm_kimi_kv_cache_memory_bytes': 1048576,
+        'vllm_kimi_max_model_len': 1024,
+        'vllm_kimi_api_key': 'preflight-test-key',
+    }
     code, out = run_playbook(
         tmp_path,
         {
-            'lost': {
-                'vllm_kimi_model_path': missing,
-                'vllm_kimi_accelerator': 'cpu',
-                'vllm_kimi_tensor_parallel_size': 1,
-                'vllm_kimi_kv_cache_memory_bytes': 1048576,
-                'vllm_kimi_max_model_len': 1024,
-                'vllm_kimi_port': 18433,
-                'vllm_kimi_api_key': 'preflight-test-key',
-            }
+            'lost': dict(cpu, vllm_kimi_model_path=missing, vllm_kimi_port=18433),
+            'no-driver': dict(
+                cpu,
+                vllm_kimi_accelerator='nvidia',
+                vllm_kimi_nvidia_smi_path='/nonexistent/nvidia-smi',
+                vllm_kimi_port=18434,
+            ),
+            'unpinned': dict(cpu, vllm_kimi_model_repo='llmserve/tiny-kimi', vllm_kimi_model_revision='main'),
+            'exposed': dict(cpu, vllm_kimi_listen='tcp', vllm_kimi_host='0.0.0.0', vllm_kimi_port=18435),
         },
     )
     assert code == 2, out
-    assert 'The preflight could not answer: ' in out and missing in out, out
+    expected = {
+        'lost': 'vllm_kimi_model_path %s does not exist' % missing,
+        'no-driver': '/nonexistent/nvidia-smi not found: is the NVIDIA driver installed? (set vllm_kimi_nvidia_smi_path, '
+        'or vllm_kimi_preflight_gpus to plan without GPUs)',
+        'unpinned': "vllm_kimi_model_revision 'main' is not a full 40-hex commit",
+        'exposed': 'vllm_kimi_host 0.0.0.0 is not a loopback address',
+    }
+    for host, cause in expected.items():
+        assert 'The preflight could not answer: ' + cause in answers(out, host), (host, out)
+        assert re.search(r'%s : ok=\d+ changed=0 unreachable=0 failed=1' % re.escape(host), out), (host, out)
     assert 'has no attribute' not in out, out
-    assert 'TASK [Ensure vLLM would start on this host]' in out and 'failed=1' in out, out

@@ -244,6 +244,62 @@ def test_misfit_in_vllm_words_with_remedies(tmp_path, model, args, rc, message, 
     assert r['gpus'][0]['name'] == 'NVIDIA RTX PRO 6000 Blackwell Server Edition'
 
 
+ROLE_NAMES = {
+    'max_model_len': 'vllm_kimi_max_model_len',
+    'gpu_memory_utilization': 'vllm_kimi_gpu_memory_utilization',
+    'tensor_parallel_size': 'vllm_kimi_tensor_parallel_size',
+    'pipeline_parallel_size': 'vllm_kimi_pipeline_parallel_size',
+    'nvidia_smi_path': 'vllm_kimi_nvidia_smi_path',
+    'gpus': 'vllm_kimi_preflight_gpus',
+}
+
+
+def test_setting_names_put_the_callers_names_in_the_remedies_and_keep_vllms_words(tmp_path, model, module_result):
+    rc, r = module_result(
+        'gpu_preflight',
+        dict(model_path=model, gpus=RTX, weights_bytes_per_gpu=TIGHT, max_model_len=4096, setting_names=ROLE_NAMES),
+    )
+    assert rc == 1
+    assert r['remedies'] == [
+        'set vllm_kimi_max_model_len to 1024 (fits at vllm_kimi_gpu_memory_utilization 0.9)',
+        'set vllm_kimi_gpu_memory_utilization to 0.91 (fits vllm_kimi_max_model_len 4096)',
+    ]
+    # The problem is vLLM's own message, word for word.
+    assert r['problems'] == [
+        "To serve at least one request with the model's max seq len (4096), (0.00 GiB KV cache is needed, which is larger "
+        'than the available KV cache memory (0.00 GiB). Based on the available memory, the estimated maximum model '
+        'length is 1024.'
+    ]
+    assert r['msg'].endswith(
+        'Remedies: set vllm_kimi_max_model_len to 1024 (fits at vllm_kimi_gpu_memory_utilization 0.9); '
+        'set vllm_kimi_gpu_memory_utilization to 0.91 (fits vllm_kimi_max_model_len 4096).'
+    )
+
+
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (
+            dict(nvidia_smi_path='/nonexistent/nvidia-smi'),
+            '/nonexistent/nvidia-smi not found: is the NVIDIA driver installed? (set vllm_kimi_nvidia_smi_path, or '
+            'vllm_kimi_preflight_gpus to plan without GPUs)',
+        ),
+        (
+            dict(gpu_memory_utilization=1.5),
+            'vllm_kimi_gpu_memory_utilization must be more than 0 and at most 1, got 1.5',
+        ),
+        (
+            dict(setting_names=dict(ROLE_NAMES, max_len='x')),
+            'setting_names maps max_len, which is no option of this module',
+        ),
+    ],
+)
+def test_setting_names_put_the_callers_names_in_refusals(tmp_path, model, args, message, module_result):
+    rc, r = module_result('gpu_preflight', dict(dict(setting_names=ROLE_NAMES, model_path=model), **args))
+    assert rc == 1
+    assert r['msg'] == message
+
+
 def test_misfit_without_failing_picks_the_length_that_fits(tmp_path, model, module_result):
     rc, r = module_result(
         'gpu_preflight',
