@@ -149,6 +149,8 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc,
     assert code == rc, out
     for text in expected + ['Verdict: FITS with max_model_len 1024', 'GPUs: none (accelerator cpu)']:
         assert text in out
+    # The play's plan alone: the role's own summary of it is not printed as well.
+    assert 'weights per GPU' not in out, out
 
 
 def answers(out, host):

@@ -405,7 +405,9 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
     out, (unit, _environment) = gpu_render
     service = unit_settings(unit, 'Service')
     marker = service['ExecStop'][0].split()[-1]
-    assert service['ExecStop'] == ['+-/usr/bin/touch ' + marker]
+    # The marker first, then a second for what the door passed on just before it to reach vLLM's engine, which the
+    # drain then finishes; only then systemd's SIGTERM.
+    assert service['ExecStop'] == ['+-/usr/bin/touch ' + marker, '/usr/bin/sleep 1']
     assert service['ExecStopPost'] == ['+/bin/rm -f ' + marker]
     front = (out / 'front.nginx.conf').read_text()
     assert 'if (-f %s) {\n            return 503;' % marker in front
@@ -416,6 +418,9 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
         render(tmp_path / 'no-front', GPU_VARS, vllm_kimi_front_door=False, vllm_kimi_listen='tcp')[0], 'Service'
     )
     assert 'ExecStop' not in without_front_door and 'ExecStopPost' not in without_front_door
+    (tmp_path / 'no-grace').mkdir()
+    without_grace = unit_settings(render(tmp_path / 'no-grace', GPU_VARS, vllm_kimi_front_stop_grace=0)[0], 'Service')
+    assert without_grace['ExecStop'] == ['+-/usr/bin/touch ' + marker]
 
 
 # What the smoke's unit may differ in: what it runs, how it runs once, and where its runtime copy of the

@@ -88,6 +88,16 @@ def test_every_alert_has_a_runbook_entry_where_its_runbook_url_points():
     assert set(targets) <= anchors(os.path.join(REPO, 'docs', 'troubleshooting.md'))
 
 
+def test_the_readme_names_every_phase_tag_of_the_role_and_no_other():
+    tags = set()
+    with open(os.path.join(REPO, 'roles', 'vllm_kimi', 'tasks', 'main.yml')) as handle:
+        for task in yaml.safe_load(handle):
+            tags.update(task.get('tags', []))
+    listed = re.search(r'^Tags select phases: (.+?)\. ', read(README), flags=re.MULTILINE | re.DOTALL)
+    assert listed, 'README.md has no "Tags select phases:" sentence'
+    assert sorted(re.findall(r'`(\w+)`', listed.group(1))) == sorted(tags - {'vllm_kimi'})
+
+
 def test_galaxy_the_changelog_and_the_readme_name_the_same_release():
     with open(os.path.join(REPO, 'galaxy.yml')) as handle:
         version = yaml.safe_load(handle)['version']
