@@ -719,11 +719,28 @@ def upstream_block(front):
     return front[front.index('upstream vllm {') : front.index('    server {')]
 
 
-def test_the_front_door_closes_idle_connections_to_vllm_before_uvicorn_does(gpu_render, tmp_path):
-    assert 'keepalive_timeout 4s;' in upstream_block((gpu_render[0] / 'front.nginx.conf').read_text())
-    (tmp_path / 'longer').mkdir()
-    render(tmp_path / 'longer', GPU_VARS, vllm_kimi_environment={'VLLM_HTTP_TIMEOUT_KEEP_ALIVE': '75'})
-    assert 'keepalive_timeout 74s;' in upstream_block((tmp_path / 'longer' / 'front.nginx.conf').read_text())
+def test_the_front_door_closes_idle_connections_to_vllm_well_before_uvicorn_does(gpu_render, tmp_path):
+    """The door's idle connections to vLLM close at 4 s, uvicorn's at 30: a margin no busy host eats up. A user's
+    VLLM_HTTP_TIMEOUT_KEEP_ALIVE is kept, and the door's stays below it."""
+    out, (_unit, environment) = gpu_render
+    assert 'keepalive_timeout 4s;' in upstream_block((out / 'front.nginx.conf').read_text())
+    assert re.findall(r'^VLLM_HTTP_TIMEOUT_KEEP_ALIVE=.*$', environment, flags=re.MULTILINE) == [
+        'VLLM_HTTP_TIMEOUT_KEEP_ALIVE=30'
+    ]
+    for seconds, door in (('75', '4s'), ('3', '2s'), ('1', '1s')):
+        (tmp_path / seconds).mkdir()
+        _unit, users = render(
+            tmp_path / seconds, GPU_VARS, vllm_kimi_environment={'VLLM_HTTP_TIMEOUT_KEEP_ALIVE': seconds}
+        )[:2]
+        assert 'keepalive_timeout %s;' % door in upstream_block((tmp_path / seconds / 'front.nginx.conf').read_text())
+        assert re.findall(r'^VLLM_HTTP_TIMEOUT_KEEP_ALIVE=.*$', users, flags=re.MULTILINE) == [
+            'VLLM_HTTP_TIMEOUT_KEEP_ALIVE="%s"' % seconds
+        ]
+    (tmp_path / 'no-front').mkdir()
+    _unit, without_door = render(tmp_path / 'no-front', GPU_VARS, vllm_kimi_front_door=False, vllm_kimi_listen='tcp')[
+        :2
+    ]
+    assert 'VLLM_HTTP_TIMEOUT_KEEP_ALIVE' not in without_door
 
 
 def test_the_front_door_bounds_each_client_and_buffers_in_memory_only(gpu_render):
