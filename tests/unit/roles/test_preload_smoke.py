@@ -332,7 +332,7 @@ def test_selected_checks(text, checks):
 
 
 def test_unknown_check_is_refused():
-    with pytest.raises(ValueError, match=r'^unknown check\(s\) gpu; choose from parser,devices,'):
+    with pytest.raises(ValueError, match=r'^unknown check\(s\) gpu; choose from parser,paths,devices,'):
         smoke.selected_checks('devices,gpu')
 
 
@@ -391,6 +391,7 @@ def test_compiler_and_writable_pass_with_gcc(tmp_path):
     assert checks['writable']['detail'].endswith(': %s, %s (created)' % (cache, runtime))
     assert [name for name in checks if checks[name]['status'] == 'skipped'] == [
         'parser',
+        'paths',
         'devices',
         'allreduce',
         'inductor',
@@ -527,7 +528,8 @@ def test_h200_ranks_mismatch_fixture():
 @pytest.mark.parametrize('name', ['smoke-h200-pass.json', 'smoke-h200-ranks-mismatch.json'])
 def test_h200_fixtures_have_every_check_once_in_order(name):
     report = _fixture(name)
-    assert [check['name'] for check in report['checks']] == list(smoke.CHECKS)
+    # Recorded before the paths check (which needs vLLM, and the device has none): every other check, in order.
+    assert [check['name'] for check in report['checks']] == [name for name in smoke.CHECKS if name != 'paths']
     assert set(report) == {'passed', 'backend', 'ranks', 'devices', 'versions', 'checks'}
     assert set(report['versions']) == {'torch', 'cuda', 'driver', 'nccl', 'vllm', 'triton', 'python'}
 
@@ -691,3 +693,176 @@ def test_inductor_fails_with_a_c_compiler_alone(tmp_path):
         'remedy': 'install g++ on the host (the role installs it with vllm_kimi_toolchain_packages) or set CXX to a '
         'C++ compiler in vllm_kimi_environment',
     }
+
+
+# ---- the paths check: what the plan builds at the first start, and FlashInfer's JIT toolchain ----
+
+
+@pytest.mark.parametrize(
+    'capability, needed',
+    [
+        pytest.param((12, 0), (12, 8), id='sm120-rtx-pro-6000'),
+        pytest.param((12, 1), (12, 9), id='sm121'),
+        pytest.param((12, 3), (12, 9), id='sm12x-later-minor'),
+        pytest.param((9, 0), None, id='sm90-no-bound'),
+    ],
+)
+def test_min_nvcc_for_arch(capability, needed):
+    assert smoke.min_nvcc_for_arch(capability) == needed
+
+
+@pytest.mark.parametrize(
+    'env, on_path, found',
+    [
+        pytest.param(
+            {'CUDA_HOME': '/opt/cuda-12.9'}, {'/opt/cuda-12.9/bin/nvcc'}, '/opt/cuda-12.9/bin/nvcc', id='home'
+        ),
+        pytest.param({'CUDA_PATH': '/opt/cuda'}, {'/opt/cuda/bin/nvcc'}, '/opt/cuda/bin/nvcc', id='path-var'),
+        pytest.param({'CUDA_HOME': '/opt/none'}, {'/usr/local/cuda/bin/nvcc'}, None, id='home-without-nvcc'),
+        pytest.param({}, {'nvcc', '/usr/lib/cuda/bin/nvcc'}, '/usr/lib/cuda/bin/nvcc', id='on-path'),
+        pytest.param({}, {'/usr/local/cuda/bin/nvcc'}, '/usr/local/cuda/bin/nvcc', id='default-home'),
+        pytest.param({}, set(), None, id='none'),
+    ],
+)
+def test_find_nvcc(env, on_path, found):
+    def which(name):
+        if name == 'nvcc':
+            return '/usr/lib/cuda/bin/nvcc' if 'nvcc' in on_path else None
+        return name if name in on_path else None
+
+    assert smoke.find_nvcc(env, which) == found
+
+
+def _paths(attention, sampler='pytorch', flashinfer=False, platform='cuda'):
+    return {
+        'platform': platform,
+        'attention': attention,
+        'attention_rejected': [],
+        'sampler': sampler,
+        'flashinfer_kernels': flashinfer,
+    }
+
+
+@pytest.mark.parametrize(
+    'paths, needs',
+    [
+        pytest.param(_paths('TRITON_MLA'), ['triton'], id='sm120-toolkit-free'),
+        pytest.param(_paths('TRITON_MLA', 'flashinfer', True), ['triton', 'flashinfer'], id='sm120-with-toolkit'),
+        pytest.param(_paths('TRITON_MLA', 'flashinfer', False), ['triton', 'flashinfer'], id='0.33-sampler-alone'),
+        pytest.param(_paths('FLASH_ATTN_MLA'), [], id='sm90-prebuilt'),
+        pytest.param(_paths('CPU_MLA', 'cpu', platform='cpu'), [], id='cpu-build'),
+    ],
+)
+def test_path_needs(paths, needs):
+    assert smoke.path_needs(paths) == needs
+
+
+TOOLKIT_REMEDY = (
+    'install the CUDA toolkit 12.8 or newer (nvcc and its headers) on the host and set vllm_kimi_cuda_home to it, or '
+    'turn the FlashInfer paths off (VLLM_USE_FLASHINFER_SAMPLER=0 and a non-FlashInfer --moe-backend)'
+)
+
+
+@pytest.mark.parametrize(
+    'nvcc, release, ninja, problem',
+    [
+        pytest.param('/usr/local/cuda/bin/nvcc', (12, 8), '/opt/vllm/r/bin/ninja', None, id='12.8-ninja'),
+        pytest.param('/usr/local/cuda/bin/nvcc', (13, 0), '/opt/vllm/r/bin/ninja', None, id='13.0-ninja'),
+        pytest.param(
+            None,
+            None,
+            '/opt/vllm/r/bin/ninja',
+            (
+                'no nvcc (CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda)',
+                "the plan's FlashInfer paths JIT-compile their kernels with nvcc at the first start and find none: "
+                'the engine would die in its profile run, after the load',
+                TOOLKIT_REMEDY,
+            ),
+            id='no-nvcc',
+        ),
+        pytest.param(
+            '/usr/local/cuda/bin/nvcc',
+            (12, 6),
+            '/opt/vllm/r/bin/ninja',
+            (
+                '/usr/local/cuda/bin/nvcc is CUDA 12.6; FlashInfer builds for sm_120 with CUDA 12.8 or newer',
+                'FlashInfer cannot JIT-compile for sm_120 with CUDA 12.6 (flashinfer: "SM 120 requires CUDA >= 12.8")',
+                TOOLKIT_REMEDY,
+            ),
+            id='nvcc-12.6-too-old',
+        ),
+        pytest.param(
+            '/usr/local/cuda/bin/nvcc',
+            (12, 8),
+            None,
+            (
+                'no ninja on PATH',
+                "FlashInfer's JIT runs `ninja` from PATH; the release brings it (vLLM requires the ninja wheel) in its "
+                'bin/',
+                "put the release's bin/ first on the unit's PATH (the role's unit does), or reinstall the release",
+            ),
+            id='no-ninja',
+        ),
+    ],
+)
+def test_flashinfer_jit_problem_on_sm120(nvcc, release, ninja, problem):
+    assert smoke.flashinfer_jit_problem((12, 0), nvcc, release, ninja) == problem
+
+
+GPU_SELECTION = os.path.join(HERE, 'smoke_gpu_selection.py')
+
+
+@pytest.mark.parametrize(
+    'capability, answer',
+    [
+        # vllm/platforms/cuda.py _get_backend_priorities: SM12x has TRITON_MLA first (and a sparse-only second).
+        pytest.param((12, 0), {'attention': 'TRITON_MLA', 'rejected': [], 'needs': ['triton']}, id='sm120'),
+        # SM90 prefers FlashAttention's MLA, then FlashMLA and FlashInfer's: the CPU wheel has none of their kernels,
+        # so its selector says why and falls to TRITON_MLA; a CUDA wheel picks FLASH_ATTN_MLA (prebuilt).
+        pytest.param(
+            (9, 0),
+            {
+                'attention': 'TRITON_MLA',
+                'rejected': ['FLASH_ATTN_MLA', 'FLASHMLA', 'FLASHINFER_MLA'],
+                'needs': ['triton'],
+            },
+            id='sm90-cpu-wheel',
+        ),
+    ],
+)
+@pytest.mark.vllm
+@needs_vllm
+def test_attention_path_with_vllms_cuda_selector(capability, answer):
+    proc = subprocess.run(
+        [VLLM_PYTHON, GPU_SELECTION, SMOKE, str(capability[0]), str(capability[1])],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, VLLM_NO_USAGE_STATS='1'),
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == answer
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_paths_on_the_cpu_build(tmp_path):
+    model = tmp_path / 'model'
+    model.mkdir()
+    shutil.copy(os.path.join(HERE, '..', '..', 'fixtures', 'checkpoints', 'tiny-deepseek-v3', 'config.json'), model)
+    proc = subprocess.run(
+        [VLLM_PYTHON, SMOKE, '--ranks', '1', '--checks', 'parser,paths', '--', VLLM_PYTHON, VLLM_CLI, 'serve']
+        + [str(model), '--max-model-len', '4096'],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HOME=str(tmp_path), VLLM_NO_USAGE_STATS='1'),
+        timeout=600,
+        check=False,
+    )
+    checks = {check['name']: check for check in json.loads(proc.stdout)['checks']}
+    assert (proc.returncode, checks['paths']['status'], checks['paths']['detail']) == (
+        0,
+        'passed',
+        'attention CPU_MLA, sampler cpu, FlashInfer kernels off; builds at the first start: nothing',
+    )
