@@ -24,7 +24,9 @@ from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
 
 smoke_path, major, minor = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 loader = importlib.machinery.SourceFileLoader('llmserve_preload_smoke', smoke_path)
-smoke = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+spec = importlib.util.spec_from_loader(loader.name, loader)
+assert spec is not None
+smoke = importlib.util.module_from_spec(spec)
 loader.exec_module(smoke)
 
 # Kimi-K2.5's decoder layers: MLA with a latent of 512 + 64, 64 heads, 8 per rank at TP 8, bf16, vLLM's block size.
