@@ -55,7 +55,7 @@ def start(sandbox, label, since):
     journal = sandbox.sh('journalctl -u %s --no-pager -o cat --since %s' % (sandbox.unit, since))
     recompiled = RECOMPILED.findall(journal)
     ledger = dict((phase, gate['startup'].get(phase)) for phase in PHASES)
-    ledger.update(start=label, api_ready_seconds=round(gate['healthy_after'], 2), recompiled=recompiled[-1:])
+    ledger.update(start=label, api_ready_seconds=gate['startup'].get('api_ready_seconds'), recompiled=recompiled[-1:])
     return ledger
 
 

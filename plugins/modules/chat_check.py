@@ -376,7 +376,9 @@ elapsed:
   type: float
   sample: 1312.504
 healthy_after:
-  description: Seconds from the start of the wait until C(/health) last answered 200; null if it never did.
+  description:
+    - Seconds from the start of the wait until C(/health) last answered 200; null if it never did.
+    - It counts from the wait, not from the unit's start (RV(startup.api_ready_seconds) does).
   returned: always
   type: float
   sample: 1298.12
@@ -554,6 +556,19 @@ startup:
       description: V(GPU), or V(CPU) for the CPU build.
       type: str
       returned: when logged
+    api_ready_seconds:
+      description:
+        - Seconds from the start of the unit's current run (systemd's C(ExecMainStartTimestampMonotonic), else the
+          run's first journal line) until its API answered, never from the wait's start.
+        - Where the wait saw the start, when C(/health) first answered 200; where the API answered the wait's first
+          question (a gate asked after the start), the journal's time of uvicorn's C(Application startup complete.)
+          line (C(journalctl --output short-monotonic)).
+      type: float
+      returned: when O(unit) is set, C(/health) answered and the start or the journal dates it
+    gate_began_seconds:
+      description: Seconds from the start of the unit's current run until the wait began.
+      type: float
+      returned: when O(unit) is set, systemd told the run's start, and the run began before the wait
     backends:
       description:
         - The backends vLLM said it chose at this start, in the order it first named each (every rank names its
@@ -569,6 +584,8 @@ startup:
     max_concurrency: 1.36
     kv_cache_device: GPU
     backends: [TRITON_MLA attention, FLASHINFER_CUTLASS NvFp4 MoE]
+    api_ready_seconds: 1312.204
+    gate_began_seconds: 0.31
 progress:
   description:
     - Loading-progress lines from the unit's journal for its current run (safetensors shards, model

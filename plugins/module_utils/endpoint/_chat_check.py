@@ -35,6 +35,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal im
     explaining_lines,
     journal_lines,
     progress_lines,
+    timed_lines,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import (
     DEFAULT_FORBIDDEN_MARKUP,
@@ -50,7 +51,10 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai imp
     stream_events,
     tool_call_problem,
 )
-from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_log import startup_figures
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_log import (
+    api_ready_seconds,
+    startup_figures,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
     UNIT_PROBE_SECONDS,
     UnitUnreadable,
@@ -134,8 +138,9 @@ class ChatCheck:
     Unreachable, or TooLarge for a body of more than limit bytes.
     probe_unit(timeout) -> dict of unit properties (only when unit is set),
     raising UnitUnreadable when systemd does not answer within timeout seconds.
-    read_journal(since=None, lines=None, invocation=None) -> text of the unit's journal (from since, epoch
-    seconds; its last lines only; only the run with that systemd invocation ID).
+    read_journal(since=None, lines=None, invocation=None, timestamps=False) -> text of the unit's journal (from
+    since, epoch seconds; its last lines only; only the run with that systemd invocation ID; each line led by its
+    time on CLOCK_MONOTONIC with timestamps, as journalctl's short-monotonic output).
     clock() -> seconds on CLOCK_MONOTONIC (time.monotonic on Linux, the clock of
     systemd's *TimestampMonotonic properties): deadlines and durations;
     epoch() -> seconds since 1970, only to tell journalctl where to start;
@@ -209,6 +214,11 @@ class ChatCheck:
         self.unit_state: dict[str, str] = {}
         self.last_state = NOTHING_YET
         self.healthy_after: Optional[float] = None
+        # When /health first answered 200 (clock), and whether it did at the wait's first question: then the API was
+        # up before the wait began, and only the journal dates its start.
+        self.healthy_at: Optional[float] = None
+        self.answered_at_once = False
+        self.health_asked = False
         # The stall check: the last journal lines seen (None until the journal showed one, which proves it is
         # readable), when they were last read, and when the start last made progress.
         self.stall_tail: Optional[list[str]] = None
@@ -235,7 +245,7 @@ class ChatCheck:
             details['unit_state'] = dict(self.unit_state)
             lines = self._journal(**self._current_run())
             details['progress'] = progress_lines(lines)
-            details['startup'] = startup_figures(lines)
+            details['startup'] = dict(startup_figures(lines), **self._start_ledger())
         else:
             details['progress'] = []
             details['startup'] = {}
@@ -246,11 +256,11 @@ class ChatCheck:
             return 0
         return max(0, unit_number(self.unit_state, 'NRestarts') - self.baseline_restarts)
 
-    def _journal(self, **kwargs: Any) -> list[str]:
+    def _journal(self, parse: Callable[[str], list[Any]] = journal_lines, **kwargs: Any) -> list[Any]:
         if not self.read_journal:
             return []
         try:
-            return journal_lines(self.read_journal(**kwargs))
+            return parse(self.read_journal(**kwargs))
         except Exception:  # the journal only adds detail; never let it hide the verdict
             # Nor delay it twice: a journalctl that hung once is not asked again.
             self.read_journal = None
@@ -262,6 +272,31 @@ class ChatCheck:
         if started <= 0:
             return None
         return int(self.epoch() - (self.clock() - started / 1e6))
+
+    def _start_ledger(self) -> dict[str, float]:
+        """When the unit's current run answered /health and when this wait began, both in seconds from the run's
+        start (systemd's ExecMainStartTimestampMonotonic; without it, the run's first journal line), never from the
+        wait's: a wait that began after the start (a gate asked on its own, a rerun) dates it all the same.
+
+        api_ready_seconds: the first 200 of /health where the wait saw the start; where the API already answered the
+        wait's first question, the journal's line of it (API_READY_LINE); absent where neither tells.
+        gate_began_seconds: the wait's start, where systemd told the run's and the run began before the wait.
+        """
+        started = unit_number(self.unit_state, 'ExecMainStartTimestampMonotonic')
+        started_at = started / 1e6 if started > 0 else None
+        ledger: dict[str, float] = {}
+        if started_at is not None and self.start >= started_at:
+            ledger['gate_began_seconds'] = round(self.start - started_at, 3)
+        if self.healthy_at is None:
+            return ledger
+        if started_at is not None and not self.answered_at_once and self.healthy_at >= started_at:
+            ledger['api_ready_seconds'] = round(self.healthy_at - started_at, 3)
+            return ledger
+        timed = self._journal(parse=timed_lines, timestamps=True, **self._current_run())
+        ready = api_ready_seconds(timed, started_at)
+        if ready is not None:
+            ledger['api_ready_seconds'] = ready
+        return ledger
 
     def _current_run(self) -> dict[str, Any]:
         """How to read the journal of the unit's current run: by its invocation ID, which every line of the run
@@ -346,11 +381,16 @@ class ChatCheck:
     # -- the phases --------------------------------------------------------
 
     def _health(self) -> bool:
+        first = not self.health_asked
+        self.health_asked = True
         status, text = self.http(
             'GET', '/health', None, max(1.0, min(self.request_timeout, self._remaining())), MAX_HEALTH_BYTES
         )
         if status == 200:
             self.healthy_after = self._elapsed()
+            if self.healthy_at is None:
+                self.healthy_at = self.clock()
+                self.answered_at_once = first
             self.progress_at = self.clock()
             return True
         self.last_state = '/health answered %d' % status

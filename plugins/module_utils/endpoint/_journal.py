@@ -92,6 +92,21 @@ def journal_lines(text: Any) -> list[str]:
     return lines
 
 
+# journalctl --output short-monotonic: "[ 1234.567890] host ident[pid]: message", the time on CLOCK_MONOTONIC.
+_MONOTONIC_PREFIX = re.compile(r'^\[\s*(\d+\.\d+)\] ')
+
+
+def timed_lines(text: Any) -> list[tuple[float, str]]:
+    """Split journalctl's short-monotonic text into (seconds on CLOCK_MONOTONIC, the rest of the line); a line without
+    the time (a message's own line break, or journalctl's notes) is left out."""
+    timed = []
+    for line in to_text(text).splitlines():
+        found = _MONOTONIC_PREFIX.match(line)
+        if found:
+            timed.append((float(found.group(1)), line[found.end() :]))
+    return timed
+
+
 def strip_log_prefix(line: str) -> str:
     """Drop vLLM's log prefix: '(EngineCore pid=7) ERROR 11-30 03:50:07 [core.py:1510] '."""
     return _LOG_PREFIX.sub('', line, count=1).strip()

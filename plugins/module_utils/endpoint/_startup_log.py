@@ -203,6 +203,24 @@ def startup_backends(lines: list[str]) -> list[str]:
     return named
 
 
+# uvicorn's line once vLLM's API server is up (its lifespan started; the socket is bound right after): the API's
+# readiness as the journal dates it.
+API_READY_LINE = 'Application startup complete.'
+
+
+def api_ready_seconds(timed: list[tuple[float, str]], started_at: Optional[float]) -> Optional[float]:
+    """Seconds from the run's start to the first line that says its API is up, from the journal of one run
+    (_journal.timed_lines); the run starts at started_at (systemd's ExecMainStartTimestampMonotonic, in seconds),
+    else at the run's first line. None where no line says it."""
+    if not timed:
+        return None
+    start = timed[0][0] if started_at is None else started_at
+    for at, line in timed:
+        if API_READY_LINE in line:
+            return round(max(0.0, at - start), 3)
+    return None
+
+
 def startup_figures(lines: list[str]) -> dict[str, Any]:
     """The figures found in the lines of one start, each only where a line gives it; {} for none.
 

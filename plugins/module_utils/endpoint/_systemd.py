@@ -136,13 +136,20 @@ def unit_probe(module: Any, unit: str, api_key: Optional[str]) -> Callable[[floa
 
 
 def journal_reader(module: Any, unit: str, api_key: Optional[str]) -> Optional[Callable[..., str]]:
-    """read(since=None, lines=None, invocation=None): the unit's journal text, or None without journalctl."""
+    """read(since=None, lines=None, invocation=None, timestamps=False): the unit's journal text, each line led by
+    its time on CLOCK_MONOTONIC with timestamps (journalctl's short-monotonic: "[ 1234.567890] host ident[pid]: ..."),
+    or None without journalctl."""
     journalctl = module.get_bin_path('journalctl')
     if journalctl is None:
         return None
 
-    def read(since: Optional[int] = None, lines: Optional[int] = None, invocation: Optional[str] = None) -> str:
-        cmd = [journalctl, '--output', 'cat', '--no-pager', '--quiet']
+    def read(
+        since: Optional[int] = None,
+        lines: Optional[int] = None,
+        invocation: Optional[str] = None,
+        timestamps: bool = False,
+    ) -> str:
+        cmd = [journalctl, '--output', 'short-monotonic' if timestamps else 'cat', '--no-pager', '--quiet']
         if invocation is not None:
             # One run of the unit: its processes' lines, and systemd's about it.
             cmd += ['_SYSTEMD_INVOCATION_ID=%s' % invocation, '+', 'INVOCATION_ID=%s' % invocation]

@@ -41,10 +41,21 @@ EPOCH = 1800000000
 class World:
     """A fake server, clock and unit. Each path answers from its script; the last entry repeats."""
 
-    def __init__(self, health=((200, ''),), models=(MODELS,), chat=(CHAT,), units=None, journal='', chat_seconds=0.5):
+    def __init__(
+        self,
+        health=((200, ''),),
+        models=(MODELS,),
+        chat=(CHAT,),
+        units=None,
+        journal='',
+        chat_seconds=0.5,
+        timed_journal='',
+    ):
         self.scripts = {'/health': list(health), '/v1/models': list(models), '/v1/chat/completions': list(chat)}
         self.units = list(units or [])
         self.journal = journal
+        self.timed_journal = timed_journal
+        self.timed_journal_calls = []
         self.chat_seconds = chat_seconds
         self.now = 1000.0
         self.calls = []
@@ -83,7 +94,10 @@ class World:
             raise answer
         return answer
 
-    def read_journal(self, since=None, lines=None, invocation=None):
+    def read_journal(self, since=None, lines=None, invocation=None, timestamps=False):
+        if timestamps:
+            self.timed_journal_calls.append({'since': since, 'lines': lines, 'invocation': invocation})
+            return self.timed_journal
         self.journal_calls.append({'since': since, 'lines': lines, 'invocation': invocation})
         return self.journal
 
@@ -572,13 +586,15 @@ def test_one_restart_is_tolerated_and_progress_is_returned():
     assert result['progress'][-1] == 'INFO:     Application startup complete.'
     assert len(result['progress']) == 7
     # vLLM's own figures of the run, from the same lines (the CPU build logs no weights or KV memory, and the
-    # seconds of its checkpoint's read and its engine's start).
+    # seconds of its checkpoint's read and its engine's start); the API ready 1 s after the restarted run's start
+    # (at 1003 s), which began after the wait (at 1000 s).
     assert result['startup'] == {
         'kv_tokens': 4096,
         'max_concurrency': 4.0,
         'weights_read_seconds': 0.0,
         'engine_init_seconds': 0.01,
         'kv_cache_device': 'CPU',
+        'api_ready_seconds': 1.0,
     }
     # Progress is the unit's current run's: the restarted one's invocation.
     assert world.journal_calls == [{'since': None, 'lines': None, 'invocation': RESTARTED}]
@@ -1469,3 +1485,53 @@ def test_without_stream_the_request_asks_for_one_answer():
     result = world.check().run()
     assert 'stream' not in world.payloads[0] and 'stream_options' not in world.payloads[0]
     assert result['stream_events'] is None
+
+
+# ---------------------------------------------------------------- the start's ledger counts from the unit's start
+
+# journalctl --output short-monotonic of a run that started at 905 s on CLOCK_MONOTONIC and answered at 928.4 s.
+TIMED_JOURNAL = (
+    '[  905.012345] sandbox systemd[1]: Started vllm.service - vLLM.\n'
+    '[  912.500000] sandbox python3[9820]: (APIServer pid=9820) INFO 11-30 03:51:37 [api_utils.py:347] version 0.32.0\n'
+    '[  928.312000] sandbox python3[9820]: INFO:     Waiting for application startup.\n'
+    '[  928.400000] sandbox python3[9820]: INFO:     Application startup complete.\n'
+    '[  930.000000] sandbox python3[9820]: INFO:     127.0.0.1:0 - "GET /health HTTP/1.1" 200 OK\n'
+)
+
+
+@pytest.mark.parametrize(
+    ('health', 'started_s', 'timed_journal', 'ledger', 'timed_reads'),
+    [
+        # The gate began 5 s after the restart and saw the start: the first 200 of /health, at 1004 s.
+        ([REFUSED, REFUSED, (200, '')], 995, '', {'gate_began_seconds': 5.0, 'api_ready_seconds': 9.0}, 0),
+        # The gate began 95 s after the start, the API answering already (a gate asked on its own, as make demo's
+        # playbooks/gate.yml after the deploy; a rerun): the journal's line of it, 23.4 s after the start, not the
+        # wait's 0.0 s.
+        ([(200, '')], 905, TIMED_JOURNAL, {'gate_began_seconds': 95.0, 'api_ready_seconds': 23.4}, 1),
+        # ... and where the journal no longer holds the line, no figure: never the wait's.
+        ([(200, '')], 905, TIMED_JOURNAL.replace('Application startup complete', 'x'), {'gate_began_seconds': 95.0}, 1),
+        # Without systemd's start, the run's first journal line (905.012345 s) dates it.
+        ([(200, '')], None, TIMED_JOURNAL, {'api_ready_seconds': 23.388}, 1),
+    ],
+    ids=['gate-saw-the-start', 'gate-after-the-start', 'ready-line-gone', 'first-journal-line'],
+)
+def test_the_start_ledger_counts_from_the_units_start(health, started_s, timed_journal, ledger, timed_reads):
+    state = running(0, started_s or 0)
+    if started_s is None:
+        del state['ExecMainStartTimestampMonotonic']
+    world = World(health=health, units=[state], journal=fixture('vllm-started.log'), timed_journal=timed_journal)
+    result = world.check().run()
+    assert {
+        key: result['startup'][key] for key in ('gate_began_seconds', 'api_ready_seconds') if key in result['startup']
+    } == ledger
+    # The timed journal is read only where /health could not date the start, and of the current run only.
+    assert world.timed_journal_calls == [{'since': None, 'lines': None, 'invocation': INVOCATION}] * timed_reads
+
+
+def test_the_start_ledger_of_a_wait_that_never_saw_an_answer_has_no_api_ready():
+    world = World(health=[REFUSED], units=[running(0, 995)], journal=fixture('vllm-started.log'))
+    with pytest.raises(CheckFailed) as err:
+        world.check(timeout=4).run()
+    assert err.value.details['startup']['gate_began_seconds'] == 5.0
+    assert 'api_ready_seconds' not in err.value.details['startup']
+    assert world.timed_journal_calls == []

@@ -9,6 +9,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal im
     journal_lines,
     progress_lines,
     strip_log_prefix,
+    timed_lines,
 )
 from ansible_collections.llmserve.vllm.tests.support import ENGINE_FAILED, KV_REFUSAL, TRITON_MLA_FP8, recorded
 
@@ -150,3 +151,16 @@ def test_progress_lines_of_a_recorded_start():
 )
 def test_progress_lines(text, limit, expected):
     assert progress_lines(journal_lines(text), limit) == expected
+
+
+def test_timed_lines_keep_the_monotonic_time_and_leave_out_lines_without_it():
+    text = (
+        '-- Boot 0f1e2d3c4b5a69788796a5b4c3d2e1f0 --\n'
+        '[  905.012345] sandbox systemd[1]: Started vllm.service - vLLM.\n'
+        "  a message's second line\n"
+        '[12345.000001] sandbox python3[9820]: INFO:     Application startup complete.\n'
+    )
+    assert timed_lines(text) == [
+        (905.012345, 'sandbox systemd[1]: Started vllm.service - vLLM.'),
+        (12345.000001, 'sandbox python3[9820]: INFO:     Application startup complete.'),
+    ]

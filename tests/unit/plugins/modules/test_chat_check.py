@@ -444,7 +444,10 @@ if [ -f "$dir/show.$n" ]; then cat "$dir/show.$n"; else cat "$dir/show.last"; fi
 FAKE_JOURNALCTL = r"""#!/bin/sh
 dir=$(dirname "$0")
 echo "$*" >> "$dir/journalctl.args"
-cat "$dir/journal.txt"
+case "$*" in
+  *short-monotonic*) cat "$dir/journal-timed.txt" 2>/dev/null ;;
+  *) cat "$dir/journal.txt" ;;
+esac
 """
 
 
@@ -548,6 +551,24 @@ def test_a_healthy_unit_returns_its_loading_progress(tmp_path, serve, module_res
     assert result['answer'] == PARIS
     assert result['restarts'] == 0
     assert result['progress'] == fixture('vllm-started.progress.txt').splitlines()
+
+
+def test_an_api_up_before_the_wait_is_dated_by_the_journal(tmp_path, serve, module_result):
+    """/health answers the first question: the wait began after the start, and the journal's timed lines date it
+    (without systemd's ExecMainStartTimestampMonotonic, from the run's first line)."""
+    server = serve(FakeVllm(health=[200]))
+    bin_dir = fake_systemd(tmp_path, [show('active', 'running')], fixture('vllm-started.log'))
+    (bin_dir / 'journal-timed.txt').write_text(
+        '[  905.012345] sandbox systemd[1]: Started vllm.service - vLLM.\n'
+        '[  928.400000] sandbox python3[9820]: INFO:     Application startup complete.\n'
+    )
+    rc, result = module_result('chat_check', dict(FAST, url=server.url, unit='vllm.service'), path_prefix=str(bin_dir))
+    assert rc == 0
+    assert result['startup']['api_ready_seconds'] == 23.388
+    assert 'gate_began_seconds' not in result['startup']
+    timed = [args for args in lines(bin_dir / 'journalctl.args') if 'short-monotonic' in args]
+    assert len(timed) == 1
+    assert timed[0].startswith('--output short-monotonic --no-pager --quiet --unit vllm.service --since @')
 
 
 def streamed_events(*deltas, finish):
