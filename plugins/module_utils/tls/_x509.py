@@ -64,7 +64,7 @@ def _subject_alt_names(extensions: Element) -> Optional[Element]:
     return None
 
 
-def _names(general_names: Optional[Element]):
+def _names(general_names: Optional[Element]) -> tuple[list[str], list[str]]:
     """The dNSName and iPAddress entries; other kinds (email, URI) name no server."""
     dns, ips = [], []
     for name in children(general_names) if general_names else []:
