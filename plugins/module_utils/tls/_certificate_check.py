@@ -10,6 +10,7 @@ PRIVATE to the collection: this is not a public API; it may change without notic
 """
 
 import os
+import pwd
 import stat
 from datetime import datetime
 from typing import Any, NamedTuple, Optional
@@ -47,6 +48,17 @@ class PemFile(NamedTuple):
     mode: int
 
 
+def unreadable(path: str, option: str, exc: OSError) -> str:
+    """The refusal of a file this process's user cannot read: nginx's master reads it as root, and so must the play."""
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    return '%s %s cannot be read by %s (%s): run the play with become, as nginx reads it as root.' % (
+        option,
+        path,
+        user,
+        exc.strerror,
+    )
+
+
 def read_pem_file(path: str, option: str, remedy: str) -> PemFile:
     """The text of the file at path (option names it in the messages), read as this process's user."""
     try:
@@ -54,7 +66,7 @@ def read_pem_file(path: str, option: str, remedy: str) -> PemFile:
     except FileNotFoundError:
         return PemFile(None, '%s %s does not exist: %s.' % (option, path, remedy), 0)
     except OSError as exc:
-        return PemFile(None, '%s %s cannot be read as root (%s): %s.' % (option, path, exc.strerror, remedy), 0)
+        return PemFile(None, unreadable(path, option, exc), 0)
     if not stat.S_ISREG(info.st_mode):
         return PemFile(None, '%s %s is not a regular file: %s.' % (option, path, remedy), 0)
     if info.st_size > MAX_PEM_BYTES:
@@ -65,7 +77,7 @@ def read_pem_file(path: str, option: str, remedy: str) -> PemFile:
         with open(path, 'rb') as handle:
             text = handle.read(MAX_PEM_BYTES).decode('ascii', 'replace')
     except OSError as exc:
-        return PemFile(None, '%s %s cannot be read as root (%s): %s.' % (option, path, exc.strerror, remedy), 0)
+        return PemFile(None, unreadable(path, option, exc), 0)
     return PemFile(text, None, stat.S_IMODE(info.st_mode))
 
 

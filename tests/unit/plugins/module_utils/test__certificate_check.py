@@ -5,6 +5,7 @@
 own reading, the key match for each kind and form of key, and every refusal and warning in its exact words."""
 
 import os
+import pwd
 import subprocess
 from datetime import datetime, timezone
 
@@ -182,6 +183,15 @@ def test_missing_files_are_refused_each_by_its_option(tmp_path):
         'certificate_path to where it is.' % cert,
         'private_key_path %s does not exist: put its private key there (PEM, readable by root only), or set '
         'private_key_path to where it is.' % key,
+    ]
+
+
+def test_a_file_that_cannot_be_read_is_refused_with_the_user_and_the_cause(tmp_path):
+    cert, key = write_pair(tmp_path, 'front', names=NAMES)
+    unreadable = cert + '/key'
+    assert judge(cert, unreadable, URL, NOW, 30, no_openssl).problems == [
+        'private_key_path %s cannot be read by %s (Not a directory): run the play with become, as nginx reads it as '
+        'root.' % (unreadable, pwd.getpwuid(os.geteuid()).pw_name)
     ]
 
 
