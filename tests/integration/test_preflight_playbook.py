@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from ansible_collections.llmserve.vllm.tests.certificates import DAY, NOW, make_key, write_pair
 from ansible_collections.llmserve.vllm.tests.support import fixture_path, kimi_index_names
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
@@ -62,13 +63,21 @@ def make_tiny(d):
 
 
 def run_playbook(tmp_path, hosts):
+    # The front door's certificate, good for every host unless the host sets its own.
+    certificate, key = write_pair(tmp_path, 'front')
     inventory = tmp_path / 'hosts.json'
     inventory.write_text(
         json.dumps(
             {
                 'vllm': {
                     'hosts': hosts,
-                    'vars': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable},
+                    'vars': {
+                        'ansible_connection': 'local',
+                        'ansible_python_interpreter': sys.executable,
+                        'vllm_kimi_front_tls_certificate': certificate,
+                        'vllm_kimi_front_tls_key': key,
+                        'vllm_kimi_front_url': 'https://localhost:8443',
+                    },
                 }
             }
         )
@@ -198,3 +207,49 @@ def test_each_host_the_preflight_cannot_answer_for_fails_with_its_cause(tmp_path
         assert 'The preflight could not answer: ' + cause in answers(out, host), (host, out)
         assert re.search(r'%s : ok=\d+ changed=0 unreachable=0 failed=1' % re.escape(host), out), (host, out)
     assert 'has no attribute' not in out, out
+
+
+def test_the_front_doors_certificate_is_judged_before_anything_changes(tmp_path):
+    """A host each for a certificate nginx or its clients would refuse: each fails the preflight with the file and the
+    fix, in the role's words; a good one and one about to expire (a warning with its date) pass."""
+    make_tiny(tmp_path / 'tiny')
+    cpu = {
+        'vllm_kimi_model_path': str(tmp_path / 'tiny'),
+        'vllm_kimi_accelerator': 'cpu',
+        'vllm_kimi_tensor_parallel_size': 1,
+        'vllm_kimi_kv_cache_memory_bytes': 1048576,
+        'vllm_kimi_max_model_len': 1024,
+        'vllm_kimi_api_key': 'preflight-test-key',
+    }
+    pairs = {
+        'expired': write_pair(tmp_path, 'expired', not_before=NOW - 400 * DAY, not_after=NOW - DAY),
+        'mismatched': write_pair(tmp_path, 'mismatched', cert_key=make_key()),
+        'expiring': write_pair(tmp_path, 'expiring', not_after=NOW + 9 * DAY + DAY / 2),
+    }
+    hosts = {
+        name: dict(cpu, vllm_kimi_front_tls_certificate=cert, vllm_kimi_front_tls_key=key)
+        for name, (cert, key) in pairs.items()
+    }
+    hosts['good'] = cpu
+    hosts['elsewhere'] = dict(cpu, vllm_kimi_front_url='https://gpu1.example.com:8443')
+    hosts['missing'] = dict(cpu, vllm_kimi_front_tls_certificate=str(tmp_path / 'none.pem'))
+    code, out = run_playbook(tmp_path, hosts)
+    assert code == 2, out
+    refused = {
+        'expired': 'vllm_kimi_front_tls_certificate %s expired on ' % pairs['expired'][0],
+        'mismatched': 'vllm_kimi_front_tls_key %s does not belong to vllm_kimi_front_tls_certificate %s (another EC '
+        "P-256 key than the certificate's), and nginx would not start"
+        % (pairs['mismatched'][1], pairs['mismatched'][0]),
+        'elsewhere': 'vllm_kimi_front_tls_certificate %s does not name gpu1.example.com, the host of vllm_kimi_front_url '
+        'https://gpu1.example.com:8443: its subjectAltName names DNS:localhost, IP:127.0.0.1, and clients refuse it. '
+        'Issue it with subjectAltName DNS:gpu1.example.com' % (tmp_path / 'front.pem'),
+        'missing': 'vllm_kimi_front_tls_certificate %s does not exist: ' % (tmp_path / 'none.pem'),
+    }
+    for host, cause in refused.items():
+        assert 'The preflight could not answer: ' + cause in answers(out, host), (host, out)
+        assert re.search(r'%s : ok=\d+ changed=0 unreachable=0 failed=1' % host, out), (host, out)
+    for host in ('good', 'expiring'):
+        assert 'Verdict: FITS with max_model_len 1024' in answers(out, host), (host, out)
+        assert re.search(r'%s : ok=\d+ changed=0 unreachable=0 failed=0' % host, out), (host, out)
+    assert 'vllm_kimi_front_tls_certificate %s expires on %s, in 9 days' % (
+        pairs['expiring'][0], (NOW + 9 * DAY + DAY / 2).strftime('%Y-%m-%d %H:%M:%S UTC')) in out, out  # fmt: skip

@@ -24,6 +24,16 @@ CASES = [
     ('deployment', {'path': '/d', 'state': 'restored', 'unit_file': '/u\0', 'environment_file': '/e'}, 'unit_file'),
     ('kv_cache_quant', {'path': '/ckpt\0'}, 'path'),
     ('progress', {'results_file': '/j\0'}, 'results_file'),
+    (
+        'tls_certificate_check',
+        {'certificate_path': '/c\0', 'private_key_path': '/k', 'url': 'https://h'},
+        'certificate_path',
+    ),
+    (
+        'tls_certificate_check',
+        {'certificate_path': '/c', 'private_key_path': '/k\0', 'url': 'https://h'},
+        'private_key_path',
+    ),
 ]
 
 
