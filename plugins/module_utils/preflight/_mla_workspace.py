@@ -26,7 +26,7 @@ Read in vLLM 0.33.0's and 0.34.0's wheels (vllm#46819):
   checkpoint (DeepSeek-V3.2's index_topk, which the sparse backends require) runs a sparse backend instead.
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config, is_mla, text_config
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import config_int
@@ -101,7 +101,7 @@ def decode_workspace(
     max_model_len: int,
     gpu_name: str,
     sm_count: Optional[int] = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The workspace on one GPU and its factors: bytes, splits, heads_per_rank, sm_count and where that came from.
 
     sm_count as given, else SM_COUNTS by gpu_name; where neither knows it, the splits are not capped (the larger
