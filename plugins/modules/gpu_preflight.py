@@ -191,7 +191,7 @@ options:
       - The key also holds the GPUs' model and count, the resolved KV-cache dtype and the memory options
         (O(tensor_parallel_size), O(pipeline_parallel_size), O(gpu_memory_utilization), O(kv_cache_memory_bytes),
         O(max_num_seqs), O(max_num_batched_tokens), O(block_size), O(multimodal)), and O(max_model_len) only through
-        the split count of TRITON_MLA's decode workspace (RV(reserve.mla_decode_splits)) where it applies: otherwise
+        the split count of TRITON_MLA's decode workspace (RV(reserve.mla_decode_splits)) where it applies; otherwise
         the KV cache vLLM sizes does not depend on the context length.
     type: dict
     default: {}
