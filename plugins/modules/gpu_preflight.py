@@ -154,8 +154,11 @@ options:
         C(num_experts_per_tok) in C(config.json), divided by tensor parallelism) and the sampler's dummy run over
         O(max_num_seqs) × C(vocab_size) logits (40 bytes each); non-torch memory (cuBLAS and the like; the current
         vLLM leaves the NCCL communicators to the headroom, so they are not counted); the CUDA-graph memory vLLM
-        estimates and subtracts since 0.21 (16 MiB a layer); and gpu_memory_utilization × the memory nvidia-smi
-        counts but CUDA does not offer (616 MiB on an H200, measured; 640 MiB on other GPUs)."
+        estimates and subtracts since 0.21 (16 MiB a layer); gpu_memory_utilization × the memory nvidia-smi
+        counts but CUDA does not offer (616 MiB on an H200, measured; 640 MiB on other GPUs); and, from vLLM 0.33, for
+        an MLA model on GPUs where vLLM runs the TRITON_MLA backend (compute capability 12.x, and below 9.x), its
+        decode workspace, O(max_num_seqs) × the attention heads per GPU × its split count × (C(kv_lora_rank) + 1) × 4
+        bytes (see O(gpu_sm_count))."
       - A C(config.json) without C(hidden_size) or C(vocab_size) gets 5 GiB (5368709120) and a warning. 0 on the CPU
         build, whose KV space is fixed. Ignored when O(kv_cache_memory_bytes) is given.
       - Calibrated against real vLLM start-up logs (C(tests/fixtures/startup_logs); C(docs/preflight-accuracy.md) has the
@@ -163,13 +166,23 @@ options:
     type: int
   max_num_seqs:
     description:
-      - vLLM's C(--max-num-seqs), for the reserve's sampler term. Not given, vLLM's default for C(vllm serve) (1024 on GPUs
-        of 70 GiB or more, else 256; vLLM's C(engine/arg_utils.py)).
+      - vLLM's C(--max-num-seqs), for the reserve's sampler, penalty-count and MLA decode-workspace terms. Not given,
+        vLLM's default for C(vllm serve) (1024 on GPUs of 70 GiB or more but the A100, else 256; vLLM 0.33/0.34's
+        C(EngineArgs.get_batch_defaults) in C(engine/arg_utils.py)).
+    type: int
+  gpu_sm_count:
+    description:
+      - The streaming multiprocessors of one GPU, for the split count of TRITON_MLA's decode workspace, which vLLM caps
+        at twice the SM count (C(_compute_num_kv_splits) in C(v1/attention/backends/mla/triton_mla.py)).
+      - Not given, the preflight's table by nvidia-smi's GPU name (RTX PRO 6000 Blackwell 188, RTX 5090 170, L40S 142,
+        RTX 4090 128, A100 108, ...); for a GPU the table does not know, the splits are not capped (the larger
+        workspace) and the plan warns. nvidia-smi does not print it; CUDA's deviceQuery does ("Multiprocessors").
     type: int
   max_num_batched_tokens:
     description:
       - vLLM's C(--max-num-batched-tokens), the tokens of the profile run that sets the reserve's activation term. Not
-        given, vLLM's default for C(vllm serve) (8192 on GPUs of 70 GiB or more, else 2048).
+        given, vLLM's default for C(vllm serve) (8192 on GPUs of 70 GiB or more but the A100, 16384 on GPUs of 160 GiB
+        or more from 0.33, else 2048).
     type: int
   memory_key:
     description:
@@ -177,8 +190,9 @@ options:
         the role passes the model revision, the vLLM package spec and its other serving flags.
       - The key also holds the GPUs' model and count, the resolved KV-cache dtype and the memory options
         (O(tensor_parallel_size), O(pipeline_parallel_size), O(gpu_memory_utilization), O(kv_cache_memory_bytes),
-        O(max_num_seqs), O(max_num_batched_tokens), O(block_size), O(multimodal)), never O(max_model_len), as the KV
-        cache vLLM sizes does not depend on it.
+        O(max_num_seqs), O(max_num_batched_tokens), O(block_size), O(multimodal)), and O(max_model_len) only through
+        the split count of TRITON_MLA's decode workspace (RV(reserve.mla_decode_splits)) where it applies; otherwise
+        the KV cache vLLM sizes does not depend on the context length.
     type: dict
     default: {}
   measurements_dir:
@@ -257,8 +271,9 @@ options:
       - The vLLM release that will serve (V(0.33.0)), for what differs between releases. The sampler of vLLM's profile
         run (PyTorch's sort-based top-k/top-p at 38 bytes a logit before 0.33, FlashInfer's sort-free one at 14 with
         the model runner's int32 penalty counts from 0.33), V0's accounting of the NCCL communicators before 0.10, the
-        CUDA-graph estimate subtracted since 0.21, and the matrices vLLM 0.7 absorbs into MLA's weights.
-      - Not given, or not a version, it is taken to be a current one (0.33 or later). The role passes the version
+        CUDA-graph estimate subtracted since 0.21, the matrices vLLM 0.7 absorbs into MLA's weights, and TRITON_MLA's
+        decode workspace reserved in the profile run from 0.33 (vllm#46819).
+      - Not given, or not a version, it is taken to be a current one (0.34 or later). The role passes the version
         pinned in C(vllm_kimi_package_spec).
     type: str
   block_size:
@@ -482,9 +497,27 @@ reserve:
           its profile counts; V(0) before 0.33 (O(vllm_version)).
       type: int
       returned: when source is V(estimated)
+    mla_decode_workspace:
+      description:
+        - TRITON_MLA's decode workspace, which vLLM 0.33 and later reserve in the profile run and so take from the KV
+          cache; V(0) where it does not apply (not MLA, a sparse MLA model, a GPU that runs another MLA backend, or
+          an earlier vLLM). Included in RV(reserve.total).
+      type: int
+      returned: when source is V(estimated) or V(fallback) and the accelerator is V(nvidia)
+    mla_decode_splits:
+      description: The workspace's split count, V(0) where it does not apply; part of RV(memory_key) where not 0.
+      type: int
+      returned: when source is V(estimated) or V(fallback) and the accelerator is V(nvidia)
+    mla_decode:
+      description:
+        - The workspace's factors, where it applies - C(bytes), C(splits), C(heads_per_rank), C(sm_count) and
+          C(sm_count_source) (V(given), V(table) or V(unknown)), C(max_num_seqs) and C(max_model_len) (the requested
+          one, or for V(auto) the model's maximum).
+      type: dict
+      returned: where RV(reserve.mla_decode_workspace) is not 0
   sample:
     source: estimated
-    total: 5150605312
+    total: 9453961216
     max_num_seqs: 1024
     max_num_batched_tokens: 8192
     activation: 2466250752
@@ -493,6 +526,16 @@ reserve:
     cuda_graphs: 1023410176
     driver: 603979776
     encoder_outputs: 117440512
+    mla_decode_workspace: 4303355904
+    mla_decode_splits: 256
+    mla_decode:
+      bytes: 4303355904
+      splits: 256
+      heads_per_rank: 8
+      sm_count: 188
+      sm_count_source: table
+      max_num_seqs: 1024
+      max_model_len: 131072
 kv_cache_dtype:
   description: The KV-cache dtype the plan uses (after V(auto) resolution, and after stripping when RV(strip_fp8_kv_cache)).
   returned: always
@@ -705,6 +748,7 @@ INT_OPTIONS = (
     ('weights_bytes_per_gpu', 0),
     ('reserve_bytes_per_gpu', 0),
     ('max_num_seqs', 1),
+    ('gpu_sm_count', 1),
     ('max_num_batched_tokens', 1),
     ('shm_min_bytes', 0),
 )
@@ -741,6 +785,7 @@ ARGUMENT_SPEC = dict(
     nvidia_smi_timeout=dict(type='int', default=DEFAULT_NVIDIA_SMI_TIMEOUT),
     reserve_bytes_per_gpu=dict(type='int'),
     max_num_seqs=dict(type='int'),
+    gpu_sm_count=dict(type='int'),
     max_num_batched_tokens=dict(type='int', no_log=False),
     multimodal=dict(
         type='str',

@@ -113,6 +113,8 @@ def run_playbook(tmp_path, hosts):
                 'Strip the checkpoint FP8 KV cache: yes',
                 'mla attention, 70272 bytes per token per GPU',
                 'GPU 7, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 0, 12.0',
+                # vLLM's default 1024 sequences: what TRITON_MLA's decode workspace takes from the KV cache.
+                'max_num_seqs 1024: TRITON_MLA decode workspace 4.01 GiB per GPU = 61238 KV-cache tokens (256 splits)',
             ],
         ),
         (
@@ -123,9 +125,10 @@ def run_playbook(tmp_path, hosts):
                 'Verdict: DOES NOT FIT with max_model_len 262144',
                 "Problem: To serve at least one request with the model''s max seq len (262144), (17.16 GiB KV cache is needed",
                 'Weights: 581.90 GB in the checkpoint, 69.32 GiB on the most loaded GPU (config), planned with 1.39 GiB margin',
-                'Reserve: 4.80 GiB per GPU (estimated)',
-                'Remedy: set vllm_kimi_max_model_len to 160960 (fits at vllm_kimi_gpu_memory_utilization 0.9)',
-                'Remedy: set vllm_kimi_gpu_memory_utilization to 0.97 (fits vllm_kimi_max_model_len 262144)',
+                'Reserve: 10.68 GiB per GPU (estimated)',
+                'max_num_seqs 1024: TRITON_MLA decode workspace 5.89 GiB per GPU = 89944 KV-cache tokens (376 splits)',
+                'Remedy: set vllm_kimi_max_model_len to 71008 (fits at vllm_kimi_gpu_memory_utilization 0.9)',
+                'Remedy: no vllm_kimi_gpu_memory_utilization fits vllm_kimi_max_model_len 262144: it needs 3.90 GiB more',
             ],
         ),
     ],
@@ -156,7 +159,11 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc,
         },
     )
     assert code == rc, out
-    for text in expected + ['Verdict: FITS with max_model_len 1024', 'GPUs: none (accelerator cpu)']:
+    for text in expected + [
+        'Verdict: FITS with max_model_len 1024',
+        'GPUs: none (accelerator cpu)',
+        'max_num_seqs -: no MLA decode workspace in the KV budget',
+    ]:
         assert text in out
     # The play's plan alone: the role's own summary of it is not printed as well.
     assert 'weights per GPU' not in out, out

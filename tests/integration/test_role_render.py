@@ -11,7 +11,9 @@ import shlex
 import subprocess
 
 import pytest
+import yaml
 
+from ansible_collections.llmserve.vllm.plugins.filter.vllm import pinned_version
 from ansible_collections.llmserve.vllm.tests.support import Canary
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
@@ -190,13 +192,34 @@ def test_gpu_inventory_serves_kimi_with_the_seed_flags(gpu_unit):
         'kimi_k2',
         '--shutdown-timeout',
         '120',
+        '--max-num-seqs',
+        '64',
     ]
     assert '--disable-log-requests' not in unit
 
 
+def pinned_release_options():
+    """The long options `vllm serve` of the release the role pins accepts (tools/vllm_serve_options.py's fixture)."""
+    with open(os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')) as handle:
+        spec = yaml.safe_load(handle)['vllm_kimi_package_spec']
+    path = os.path.join(REPO, 'tests', 'fixtures', 'vllm_serve_options', pinned_version(spec) + '.txt')
+    with open(path) as handle:
+        return {line.strip() for line in handle if line.startswith('--')}
+
+
+def test_the_pinned_release_parses_every_option_the_gpu_inventory_renders(gpu_unit):
+    """Each long option of the rendered command line is one the pinned release's `vllm serve` defines; the canary,
+    an option vLLM removed (--disable-log-requests), is not."""
+    options = pinned_release_options()
+    assert '--disable-log-requests' not in options
+    rendered = [arg.split('=', 1)[0] for arg in exec_start(gpu_unit[0]) if arg.startswith('--')]
+    assert len(rendered) >= 15
+    assert [option for option in rendered if option not in options] == []
+
+
 MEDIA_LIMITS = ['--allowed-media-domains', 'media.invalid', '--limit-mm-per-prompt', '{"vision_chunk": 8}']
 # The role's _vllm_kimi_serve_flags, in their order.
-SERVE_FLAGS = ['--reasoning-parser', 'kimi_k2', '--shutdown-timeout', '120']
+SERVE_FLAGS = ['--reasoning-parser', 'kimi_k2', '--shutdown-timeout', '120', '--max-num-seqs', '64']
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,10 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache 
     tokens_for,
     utilization_for,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._mla_workspace import (
+    applies as mla_workspace_applies,
+)
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._mla_workspace import decode_workspace
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_config import (
     config_field,
     config_int,
@@ -46,7 +50,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_con
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_smi import App, Gpu
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import MIB, PreflightError, gib
-from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import estimate
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import estimate, version_tuple
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import is_vision, sized_from_config
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._weights import (
     runtime_weight_bytes,
@@ -166,6 +170,10 @@ def plan(
     memory, figures = memory_inputs(params, config, checkpoint, gpus, apps, dtype_info, host, hf_quant_config, found)
     # figures['gpus'] is the GPUs used: none on the CPU build.
     key = memory_key(params, figures['gpus'], figures['kv_cache_dtype'], cpu)
+    splits = figures['reserve'].get('mla_decode_splits')
+    if splits:
+        # TRITON_MLA's workspace grows with max_model_len by its split count: lengths of one count size alike.
+        key['mla_decode_splits'] = splits
     key_id = memory_key_id(key)
     measured = measurement_for(key_id, measurements or [])
     predicted = size_or_measure(memory, figures, measured, found)
@@ -246,8 +254,10 @@ def memory_inputs(
     )
     weights_margin = 0 if weights_source == 'given' else int(math.ceil(weights * PREDICTED_WEIGHTS_MARGIN))
     total = None if cpu else gpu_memory(params, gpus, gpus_used, apps, host, found)
-    gpu_name = str(gpus_used[0].get('name') or '') if gpus_used and not cpu else ''
-    reserve_parts = reserve_per_gpu(params, config, total, cpu, found, gpu_name)
+    gpu = gpus_used[0] if gpus_used and not cpu else {}
+    reserve_parts = reserve_per_gpu(params, config, total, cpu, found, str(gpu.get('name') or ''))
+    if reserve_parts['source'] != 'given' and not cpu:
+        add_mla_decode_workspace(reserve_parts, params, config, gpu, found)
     reserve = int(reserve_parts['total'])  # type: ignore[call-overload]
     figures = {
         'gpus': gpus_used if not cpu else [],
@@ -340,6 +350,40 @@ def reserve_per_gpu(
         )
     parts['source'] = 'estimated' if parts.pop('estimated') else 'fallback'
     return parts
+
+
+def add_mla_decode_workspace(
+    parts: dict[str, object], params: Params, config: Config, gpu: Gpu, found: Findings
+) -> None:
+    """Add TRITON_MLA's decode workspace (_mla_workspace) to the reserve where this release runs it on this GPU.
+
+    Its split count follows the max_model_len vLLM starts with: the requested one, or for auto the model's own
+    limit (the plan's fit is never longer, so the workspace planned is never the smaller)."""
+    parts.update(mla_decode_workspace=0, mla_decode_splits=0)
+    version = version_tuple(params.get('vllm_version'))
+    if not mla_workspace_applies(config, str(gpu.get('compute_capability') or ''), version):
+        return
+    requested = params.get('max_model_len')
+    length = derived_max_model_len(config) if requested in AUTO_MAX_MODEL_LEN else int(requested)
+    if length is None:
+        found.warnings.append(
+            "max_model_len auto and no model maximum in %s: TRITON_MLA's decode workspace, which grows with the "
+            'context length, is not planned' % CONFIG_NAME
+        )
+        return
+    seqs = int(parts['max_num_seqs'])  # type: ignore[call-overload]
+    name = str(gpu.get('name') or '')
+    workspace = decode_workspace(config, params['tensor_parallel_size'], seqs, length, name, params.get('gpu_sm_count'))
+    if workspace['sm_count_source'] == 'unknown':
+        found.warnings.append(
+            "the SM count of %s is not known to the preflight: TRITON_MLA's decode workspace is planned with %d "
+            'splits, not capped at twice the SM count as vLLM caps them; set gpu_sm_count (nvidia-smi does not '
+            'print it; CUDA\'s multiProcessorCount, deviceQuery\'s "Multiprocessors") for the exact figure'
+            % (name or 'this GPU', workspace['splits'])
+        )
+    parts.update(mla_decode_workspace=workspace['bytes'], mla_decode_splits=workspace['splits'])
+    parts['mla_decode'] = dict(workspace, max_num_seqs=seqs, max_model_len=length)
+    parts['total'] = int(parts['total']) + int(workspace['bytes'])  # type: ignore[call-overload]
 
 
 def check_pipeline_stages(config: Config, pp: int) -> None:

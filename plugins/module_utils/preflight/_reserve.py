@@ -33,10 +33,16 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight
 FALLBACK_RESERVE_BYTES = 5 * GIB
 
 # vLLM's defaults for `vllm serve` (engine/arg_utils.py, _set_default_args): GPUs of 70 GiB or more get
-# max_num_seqs 1024 and max_num_batched_tokens 8192, smaller ones 256 and 2048.
+# max_num_seqs 1024 and max_num_batched_tokens 8192, smaller ones 256 and 2048. From 0.33
+# (EngineArgs.get_batch_defaults, read in 0.33.0 and 0.34.0) GPUs of 160 GiB or more get 1024 and 16384, and the
+# A100 and the GB10 (DGX Spark) stay on the small tier whatever their memory.
 LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_BATCHING_LARGE = (1024, 8192)
 DEFAULT_BATCHING_SMALL = (256, 2048)
+HUGE_GPU_BYTES = 160 * GIB
+DEFAULT_BATCHING_HUGE = (1024, 16384)
+SMALL_TIER_GPU_NAMES = ('A100', 'GB10')
+BATCH_TIERS_SINCE = (0, 33)
 
 # Activations are bf16/fp16: 2 bytes an element.
 ACTIVATION_BYTES = 2
@@ -111,9 +117,17 @@ DRIVER_RESERVED_DEFAULT = 640 * MIB
 # tokens, within the default 8192; its encoder's own activations are transient and not modelled.
 
 
-def default_batching(gpu_memory_bytes: int) -> tuple[int, int]:
-    """vLLM's (max_num_seqs, max_num_batched_tokens) for `vllm serve` on a GPU of this size."""
-    return DEFAULT_BATCHING_LARGE if gpu_memory_bytes >= LARGE_GPU_BYTES else DEFAULT_BATCHING_SMALL
+def default_batching(
+    gpu_memory_bytes: int, gpu_name: str = '', version: Optional[tuple[int, int]] = None
+) -> tuple[int, int]:
+    """vLLM's (max_num_seqs, max_num_batched_tokens) for `vllm serve` on a GPU of this size and name, by release
+    (None: a current one)."""
+    if version is not None and version < BATCH_TIERS_SINCE:
+        return DEFAULT_BATCHING_LARGE if gpu_memory_bytes >= LARGE_GPU_BYTES else DEFAULT_BATCHING_SMALL
+    if gpu_memory_bytes >= HUGE_GPU_BYTES:
+        return DEFAULT_BATCHING_HUGE
+    small_tier = any(name.lower() in gpu_name.lower() for name in SMALL_TIER_GPU_NAMES)
+    return DEFAULT_BATCHING_LARGE if gpu_memory_bytes >= LARGE_GPU_BYTES and not small_tier else DEFAULT_BATCHING_SMALL
 
 
 def version_tuple(version: Optional[str]) -> Optional[tuple[int, int]]:
@@ -196,7 +210,8 @@ def estimate(
     match at run time.
     Without hidden_size or vocab_size in config.json the reserve is FALLBACK_RESERVE_BYTES and 'estimated' is False.
     """
-    seqs, tokens = default_batching(gpu_memory_bytes)
+    version = version_tuple(vllm_version)
+    seqs, tokens = default_batching(gpu_memory_bytes, gpu_name, version)
     seqs = max_num_seqs or seqs
     tokens = max_num_batched_tokens or tokens
     per_token = activation_elements_per_token(config, tp)
@@ -207,7 +222,6 @@ def estimate(
         parts.update(estimated=False, total=FALLBACK_RESERVE_BYTES)
         return parts
     hidden = _field(config, 'hidden_size') or 0
-    version = version_tuple(vllm_version)
     forward = tokens * per_token * ACTIVATION_BYTES
     flashinfer = version is None or version >= FLASHINFER_SAMPLER_SINCE
     rows = seqs if v0_accounting(version) else min(seqs, tokens)

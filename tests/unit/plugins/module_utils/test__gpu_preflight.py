@@ -363,9 +363,14 @@ def test_plan_needs_a_layer_per_pipeline_stage():
     )
 
 
-# The real case's plans (docs/preflight-accuracy.md): 262,144 does not fit at 0.90, 131,072 does at 0.95.
-KIMI_TOKENS_AT_090 = 160960
-KIMI_TOKENS_AT_095 = 233504
+# The real case's plans (docs/preflight-accuracy.md) at vllm serve's 1024 sequences: 262,144 does not fit at 0.90,
+# 131,072 does at 0.95.
+KIMI_TOKENS_AT_090 = 71008
+KIMI_TOKENS_AT_095 = 172272
+# TRITON_MLA's decode workspace on RTX PRO 6000 (188 SMs) at 1024 sequences, 8 heads a GPU and kv_lora_rank 512:
+# 376 splits at 262,144 tokens (512, capped at 2 x 188), 256 at 131,072.
+KIMI_WORKSPACE_262144 = 1024 * 8 * 376 * 513 * 4
+KIMI_WORKSPACE_131072 = 1024 * 8 * 256 * 513 * 4
 # MoonViT's 27 blocks (wqkv, wo, fc0, fc1, two norms), its patch embedding and the patch merger, in bf16.
 KIMI_VISION_BYTES = 2 * (
     27 * (4 * 1152 * 1152 + 2 * 1152 * 4304 + 2 * 1152) + 1152 * 3 * 14 * 14 + 4608 * 4608 + 7168 * 4608
@@ -383,12 +388,15 @@ def test_kimi_with_the_estimated_reserve(kimi):
     assert at_090['reserve']['penalty_counts'] == 1024 * 163840 * 4
     # Its vision encoder's outputs, kept through the profile run: 8192 embeddings of 7168 in bf16.
     assert at_090['reserve']['encoder_outputs'] == 8192 * 7168 * 2
-    assert at_090['reserve_bytes_per_gpu'] == 5150605312
+    # TRITON_MLA's decode workspace, which vLLM 0.33 and later reserve in the profile run on compute capability 12.x.
+    assert at_090['reserve']['mla_decode_workspace'] == KIMI_WORKSPACE_262144
+    assert at_090['reserve_bytes_per_gpu'] == 5150605312 + KIMI_WORKSPACE_262144
     assert at_090['kv_cache_tokens'] == KIMI_TOKENS_AT_090
     assert at_090['fits'] is False
     assert at_090['remedies'] == [
         'set max_model_len to %d (fits at gpu_memory_utilization 0.9)' % KIMI_TOKENS_AT_090,
-        'set gpu_memory_utilization to 0.97 (fits max_model_len 262144)',
+        'no gpu_memory_utilization fits max_model_len 262144: it needs 3.90 GiB more per GPU; use more GPUs or an fp8 '
+        'KV cache',
     ]
     at_095 = kimi_plan(kimi, gpu_memory_utilization=0.95, max_model_len=131072, reserve_bytes_per_gpu=None)
     assert at_095['kv_cache_tokens'] == KIMI_TOKENS_AT_095
@@ -420,11 +428,69 @@ def test_kimi_text_only_profiles_no_encoder(kimi):
         kimi, gpu_memory_utilization=0.9, max_model_len=131072, reserve_bytes_per_gpu=None, multimodal='text_only'
     )
     assert text_only['reserve']['encoder_outputs'] == 0
-    assert text_only['reserve_bytes_per_gpu'] == 5150605312 - 8192 * 7168 * 2
+    assert text_only['reserve_bytes_per_gpu'] == 5150605312 - 8192 * 7168 * 2 + KIMI_WORKSPACE_131072
     # --language-model-only never builds the tower: its weights are not loaded either.
     with_images = kimi_plan(kimi, gpu_memory_utilization=0.9, max_model_len=131072, reserve_bytes_per_gpu=None)
     assert with_images['weights_bytes_per_gpu'] - text_only['weights_bytes_per_gpu'] == KIMI_VISION_BYTES
     assert with_images['unified_vision_chunk'] is True
+
+
+@pytest.mark.parametrize('vllm_version', ['0.33.0', '0.34.0'])
+def test_kimi_at_1024_sequences_plans_at_least_50000_tokens_fewer_than_at_64(kimi, vllm_version):
+    """The seed case (issue 50): at vllm serve's default --max-num-seqs 1024 the KV cache holds at least 50,000 tokens
+    fewer than at 64, TRITON_MLA's decode workspace alone 4.0 GiB against 0.25 GiB a GPU. Without the workspace
+    term the two plans are 24,240 tokens apart."""
+    plans = {
+        seqs: kimi_plan(
+            kimi,
+            gpu_memory_utilization=0.95,
+            max_model_len=131072,
+            reserve_bytes_per_gpu=None,
+            max_num_seqs=seqs,
+            vllm_version=vllm_version,
+        )
+        for seqs in (1024, 64)
+    }
+    assert plans[1024]['reserve']['mla_decode_workspace'] == KIMI_WORKSPACE_131072
+    assert plans[64]['reserve']['mla_decode_workspace'] == 64 * 8 * 256 * 513 * 4
+    assert plans[1024]['kv_cache_tokens'] == KIMI_TOKENS_AT_095
+    assert plans[64]['kv_cache_tokens'] - plans[1024]['kv_cache_tokens'] >= 50000
+    assert plans[64]['kv_cache_tokens'] - plans[1024]['kv_cache_tokens'] == 81648
+
+
+def test_kimi_before_0_33_reserves_no_mla_workspace_in_the_profile(kimi):
+    """vLLM 0.32 reserved TRITON_MLA's workspace after its profile run (TritonMLAMetadataBuilder), out of the headroom."""
+    r = kimi_plan(
+        kimi, gpu_memory_utilization=0.95, max_model_len=131072, reserve_bytes_per_gpu=None, vllm_version='0.32.0'
+    )
+    assert (r['reserve']['mla_decode_workspace'], r['reserve']['mla_decode_splits']) == (0, 0)
+    assert 'mla_decode' not in r['reserve'] and 'mla_decode_splits' not in r['memory_key']
+
+
+def test_an_unknown_gpu_plans_the_uncapped_workspace_and_says_so(kimi):
+    config = checkpoint_config('kimi-k2.5-nvfp4')
+    gpus = [dict(RTX_PRO_6000, name='NVIDIA RTX PRO 9000 Rubin', index=i, uuid='u%d' % i) for i in range(8)]
+    p = params(gpu_memory_utilization=0.95, max_model_len=262144, reserve_bytes_per_gpu=None, max_num_seqs=64)
+    dtype = resolve_kv_cache_dtype(p['kv_cache_dtype'], kimi, config)
+    r = plan(p, config, scan(kimi), gpus, [], dtype, hf_quant_config=read_hf_quant_config(kimi, config))
+    assert r['reserve']['mla_decode']['sm_count_source'] == 'unknown'
+    assert r['reserve']['mla_decode_workspace'] == 64 * 8 * 512 * 513 * 4
+    assert (
+        "the SM count of NVIDIA RTX PRO 9000 Rubin is not known to the preflight: TRITON_MLA's decode workspace is "
+        'planned with 512 splits, not capped at twice the SM count as vLLM caps them; set gpu_sm_count'
+        in r['warnings'][-1]
+    )
+    given = plan(
+        dict(p, gpu_sm_count=188),
+        config,
+        scan(kimi),
+        gpus,
+        [],
+        dtype,
+        hf_quant_config=read_hf_quant_config(kimi, config),
+    )
+    assert given['reserve']['mla_decode_workspace'] == 64 * 8 * 376 * 513 * 4
+    assert not any('SM count' in w for w in given['warnings'])
 
 
 @pytest.mark.parametrize(
@@ -525,17 +591,22 @@ def test_a_measured_start_of_the_same_key_sets_the_plan_exactly(kimi):
 
 
 def test_a_measurement_below_the_prediction_refuses_what_the_prediction_allowed(kimi):
-    predicted = kimi_measured_plan(kimi, [], max_model_len=131072)
+    predicted = kimi_measured_plan(kimi, [], max_model_len=131072, gpu_memory_utilization=0.95)
     assert predicted['fits'] is True
-    measured = kimi_measured_plan(kimi, [measurement_of(predicted, 120000)], max_model_len=131072)
+    measured = kimi_measured_plan(
+        kimi, [measurement_of(predicted, 120000)], max_model_len=131072, gpu_memory_utilization=0.95
+    )
     assert measured['fits'] is False
-    assert measured['remedies'][0] == 'set max_model_len to 120000 (fits at gpu_memory_utilization 0.9)'
+    assert measured['remedies'][0] == 'set max_model_len to 120000 (fits at gpu_memory_utilization 0.95)'
 
 
-def test_the_memory_key_leaves_out_max_model_len_and_holds_what_sizes_the_cache(kimi):
+def test_the_memory_key_holds_max_model_len_only_by_the_mla_split_count_and_holds_what_sizes_the_cache(kimi):
     base = kimi_measured_plan(kimi, [], max_model_len=131072)
-    assert kimi_measured_plan(kimi, [], max_model_len=65536)['memory_key_id'] == base['memory_key_id']
+    # 100,000 // 512 rounds up to the same 256 splits of TRITON_MLA's decode workspace as 131,072; 65,536 has 128.
+    assert base['memory_key']['mla_decode_splits'] == 256
+    assert kimi_measured_plan(kimi, [], max_model_len=100000)['memory_key_id'] == base['memory_key_id']
     others = [
+        kimi_measured_plan(kimi, [], max_model_len=65536),
         kimi_measured_plan(kimi, [], max_model_len=131072, gpu_memory_utilization=0.95),
         kimi_measured_plan(kimi, [], max_model_len=131072, max_num_seqs=256),
         kimi_measured_plan(kimi, [], max_model_len=131072, multimodal='text_only'),
