@@ -1,14 +1,14 @@
 # The recorded run on the lent GPU machine (docs/testing.md, "A recorded run on a real GPU"): vLLM's CUDA build
 # serves tiny-kimi and a synthetic DeepSeek-V3-shaped checkpoint there with the role's own plan. Nothing here runs in
 # CI: the tests read what the run recorded, under tests/fixtures/gpu_run.
-.PHONY: gpu-run-payload gpu-run-plan gpu-run-call-1 gpu-run-call-2 gpu-run-call-3 gpu-run-call-4 gpu-run-call-5 \
-  gpu-run-fixtures
+.PHONY: gpu-run-payload gpu-run-plan gpu-run-stage gpu-run-fixtures
 
 GPU_RUN_RELEASE ?= 0.26.0
 GPU_RUN_BUILD := .build/gpu_run
 # What a device call carries: a folder of the session's checkout that git ignores, named in the call's `carry`.
 GPU_RUN_CARRY ?= $(CURDIR)/.gpu-run
-# Where the checkpoints lie, here for the preflight and there for vLLM: the argv is used there as rendered here.
+# Where the checkpoints lie, here for the preflight (tiny-kimi as the plan left it, which is what is staged) and there
+# for vLLM: the argv is used there as rendered here.
 GPU_RUN_ROOT := /tmp/gpu-run
 # The device's files of the last call (the device tool's files_at).
 GPU_RUN_FILES ?=
@@ -32,12 +32,12 @@ gpu-run-plan: tools
 	  -e '{"vllm_kimi_extra_args": ["--enforce-eager"]}'
 	$(GPU_RUN_PLAYBOOK) -e gpu_run_out=$(abspath $(GPU_RUN_BUILD))/plan/synthetic-compiled -e @tools/gpu_run/plan/synthetic.yml
 
-# One target per device call: it lays out GPU_RUN_CARRY and prints the command to run there (carry: .gpu-run).
-# Issue them back to back: the device keeps ~/stage only 30 s after a reply.
-gpu-run-call-%: tools
-	$(BIN)/python tools/gpu_run/payload.py stage --call $* --into $(GPU_RUN_CARRY) --model $(GPU_RUN_TINY) \
+# The three folders the device calls carry (c1, c2, c3), laid out at once; the commands to run there, one a call, are
+# tools/gpu_run/calls.txt. Issue them back to back: the device keeps ~/stage only 30 s after a reply.
+gpu-run-stage: tools
+	$(BIN)/python tools/gpu_run/payload.py stage --into $(GPU_RUN_CARRY) --model $(GPU_RUN_ROOT)/model \
 	  --out $(GPU_RUN_BUILD)/$(GPU_RUN_RELEASE) --plans $(GPU_RUN_BUILD)/plan
-	@sed -n 's/^call $*: //p' tools/gpu_run/calls.txt
+	@grep -v '^#' tools/gpu_run/calls.txt
 
 # What the last call brought back, kept as fixtures: make gpu-run-fixtures GPU_RUN_FILES=<files_at>
 gpu-run-fixtures:

@@ -38,8 +38,21 @@ SITE = ROOT / 'site'
 ANSIBLE_SITE = ROOT / 'ansible'
 SPARES_SITE = ROOT / 'spares'
 OUT = Path(os.environ.get('OUT', '/tmp/gpu-run/out'))
+# A call may run 600 s; the waits end before, so that what was learnt is written and the server stopped.
+BEGAN = time.monotonic()
+CALL_SECONDS = 560
 # The device's GPUs are shared with other sessions: NVLink multicast stays off in everything started here.
 DEVICE_ENV = {'NCCL_NVLS_ENABLE': '0', 'TORCH_SYMM_MEM_DISABLE_MULTICAST': '1', 'NVSHMEM_DISABLE_NVLS': '1'}
+
+
+def time_left() -> float:
+    """Seconds the call has left for a wait, keeping a minute for the stop and the records."""
+    return max(30.0, CALL_SECONDS - 60 - (time.monotonic() - BEGAN))
+
+
+def save(results: dict[str, Any]) -> None:
+    """Write the results so far: a call killed at its limit still brings back what it learnt."""
+    (OUT / f'{results["plan"]}-results.json').write_text(json.dumps(results, indent=2, default=str) + '\n')
 
 
 def log(message: str) -> None:
@@ -295,6 +308,15 @@ def wait_healthy(plan: dict[str, Any], server: subprocess.Popen, deadline: float
     return None
 
 
+# The role's gates in the order tasks/gate.yml and tasks/perf_gate.yml run them.
+GATES = [
+    ('coherence', 'chat_check'),
+    ('thinking_off', 'chat_check'),
+    ('long_prompt', 'chat_check'),
+    ('load_probe', 'load_probe'),
+]
+
+
 def serve_tiny(plan_dir: Path, results: dict[str, Any]) -> None:
     plan = json.loads((plan_dir / 'plan.json').read_text())
     gates = json.loads((plan_dir / 'gates.json').read_text())
@@ -304,28 +326,33 @@ def serve_tiny(plan_dir: Path, results: dict[str, Any]) -> None:
     env = serve_environment(plan_dir)
     results['imports'] = import_probe(env)
     log(f'imports: {results["imports"]}')
+    save(results)
     server = start(plan, env, OUT / 'tiny-start.log')
-    results['healthy_after_seconds'] = wait_healthy(plan, server, 420)
-    if results['healthy_after_seconds'] is not None:
-        results['coherence'] = gate('chat_check', gates['coherence'], 'coherence')
-        results['thinking_off'] = gate('chat_check', gates['thinking_off'], 'thinking_off')
-        results['long_prompt'] = gate('chat_check', gates['long_prompt'], 'long_prompt')
-        results['load_probe'] = gate('load_probe', gates['load_probe'], 'load_probe')
-    results['stop'] = stop(server, 60)
-    log(f'stop: {results["stop"]}')
+    try:
+        results['healthy_after_seconds'] = wait_healthy(plan, server, time_left())
+        if results['healthy_after_seconds'] is not None:
+            for name, module in GATES:
+                save(results)
+                results[name] = gate(module, gates[name], name)
+    finally:
+        # vLLM runs in a session of its own, which would outlive the call and hold the GPU: always stopped here.
+        results['stop'] = stop(server, 60)
+        log(f'stop: {results["stop"]}')
 
 
 def serve_synthetic(plan_dir: Path, results: dict[str, Any]) -> None:
     """The synthetic checkpoint: start, one request through the socket, stop; vLLM's log holds the figures."""
     plan = json.loads((plan_dir / 'plan.json').read_text())
     server = start(plan, serve_environment(plan_dir), OUT / f'{plan_dir.name}-start.log')
-    results['healthy_after_seconds'] = wait_healthy(plan, server, 540)
-    if results['healthy_after_seconds'] is not None:
-        body = {'model': plan['served_model_name'], 'prompt': 'The sky', 'max_tokens': 16}
-        key = serve_environment(plan_dir).get('VLLM_API_KEY', '')
-        results['completion'] = request(plan['unix_socket'], '/v1/completions', body, key)
-    results['stop'] = stop(server, 60)
-    log(f'stop: {results["stop"]}')
+    try:
+        results['healthy_after_seconds'] = wait_healthy(plan, server, time_left())
+        if results['healthy_after_seconds'] is not None:
+            body = {'model': plan['served_model_name'], 'prompt': 'The sky', 'max_tokens': 16}
+            key = serve_environment(plan_dir).get('VLLM_API_KEY', '')
+            results['completion'] = request(plan['unix_socket'], '/v1/completions', body, key)
+    finally:
+        results['stop'] = stop(server, 60)
+        log(f'stop: {results["stop"]}')
 
 
 def main() -> None:
@@ -340,11 +367,12 @@ def main() -> None:
     if args.action == 'stage':
         stage(args.part)
         return
-    unpack()
-    install_helpers()
     results: dict[str, Any] = {'plan': args.plan, 'began': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
     plan_dir = HERE / 'plan' / args.plan
     try:
+        unpack()
+        install_helpers()
+        results['unpacked_after_seconds'] = round(time.monotonic() - BEGAN, 1)
         if args.plan == 'tiny':
             serve_tiny(plan_dir, results)
         else:
@@ -352,7 +380,7 @@ def main() -> None:
                 generate_synthetic(plan_dir, results)
             serve_synthetic(plan_dir, results)
     finally:
-        (OUT / f'{args.plan}-results.json').write_text(json.dumps(results, indent=2, default=str) + '\n')
+        save(results)
         shutil.copy2(plan_dir / 'plan.json', OUT / f'{args.plan}-plan.json')
 
 

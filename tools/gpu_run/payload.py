@@ -9,7 +9,7 @@ downloaded here for Python 3.12 on manylinux, installed with `pip install --no-d
 of the kernels an H100/H200 never loads, packed with `xz -9` and split in three parts, one per call.
 
     python3 tools/gpu_run/payload.py build --release 0.26.0      # .build/gpu_run/0.26.0/part-{1,2,3}, SHA256SUMS
-    python3 tools/gpu_run/payload.py stage --release 0.26.0 --call 1 --into /work/main/.gpu-run
+    python3 tools/gpu_run/payload.py stage --release 0.26.0 --into /work/main/.gpu-run --model DIR  # c1, c2, c3
 
 docs/testing.md ("A recorded run on a real GPU") gives the calls in order.
 """
@@ -123,22 +123,27 @@ def ansible_core_pin() -> str:
     sys.exit('tests/requirements.txt pins no ansible-core')
 
 
-def stage(call: int, out: Path, plans: Path, into: Path, model: Path) -> None:
-    """Lay out INTO for device call CALL: the harness and part CALL; from the last part on, what serving needs."""
+def stage(out: Path, plans: Path, into: Path, model: Path) -> None:
+    """Lay out INTO/c1, c2, c3, one folder a call (each named alone in its call's carry), all at once: the calls then
+    follow each other with nothing to do here in between. c1 and c2 hold the harness and a part; c3 the last part and
+    what serving and judging need, for call 3 and the calls after it (the device keeps the unpacked site)."""
     shutil.rmtree(into, ignore_errors=True)
-    into.mkdir(parents=True)
-    for name in HARNESS:
-        shutil.copy2(HERE / name, into / name)
-    if call <= PARTS:
-        shutil.copy2(out / f'part-{call}', into / f'part-{call}')
-    if call < PARTS:
-        return
-    shutil.copy2(out / 'SHA256SUMS', into / 'SHA256SUMS')
-    for folder in ('spares', 'ansible'):
-        shutil.copytree(out / folder, into / folder)
-    shutil.copytree(REPO / 'plugins', into / 'collection' / 'ansible_collections' / 'llmserve' / 'vllm' / 'plugins')
-    shutil.copytree(plans, into / 'plan')
-    shutil.copytree(model, into / 'model', ignore=shutil.ignore_patterns('*.md'))
+    for call in range(1, PARTS + 1):
+        folder = into / f'c{call}'
+        folder.mkdir(parents=True)
+        for name in HARNESS:
+            shutil.copy2(HERE / name, folder / name)
+        shutil.copy2(out / f'part-{call}', folder / f'part-{call}')
+    last = into / f'c{PARTS}'
+    shutil.copy2(out / 'SHA256SUMS', last / 'SHA256SUMS')
+    for extra in ('spares', 'ansible'):
+        shutil.copytree(out / extra, last / extra)
+    shutil.copytree(REPO / 'plugins', last / 'collection' / 'ansible_collections' / 'llmserve' / 'vllm' / 'plugins')
+    shutil.copytree(plans, last / 'plan')
+    shutil.copytree(model, last / 'model', ignore=shutil.ignore_patterns('*.md'))
+    for folder in sorted(into.iterdir()):
+        size = sum(path.stat().st_size for path in folder.rglob('*') if path.is_file())
+        print(f'{folder}: {size / 2**20:.1f} MiB')
 
 
 def main() -> None:
@@ -147,7 +152,6 @@ def main() -> None:
     parser.add_argument('--release', default='0.26.0')
     parser.add_argument('--out', type=Path, help='where the parts go (default .build/gpu_run/RELEASE)')
     parser.add_argument('--cache', type=Path, default=Path.home() / '.cache' / 'llmserve' / 'gpu_run')
-    parser.add_argument('--call', type=int, choices=range(1, PARTS + 3), help='1-3 carry a part; 4 and 5 none')
     parser.add_argument('--into', type=Path, help="the session checkout's .gpu-run (ignored by git, named in carry)")
     parser.add_argument('--model', type=Path, help='the checkpoint call 3 serves (tiny-kimi)')
     parser.add_argument('--plans', type=Path, help='the rendered plans (default .build/gpu_run/plan)')
@@ -157,9 +161,9 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         build(args.release, out, args.cache)
         return
-    if args.call is None or args.into is None or args.model is None:
-        parser.error('stage needs --call, --into and --model')
-    stage(args.call, out, args.plans or REPO / '.build' / 'gpu_run' / 'plan', args.into, args.model)
+    if args.into is None or args.model is None:
+        parser.error('stage needs --into and --model')
+    stage(out, args.plans or REPO / '.build' / 'gpu_run' / 'plan', args.into, args.model)
 
 
 if __name__ == '__main__':

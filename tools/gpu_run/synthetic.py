@@ -158,8 +158,10 @@ def generate(out: Path, c: dict[str, Any], tokenizer_from: Path) -> None:
     """The shards with data, from a pool of random bf16 values (torch on the GPU makes it)."""
     import torch  # the device's; not needed for the headers
 
-    pool = torch.randn(64 * 2**20, device='cuda', generator=torch.Generator('cuda').manual_seed(0)) * 0.02
-    pool_bytes = memoryview(pool.to(torch.bfloat16).cpu().numpy().view('uint8').tobytes())
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    generator = torch.Generator(device).manual_seed(0)
+    pool = torch.randn(64 * 2**20, device=device, generator=generator) * 0.02
+    pool_bytes = memoryview(pool.to(torch.bfloat16).cpu().view(torch.int16).numpy().tobytes())
     layout = shards(c)
     total = write_meta(out, c, layout)
     free = shutil.disk_usage(out).free
