@@ -19,18 +19,21 @@ GPU_RUN_TINY = $(shell $(VLLM_VENV)/bin/python tools/make_tiny_models.py --core 
 gpu-run-payload: tools
 	$(BIN)/python tools/gpu_run/payload.py build --release $(GPU_RUN_RELEASE) --out $(GPU_RUN_BUILD)/$(GPU_RUN_RELEASE)
 
-# The role's plans for the device's GPU: tiny-kimi as the role serves it (CUDA graphs), the synthetic checkpoint
-# (its header-only shards: what the preflight reads) eager and compiled.
+# The role's plans for each GPU a device call may get (an H100 or an H200): tiny-kimi as the role serves it (CUDA
+# graphs), the synthetic checkpoint (its header-only shards: what the preflight reads) eager and compiled.
 gpu-run-plan: tools
 	rm -rf $(GPU_RUN_ROOT)/model $(GPU_RUN_ROOT)/synthetic $(GPU_RUN_BUILD)/plan
-	mkdir -p $(GPU_RUN_ROOT) $(GPU_RUN_BUILD)/plan/tiny $(GPU_RUN_BUILD)/plan/synthetic-eager \
-	  $(GPU_RUN_BUILD)/plan/synthetic-compiled
+	mkdir -p $(GPU_RUN_ROOT)
 	cp -r $(GPU_RUN_TINY) $(GPU_RUN_ROOT)/model
 	$(BIN)/python tools/gpu_run/synthetic.py headers --out $(GPU_RUN_ROOT)/synthetic
-	$(GPU_RUN_PLAYBOOK) -e gpu_run_out=$(abspath $(GPU_RUN_BUILD))/plan/tiny
-	$(GPU_RUN_PLAYBOOK) -e gpu_run_out=$(abspath $(GPU_RUN_BUILD))/plan/synthetic-eager -e @tools/gpu_run/plan/synthetic.yml \
-	  -e '{"vllm_kimi_extra_args": ["--enforce-eager"]}'
-	$(GPU_RUN_PLAYBOOK) -e gpu_run_out=$(abspath $(GPU_RUN_BUILD))/plan/synthetic-compiled -e @tools/gpu_run/plan/synthetic.yml
+	for gpu in h100 h200; do \
+	  out=$(abspath $(GPU_RUN_BUILD))/plan/$$gpu; mkdir -p $$out/tiny $$out/synthetic-eager $$out/synthetic-compiled; \
+	  $(GPU_RUN_PLAYBOOK) -e @tools/gpu_run/plan/$$gpu.yml -e gpu_run_out=$$out/tiny; \
+	  $(GPU_RUN_PLAYBOOK) -e @tools/gpu_run/plan/$$gpu.yml -e gpu_run_out=$$out/synthetic-eager \
+	    -e @tools/gpu_run/plan/synthetic.yml -e '{"vllm_kimi_extra_args": ["--enforce-eager"]}'; \
+	  $(GPU_RUN_PLAYBOOK) -e @tools/gpu_run/plan/$$gpu.yml -e gpu_run_out=$$out/synthetic-compiled \
+	    -e @tools/gpu_run/plan/synthetic.yml; \
+	done
 
 # The three folders the device calls carry (c1, c2, c3), laid out at once; the commands to run there, one a call, are
 # tools/gpu_run/calls.txt. Issue them back to back: the device keeps ~/stage only 30 s after a reply.

@@ -355,6 +355,17 @@ def serve_synthetic(plan_dir: Path, results: dict[str, Any]) -> None:
         log(f'stop: {results["stop"]}')
 
 
+def gpu_model() -> str:
+    """h100 or h200: a call gets either, and the role planned for each (tools/gpu_run/plan)."""
+    name = subprocess.run(
+        ['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'], capture_output=True, text=True, check=True
+    ).stdout
+    for model in ('h100', 'h200'):
+        if model.upper() in name:
+            return model
+    sys.exit(f'no plan for the GPU {name.strip()!r}: the role planned for an H100 and an H200 (tools/gpu_run/plan)')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest='action', required=True)
@@ -368,7 +379,8 @@ def main() -> None:
         stage(args.part)
         return
     results: dict[str, Any] = {'plan': args.plan, 'began': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
-    plan_dir = HERE / 'plan' / args.plan
+    plan_dir = HERE / 'plan' / gpu_model() / args.plan
+    results['gpu_model'] = plan_dir.parent.name
     try:
         unpack()
         install_helpers()

@@ -139,7 +139,8 @@ def stage(out: Path, plans: Path, into: Path, model: Path) -> None:
     for extra in ('spares', 'ansible'):
         shutil.copytree(out / extra, last / extra)
     shutil.copytree(REPO / 'plugins', last / 'collection' / 'ansible_collections' / 'llmserve' / 'vllm' / 'plugins')
-    shutil.copytree(plans, last / 'plan')
+    for gpu in ('h100', 'h200'):
+        shutil.copytree(plans / gpu, last / 'plan' / gpu)
     shutil.copytree(model, last / 'model', ignore=shutil.ignore_patterns('*.md'))
     for folder in sorted(into.iterdir()):
         size = sum(path.stat().st_size for path in folder.rglob('*') if path.is_file())
