@@ -486,7 +486,7 @@ def test_a_directory_that_does_not_allow_mapping_code_names_its_mount_and_flags(
         '("failed to map segment from shared object"): the mount /run is noexec'
     )
     assert remedy == (
-        "the role's unit lifts noexec on its runtime directory with ExecPaths=, which needs systemd 249 or later: "
+        "the role's unit lifts noexec on its runtime directory with ExecPaths=, which needs systemd 248 or later: "
         'upgrade systemd, or mount /run without noexec'
     )
 
