@@ -267,6 +267,40 @@ def issue_front_certificate(name, root):
 
 # --- configuring one sandbox's tree ---------------------------------------
 
+# A stock Debian or Ubuntu host's initramfs (initramfs-tools' init) mounts /run `nodev,noexec,nosuid` and systemd
+# keeps it so; systemd-nspawn gives its container a /run without noexec. This unit in every sandbox's tree remounts
+# /run as a stock host has it before any service starts, whichever tool or scenario boots the sandbox, so that what
+# a stock host refuses to execute from /run (a unit's runtime directory) fails here too.
+STOCK_RUN_UNIT = 'llmserve-stock-run.service'
+STOCK_RUN_OPTIONS = ('nodev', 'noexec', 'nosuid')
+STOCK_RUN_UNIT_TEXT = """\
+# Written by tools/sandbox: /run as a stock host's initramfs mounts it.
+[Unit]
+Description=Mount /run %(options)s, as a stock Debian or Ubuntu host's initramfs does
+DefaultDependencies=no
+Before=local-fs-pre.target systemd-tmpfiles-setup.service
+Wants=local-fs-pre.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/mount -o remount,%(options)s /run
+
+[Install]
+WantedBy=local-fs-pre.target
+""" % {'options': ','.join(STOCK_RUN_OPTIONS)}
+
+
+def install_stock_run(root):
+    """Writes and enables STOCK_RUN_UNIT in the tree (as `systemctl enable` would link it)."""
+    units = os.path.join(root, 'etc', 'systemd', 'system')
+    write(os.path.join(units, STOCK_RUN_UNIT), STOCK_RUN_UNIT_TEXT)
+    wants = os.path.join(units, 'local-fs-pre.target.wants')
+    os.makedirs(wants, exist_ok=True)
+    link = os.path.join(wants, STOCK_RUN_UNIT)
+    if not os.path.lexists(link):
+        os.symlink('../' + STOCK_RUN_UNIT, link)
+
 
 def write(path, text, mode=0o644):
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -352,6 +386,7 @@ def configure_tree(name, root, ssh_port, models):
         os.makedirs(os.path.join(root, HOST_WHEELS.lstrip('/')), exist_ok=True)
 
     issue_front_certificate(name, root)
+    install_stock_run(root)
 
     # The inventory stages its models from the fake Hub; --models copies others in.
     if not models:
@@ -428,6 +463,20 @@ def check_fences_enforced(name, init_pid, port):
         raise SandboxError(
             'sandbox %s does not enforce IP fences: a unit with IPAddressDeny=any reached 127.0.0.1:%d '
             '(needs cgroup2 with BPF: CONFIG_CGROUP_BPF and bpf(2) allowed to the container)' % (name, port)
+        )
+
+
+def check_stock_run(name, init_pid):
+    """/run must carry a stock host's flags once the sandbox is up (STOCK_RUN_UNIT); else it hides what a stock host
+    refuses to execute."""
+    found = nsenter(init_pid, ['findmnt', '--noheadings', '--output', 'OPTIONS', '/run'], stdout=subprocess.PIPE,
+                    check=False).stdout.decode().strip()  # fmt: skip
+    missing = [option for option in STOCK_RUN_OPTIONS if option not in found.split(',')]
+    if missing:
+        raise SandboxError(
+            'sandbox %s mounts /run %r, without %s: a stock host mounts it %s (%s did not run; see systemctl status %s '
+            'inside it)'
+            % (name, found, ', '.join(missing), ','.join(STOCK_RUN_OPTIONS), STOCK_RUN_UNIT, STOCK_RUN_UNIT)
         )
 
 
@@ -659,6 +708,7 @@ def create(args):
     if not ssh_ready(args.ssh_port, max(5, deadline - time.time())):
         raise SandboxError('sshd of sandbox %s does not answer on 127.0.0.1:%d' % (name, args.ssh_port))
     check_fences_enforced(name, init_pid, args.ssh_port)
+    check_stock_run(name, init_pid)
     log(
         '%s is up in %.1f s: ssh -p %d -i %s root@127.0.0.1'
         % (name, time.time() - started, args.ssh_port, os.path.join(sdir, 'id_ed25519'))

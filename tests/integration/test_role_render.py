@@ -454,6 +454,7 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
 SMOKE_DIFFERS_IN = {
     'Description', 'Type', 'ExecStart', 'ExecStartPre', 'TimeoutStartSec', 'TimeoutStopSec', 'Restart', 'RestartSec',
     'RuntimeDirectory', 'EnvironmentFile', 'KillMode', 'ExecStop', 'ExecStopPost', 'UMask', 'ReadWritePaths',
+    'ExecPaths',
 }  # fmt: skip
 
 
@@ -871,3 +872,40 @@ def test_the_checkpoint_is_prefetched_where_the_page_cache_holds_it(tmp_path, st
     argv = exec_start(unit)
     found = argv[argv.index('--safetensors-load-strategy') :][:2] if '--safetensors-load-strategy' in argv else []
     assert found == expected
+
+
+# systemd's default PATH for units (Debian bookworm's systemd 252), which the unit's PATH ends with.
+SYSTEMD_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+
+
+@pytest.mark.parametrize('group_vars', [GPU_VARS, SANDBOX_VARS], ids=['gpu', 'sandbox'])
+def test_each_unit_may_map_code_from_its_own_runtime_directory_alone(tmp_path, group_vars):
+    """Stock hosts mount /run noexec: the caches' shared objects load only where ExecPaths= names the runtime dir."""
+    unit = render(tmp_path, group_vars)[0]
+    smoke = (tmp_path / 'smoke.service').read_text()
+    for text, runtime in ((unit, 'vllm-kimi'), (smoke, 'vllm-kimi-smoke')):
+        settings = unit_settings(text, 'Service')
+        assert settings['RuntimeDirectory'] == [runtime]
+        assert settings['ExecPaths'] == ['/run/' + runtime]
+
+
+@pytest.mark.parametrize(
+    'group_vars, cuda_home, path_after_release, cuda_env',
+    [
+        pytest.param(GPU_VARS, '', SYSTEMD_PATH, None, id='gpu-no-toolkit'),
+        pytest.param(
+            GPU_VARS, '/usr/local/cuda', '/usr/local/cuda/bin:' + SYSTEMD_PATH, '/usr/local/cuda', id='gpu-toolkit'
+        ),
+        pytest.param(SANDBOX_VARS, '', SYSTEMD_PATH, None, id='cpu'),
+    ],
+)
+def test_the_units_path_holds_the_release_first_then_the_toolkit(tmp_path, group_vars, cuda_home, path_after_release,
+                                                                 cuda_env):  # fmt: skip
+    """ninja (torch's and FlashInfer's JIT builds) is in the release's bin/, nvcc in the toolkit's: systemd's default
+    PATH holds neither."""
+    unit, environment = render(tmp_path, group_vars, cuda_home=cuda_home)
+    env = environment_of(environment)
+    release_bin = os.path.dirname(exec_start(unit)[0])
+    assert re.fullmatch(r'/opt/vllm-kimi/[0-9a-f]{12}/bin', release_bin), release_bin
+    assert env['PATH'] == release_bin + ':' + path_after_release
+    assert env.get('CUDA_HOME') == cuda_env

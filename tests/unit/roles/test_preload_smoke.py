@@ -440,6 +440,107 @@ def test_writable_fails_on_a_read_only_directory(tmp_path):
     assert checks['writable']['remedy'].startswith('make %s owned by or writable for %s' % (target, user))
 
 
+# /proc/self/mountinfo as a unit with ExecPaths= sees it on a stock host: /run noexec, the runtime directory bound
+# over it without noexec; a mount point with a space, and two mounts on one point.
+MOUNTINFO = """\
+24 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+25 24 0:22 / /run rw,nosuid,nodev,noexec,relatime shared:5 - tmpfs tmpfs rw,size=1628412k,mode=755
+301 25 0:22 /vllm-kimi /run/vllm-kimi rw,nosuid,nodev,relatime - tmpfs tmpfs rw,size=1628412k,mode=755
+302 24 0:40 / /srv/my\\040models ro,nosuid,nodev,relatime - ext4 /dev/sdb1 rw
+303 24 0:41 / /var/cache rw,relatime - tmpfs tmpfs rw
+304 303 0:42 / /var/cache rw,noexec,relatime - tmpfs tmpfs rw
+"""
+
+
+@pytest.mark.parametrize(
+    'path, mount',
+    [
+        pytest.param(
+            '/run/vllm-kimi/home/.cache', ('/run/vllm-kimi', 'rw,nosuid,nodev,relatime', 'tmpfs'), id='execpaths'
+        ),
+        pytest.param(
+            '/run/vllm-kimi-smoke/home', ('/run', 'rw,nosuid,nodev,noexec,relatime', 'tmpfs'), id='not-a-prefix'
+        ),
+        pytest.param('/run', ('/run', 'rw,nosuid,nodev,noexec,relatime', 'tmpfs'), id='the-point-itself'),
+        pytest.param('/srv/my models/x', ('/srv/my models', 'ro,nosuid,nodev,relatime', 'ext4'), id='escaped-space'),
+        pytest.param('/var/cache/vllm', ('/var/cache', 'rw,noexec,relatime', 'tmpfs'), id='last-on-top'),
+        pytest.param('/opt/vllm-kimi', ('/', 'rw,relatime', 'ext4'), id='root'),
+    ],
+)
+def test_mount_holding(path, mount):
+    assert smoke.mount_holding(path, MOUNTINFO) == mount
+
+
+def test_a_directory_that_does_not_allow_mapping_code_names_its_mount_and_flags():
+    detail, cause, remedy = smoke.exec_mapping_failure(
+        '/run/vllm-kimi-smoke/home',
+        'PermissionError: Operation not permitted',
+        ('/run', 'rw,nosuid,nodev,noexec,relatime', 'tmpfs'),
+    )
+    assert detail == (
+        '/run/vllm-kimi-smoke/home does not allow mapping code: mmap(PROT_EXEC) of a file there: PermissionError: '
+        'Operation not permitted; it is on /run (tmpfs, rw,nosuid,nodev,noexec,relatime)'
+    )
+    assert cause == (
+        'the shared objects that Triton, FlashInfer and torch build in /run/vllm-kimi-smoke/home would not load '
+        '("failed to map segment from shared object"): the mount /run is noexec'
+    )
+    assert remedy == (
+        "the role's unit lifts noexec on its runtime directory with ExecPaths=, which needs systemd 248 or later: "
+        'upgrade systemd, or mount the file system that holds /run/vllm-kimi-smoke/home without noexec (on a stock '
+        'host /run, which its initramfs mounts noexec)'
+    )
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mounts a small tmpfs with the options given (root only), and unmounts it after the test."""
+    if os.geteuid() != 0:
+        pytest.skip('mounting a tmpfs needs root')
+    mounted = []
+
+    def mount(name, options):
+        point = tmp_path / name
+        point.mkdir()
+        proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m,' + options, 'tmpfs', str(point)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if proc.returncode != 0:
+            pytest.skip('this machine allows no tmpfs mount: %s' % proc.stderr.strip())
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in reversed(mounted):
+        subprocess.run(['umount', str(point)], check=True)
+
+
+def test_writable_refuses_a_noexec_mount_naming_it(tmp_path, tmpfs):
+    point = tmpfs('noexec', 'nodev,noexec,nosuid')
+    home = str(point / 'home')
+    rc, report, checks = _run(tmp_path, dict(os.environ), '--checks', 'writable', '--writable', home)
+    assert rc == 1 and report['passed'] is False
+    check = checks['writable']
+    assert check['status'] == 'failed'
+    assert check['detail'].startswith(
+        '%s does not allow mapping code: mmap(PROT_EXEC) of a file there: PermissionError: Operation not permitted; '
+        'it is on %s (tmpfs, rw,' % (home, point)
+    ), check['detail']
+    assert 'noexec' in check['detail'].rsplit('(', 1)[1].split(',')
+    assert check['cause'].endswith('the mount %s is noexec' % point)
+    assert 'or mount the file system that holds %s without noexec' % home in check['remedy']
+    # The probe is gone: nothing of the smoke is left in the service's directory.
+    assert os.listdir(home) == []
+
+
+def test_writable_passes_on_an_exec_mount(tmp_path, tmpfs):
+    point = tmpfs('exec', 'nodev,nosuid')
+    home = str(point / 'home')
+    rc, report, checks = _run(tmp_path, dict(os.environ), '--checks', 'writable', '--writable', home)
+    assert rc == 0, checks['writable']
+    user = __import__('pwd').getpwuid(os.geteuid()).pw_name
+    assert checks['writable']['detail'] == 'writable and mappable as code by %s: %s (created)' % (user, home)
+
+
 @pytest.mark.parametrize(
     'argv, message',
     [

@@ -229,9 +229,20 @@ def test_extra_arguments_that_hand_clients_more_are_refused(tmp_path):
 def test_environment_that_would_override_the_roles_own_or_reach_root_is_refused(tmp_path):
     output = override_refusal(
         tmp_path,
-        {'vllm_kimi_environment': {'LD_PRELOAD': '/tmp/x.so', 'VLLM_API_KEY': 'sk-sneaky', 'NCCL_PROTO': 'LL'}},
+        {
+            'vllm_kimi_environment': {
+                'LD_PRELOAD': '/tmp/x.so',
+                'VLLM_API_KEY': 'sk-sneaky',
+                'NCCL_PROTO': 'LL',
+                'PATH': '/home/x/bin:/usr/bin',
+                'CUDA_HOME': '/opt/cuda',
+            }
+        },
     )
     assert 'vllm_kimi_environment sets VLLM_API_KEY, which the role sets from vllm_kimi_api_key' in output, output
+    # The release's bin/ leads the unit's PATH, the toolkit's follows: vllm_kimi_cuda_home names the toolkit.
+    assert 'vllm_kimi_environment sets PATH, which the role sets from vllm_kimi_cuda_home' in output
+    assert 'vllm_kimi_environment sets CUDA_HOME, which the role sets from vllm_kimi_cuda_home' in output
     assert (
         'vllm_kimi_environment sets LD_PRELOAD, which the dynamic loader reads in every command of the unit' in output
     )
