@@ -175,12 +175,10 @@ def answers(out, host):
     return found.group(1).replace("''", "'") if found else ''
 
 
-def test_each_host_the_preflight_cannot_answer_for_fails_with_its_cause(tmp_path):
-    """Four hosts the preflight has no plan for, each for its own cause: each prints that cause in the role's words
-    (the variable to change), not an error of the playbook's own templates, and fails."""
-    missing = str(tmp_path / 'no-such-checkpoint')
+def tiny_cpu_host(tmp_path):
+    """The variables of a CPU host that serves the tiny model, which the preflight can plan: each test changes one."""
     make_tiny(tmp_path / 'tiny')
-    cpu = {
+    return {
         'vllm_kimi_model_path': str(tmp_path / 'tiny'),
         'vllm_kimi_accelerator': 'cpu',
         'vllm_kimi_tensor_parallel_size': 1,
@@ -188,6 +186,13 @@ def test_each_host_the_preflight_cannot_answer_for_fails_with_its_cause(tmp_path
         'vllm_kimi_max_model_len': 1024,
         'vllm_kimi_api_key': 'preflight-test-key',
     }
+
+
+def test_each_host_the_preflight_cannot_answer_for_fails_with_its_cause(tmp_path):
+    """Four hosts the preflight has no plan for, each for its own cause: each prints that cause in the role's words
+    (the variable to change), not an error of the playbook's own templates, and fails."""
+    missing = str(tmp_path / 'no-such-checkpoint')
+    cpu = tiny_cpu_host(tmp_path)
     code, out = run_playbook(
         tmp_path,
         {
@@ -219,15 +224,7 @@ def test_each_host_the_preflight_cannot_answer_for_fails_with_its_cause(tmp_path
 def test_the_front_doors_certificate_is_judged_before_anything_changes(tmp_path):
     """A host each for a certificate nginx or its clients would refuse: each fails the preflight with the file and the
     fix, in the role's words; a good one and one about to expire (a warning with its date) pass."""
-    make_tiny(tmp_path / 'tiny')
-    cpu = {
-        'vllm_kimi_model_path': str(tmp_path / 'tiny'),
-        'vllm_kimi_accelerator': 'cpu',
-        'vllm_kimi_tensor_parallel_size': 1,
-        'vllm_kimi_kv_cache_memory_bytes': 1048576,
-        'vllm_kimi_max_model_len': 1024,
-        'vllm_kimi_api_key': 'preflight-test-key',
-    }
+    cpu = tiny_cpu_host(tmp_path)
     pairs = {
         'expired': write_pair(tmp_path, 'expired', not_before=NOW - 400 * DAY, not_after=NOW - DAY),
         'mismatched': write_pair(tmp_path, 'mismatched', cert_key=make_key()),
