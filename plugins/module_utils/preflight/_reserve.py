@@ -13,7 +13,8 @@ utilization) − weights − reserve, so the reserve is the sum of
 
 - the activation peak of the profile run at max_num_batched_tokens tokens, or of the sampler's dummy run
   over max_num_seqs × vocabulary logits, whichever is larger (they run one after the other), by the
-  sampler each vLLM version runs (sort-based, or FlashInfer's sort-free one from 0.33);
+  sampler each vLLM version runs (sort-based; from 0.26 the Triton top-k/top-p of the seeded second run, over the
+  mixture of experts' workspace that stays allocated; FlashInfer's sort-free one from 0.33);
 - from 0.33, the model runner's per-sequence token counts for the penalties (max_num_seqs × vocabulary);
 - non-torch memory grown since the worker's first snapshot (cuBLAS workspaces; NCCL and custom
   all-reduce buffers when tensor parallel);
@@ -60,7 +61,8 @@ HIDDEN_COPIES = 3
 #   int64 indices (2 + 4 + 4 + 8) and the sort's own workspace, 38 in all (36 above the bf16 input, measured on an
 #   H200; two logs with the same 256 x 151,936 logits, Qwen2.5-Math-1.5B on 0.7.2 V0 and Qwen3-235B on 0.10.2 V1,
 #   both print a 1.40 GiB activation peak: 38.6 bytes a logit);
-# - FlashInfer's sort-free sampler, a hard dependency and on by default from vLLM 0.33 (VLLM_USE_FLASHINFER_SAMPLER):
+# - FlashInfer's sort-free sampler, modelled from vLLM 0.33 (VLLM_USE_FLASHINFER_SAMPLER; 0.26.0 already has it as a
+#   dependency and on by default, but its seeded second run takes the Triton path below, which is what 0.26 counts):
 #   the bf16 logits, the float32 copy, the top-k-masked logits and the probabilities, 14; where FlashInfer cannot
 #   run, the Triton top-k/top-p that replaces it works in place (6, with a buffer of one row per SM).
 # From 0.33 the model runner (V2) also keeps an int32 count of every token of every sequence for the penalties
