@@ -390,6 +390,7 @@ def predict(log, reserve=None):
     _reserve's estimate for the log's vLLM version and batching, an int a constant reserve."""
     import math
 
+    from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import is_quantized
     from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._kv_cache import tokens_for
     from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import estimate
 
@@ -407,6 +408,7 @@ def predict(log, reserve=None):
             log['vllm_version'],
             log['gpu']['name'],
             driver_reserved(log),
+            quantized=is_quantized(log['config'], None),
         )['total']
     budget = math.ceil(total * util) - int(log['logged']['weights_gib'] * 1024**3) - reserve
     tokens = tokens_for(budget, log_bytes_per_token(log), log['block_size'])

@@ -19,8 +19,9 @@ description:
     NVFP4, compressed-tensors integer groups; a weight with a scale beside it in the index is quantized), else from the
     index's C(total_size). Shards that the index names but are missing or truncated are reported as problems.
   - What vLLM adds after loading counts too (a bfloat16 copy of a quantized MLA C(kv_b_proj); vLLM 0.7's absorbed MLA
-    matrices), and the plan keeps a margin of 2 % of the predicted weights beside them (RV(weights_margin_bytes_per_gpu));
-    in the collected start-up logs vLLM's C(Model loading took) was at most 1.4 % above the prediction.
+    matrices), and where the tensor sizes are predicted (C(config.json)'s dimensions, the index's total) the plan keeps a
+    margin of 2 % of the predicted weights beside them (RV(weights_margin_bytes_per_gpu)); in the collected start-up logs
+    vLLM's C(Model loading took) was at most 1.4 % above the prediction. Weights read from the headers get none.
   - Per-GPU weights follow vLLM's tensor and pipeline parallelism; tensors every tensor-parallel rank holds in full (the MLA
     q_a/kv_a down-projections, norms, router gates; GQA key/value projections when there are fewer KV heads than ranks) are
     counted in full on every GPU; layers past C(num_hidden_layers) (DeepSeek's MTP layer) are not counted since vLLM does not load them.
@@ -188,6 +189,8 @@ options:
     description:
       - What else decides vLLM's memory at start that the module does not see, for the plan's memory key (RV(memory_key));
         the role passes the model revision, the vLLM package spec and its other serving flags.
+      - Its C(serve_flags) also tell the reserve whether vLLM runs eager. With C(--enforce-eager) among them vLLM captures no
+        CUDA graphs and estimates none, so RV(reserve.cuda_graphs) is V(0).
       - The key also holds the GPUs' model and count, the resolved KV-cache dtype and the memory options
         (O(tensor_parallel_size), O(pipeline_parallel_size), O(gpu_memory_utilization), O(kv_cache_memory_bytes),
         O(max_num_seqs), O(max_num_batched_tokens), O(block_size), O(multimodal)), and O(max_model_len) only through
@@ -413,7 +416,8 @@ weights_bytes_per_gpu:
   sample: 74427253056
 weights_margin_bytes_per_gpu:
   description:
-    - What the plan keeps beside predicted weights, 2 % of RV(weights_bytes_per_gpu); V(0) for O(weights_bytes_per_gpu).
+    - What the plan keeps beside predicted weights, 2 % of RV(weights_bytes_per_gpu) where RV(weights_source) is
+      V(config) or V(index); V(0) for weights read from the headers (V(headers), V(hub)) and for O(weights_bytes_per_gpu).
       The KV budget, RV(max_model_len_fit) and the remedies are computed with it.
   returned: always
   type: int
@@ -470,7 +474,9 @@ reserve:
     activation:
       description:
         - The larger of the profile run's activation peak and the sampler's dummy run over max_num_seqs × vocabulary
-          logits (with the batch's hidden states it keeps alive), by the sampler of O(vllm_version).
+          logits (with the batch's hidden states it keeps alive), by the sampler of O(vllm_version); from vLLM 0.26,
+          with the Triton top-k/top-p's buffer and, for unquantized mixture-of-experts weights, the Triton experts'
+          workspace that vLLM keeps through the sampler's run.
       type: int
       returned: when source is V(estimated)
     non_torch:
@@ -478,7 +484,7 @@ reserve:
       type: int
       returned: when source is V(estimated)
     cuda_graphs:
-      description: The CUDA-graph memory vLLM 0.21 and later subtracts before sizing the KV cache.
+      description: The CUDA-graph memory vLLM 0.21 and later subtracts before sizing the KV cache; V(0) with C(--enforce-eager).
       type: int
       returned: when source is V(estimated)
     driver:

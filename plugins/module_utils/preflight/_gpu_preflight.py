@@ -25,6 +25,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoi
     is_mla,
     kv_dtype_bytes,
     model_dtype,
+    text_config,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import INDEX_NAME, Checkpoint
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._host_probes import (
@@ -64,8 +65,15 @@ AUTO_MAX_MODEL_LEN = (None, 'auto', -1, '-1')
 
 # What the plan adds to predicted weights: vLLM's "Model loading took" was at most this much above the prediction
 # before download in every start-up log of a mixture of experts at TP >= 4 (tests/fixtures/startup_logs, judged by
-# tests/unit/plugins/module_utils/test_weights_calibration.py). Weights given (a measurement) get none.
+# tests/unit/plugins/module_utils/test_weights_calibration.py). Only where tensor sizes are predicted (config.json's
+# layout, or the index's total shared out): weights given (a measurement) get none, and neither do the safetensors
+# headers (on disk or from the Hub), which give every tensor's bytes; on the H100 of tests/fixtures/gpu_run the
+# headers' 55.34 GiB were 0.09 % below vLLM's 55.39, where 2 % (1.11 GiB) took 10 % off the KV cache.
 PREDICTED_WEIGHTS_MARGIN = 0.02
+MARGINLESS_WEIGHTS_SOURCES = ('given', 'headers', 'hub')
+# The serving flag that makes vLLM capture no CUDA graphs (cudagraph_mode NONE), so it estimates none
+# (v1/worker/gpu_worker.py determine_available_memory); the role's own flags come through memory_key.serve_flags.
+EAGER_FLAG = '--enforce-eager'
 
 # The options that decide vLLM's memory, beside the GPUs and the resolved KV-cache dtype: a measurement of one start
 # stands for another only where all of them are the same.
@@ -252,10 +260,13 @@ def memory_inputs(
     weights_total, weights, weights_source = weights_on_a_gpu(
         params, config, checkpoint, tp, pp, found, hf_quant_config
     )
-    weights_margin = 0 if weights_source == 'given' else int(math.ceil(weights * PREDICTED_WEIGHTS_MARGIN))
+    weights_margin = (
+        0 if weights_source in MARGINLESS_WEIGHTS_SOURCES else int(math.ceil(weights * PREDICTED_WEIGHTS_MARGIN))
+    )
     total = None if cpu else gpu_memory(params, gpus, gpus_used, apps, host, found)
     gpu = gpus_used[0] if gpus_used and not cpu else {}
-    reserve_parts = reserve_per_gpu(params, config, total, cpu, found, str(gpu.get('name') or ''))
+    quantized = is_quantized(config, hf_quant_config)
+    reserve_parts = reserve_per_gpu(params, config, total, cpu, found, str(gpu.get('name') or ''), quantized)
     if reserve_parts['source'] != 'given' and not cpu:
         add_mla_decode_workspace(reserve_parts, params, config, gpu, found)
     reserve = int(reserve_parts['total'])  # type: ignore[call-overload]
@@ -322,8 +333,25 @@ def serves_images(params: Params, config: Config) -> bool:
     return isinstance(config.get('vision_config'), dict) and params.get('multimodal') != 'text_only'
 
 
+def is_quantized(config: Config, hf_quant_config: Optional[Config]) -> bool:
+    """Whether vLLM loads this checkpoint quantized: config.json (or its text_config) has a quantization_config,
+    or vLLM reads hf_quant_config.json."""
+    return bool(config.get('quantization_config') or text_config(config).get('quantization_config') or hf_quant_config)
+
+
+def runs_eager(params: Params) -> bool:
+    """Whether the serving flags (memory_key.serve_flags, the role's vllm_kimi_extra_args) ask for --enforce-eager."""
+    return EAGER_FLAG in ((params.get('memory_key') or {}).get('serve_flags') or [])
+
+
 def reserve_per_gpu(
-    params: Params, config: Config, total: Optional[int], cpu: bool, found: Findings, gpu_name: str = ''
+    params: Params,
+    config: Config,
+    total: Optional[int],
+    cpu: bool,
+    found: Findings,
+    gpu_name: str = '',
+    quantized: bool = False,
 ) -> dict[str, object]:
     """The reserve beside weights and KV cache and where it comes from: reserve_bytes_per_gpu as given, 0 on the
     CPU build (its KV space is fixed), else _reserve's estimate from config.json and vLLM's batching."""
@@ -342,6 +370,8 @@ def reserve_per_gpu(
         vllm_version=params.get('vllm_version'),
         gpu_name=gpu_name,
         serves_images=serves_images(params, config),
+        eager=runs_eager(params),
+        quantized=quantized,
     )
     if not parts['estimated']:
         found.warnings.append(

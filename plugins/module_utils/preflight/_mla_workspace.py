@@ -41,8 +41,11 @@ VIEW_ALIGNMENT = 256  # workspace.py _VIEW_ALIGNMENT: each view is rounded up to
 # Streaming multiprocessors of the GPUs that run TRITON_MLA, by a part of the name nvidia-smi prints (first match
 # wins, so a longer name goes first). Each is NVIDIA's CUDA-core count divided by the 128 FP32 cores an SM has on
 # Ampere GA10x, Ada and Blackwell GB20x; the A100's 108 is what deviceQuery prints ("(108) Multiprocessors").
-# Hopper and B200/GB200 are not here: vLLM runs FLASH_ATTN_MLA and FLASHINFER_MLA there, not TRITON_MLA.
+# Hopper and B200/GB200 do not run TRITON_MLA (vLLM picks FLASH_ATTN_MLA and FLASHINFER_MLA there); the H100 80GB
+# HBM3 is here for the Triton top-k/top-p's buffer (_reserve.sampler_run_bytes), from torch's multi_processor_count
+# on the device (tests/fixtures/gpu_run/device.txt).
 SM_COUNTS = (
+    ('H100 80GB HBM3', 132),
     ('RTX PRO 6000 Blackwell', 188),  # Server, Workstation and Max-Q Workstation Editions: 24,064 CUDA cores
     ('RTX 5090', 170),  # 21,760
     ('RTX 6000 Ada', 142),  # 18,176

@@ -13,7 +13,8 @@ utilization) − weights − reserve, so the reserve is the sum of
 
 - the activation peak of the profile run at max_num_batched_tokens tokens, or of the sampler's dummy run
   over max_num_seqs × vocabulary logits, whichever is larger (they run one after the other), by the
-  sampler each vLLM version runs (sort-based, or FlashInfer's sort-free one from 0.33);
+  sampler each vLLM version runs (sort-based; from 0.26 the Triton top-k/top-p of the seeded second run, over the
+  mixture of experts' workspace that stays allocated; FlashInfer's sort-free one from 0.33);
 - from 0.33, the model runner's per-sequence token counts for the penalties (max_num_seqs × vocabulary);
 - non-torch memory grown since the worker's first snapshot (cuBLAS workspaces; NCCL and custom
   all-reduce buffers when tensor parallel);
@@ -27,6 +28,7 @@ after the weights are loaded, one too large only hides context.
 from typing import Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config, text_config
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._mla_workspace import next_power_of_2, sm_count_of
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import GIB, MIB, ceil_div
 
 # The constant the preflight used before this model, and still uses when config.json lacks the sizes.
@@ -59,7 +61,8 @@ HIDDEN_COPIES = 3
 #   int64 indices (2 + 4 + 4 + 8) and the sort's own workspace, 38 in all (36 above the bf16 input, measured on an
 #   H200; two logs with the same 256 x 151,936 logits, Qwen2.5-Math-1.5B on 0.7.2 V0 and Qwen3-235B on 0.10.2 V1,
 #   both print a 1.40 GiB activation peak: 38.6 bytes a logit);
-# - FlashInfer's sort-free sampler, a hard dependency and on by default from vLLM 0.33 (VLLM_USE_FLASHINFER_SAMPLER):
+# - FlashInfer's sort-free sampler, modelled from vLLM 0.33 (VLLM_USE_FLASHINFER_SAMPLER; 0.26.0 already has it as a
+#   dependency and on by default, but its seeded second run takes the Triton path below, which is what 0.26 counts):
 #   the bf16 logits, the float32 copy, the top-k-masked logits and the probabilities, 14; where FlashInfer cannot
 #   run, the Triton top-k/top-p that replaces it works in place (6, with a buffer of one row per SM).
 # From 0.33 the model runner (V2) also keeps an int32 count of every token of every sequence for the penalties
@@ -68,6 +71,29 @@ SAMPLER_BYTES_PER_LOGIT_SORT = 38
 SAMPLER_BYTES_PER_LOGIT_FLASHINFER = 14
 PENALTY_COUNT_BYTES_PER_LOGIT = 4
 FLASHINFER_SAMPLER_SINCE = (0, 33)
+# vLLM 0.26 (read in 0.26.0's wheel): v1/worker/gpu_model_runner.py _dummy_sampler_run runs the sampler twice, the
+# second time with a seeded generator, which sends it down TopKTopPSampler.forward_native whatever
+# VLLM_USE_FLASHINFER_SAMPLER says (v1/sample/ops/topk_topp_sampler.py). There apply_top_k_top_p takes the Triton
+# kernel for 8 rows or more (apply_top_k_top_p_triton, in place), then softmax and random_sample: alive at once are
+# the bf16 logits (compute_logits), their float32 copy (Sampler.forward), the float32 probabilities and the float32
+# exponential noise (empty_exponential_noise_like), 14 bytes a logit; and the Triton kernel's cached float32 buffer
+# of min(next_power_of_2(min(SMs, rows)), SMs) rows of the vocabulary (_TRITON_BUFFER_CACHE), which stays allocated.
+# The rows are the hidden states of the last token of each dummy request (_dummy_run's hidden_states[logit_indices]),
+# and _dummy_sampler_run replaces them with torch.rand_like: two bf16 rows x hidden more.
+TRITON_SAMPLER_SINCE = (0, 26)
+SAMPLER_BYTES_PER_LOGIT_TRITON = 14
+TRITON_SAMPLER_BUFFER_BYTES_PER_LOGIT = 4
+SAMPLER_HIDDEN_ROW_COPIES = 2
+# vLLM 0.26 (read in 0.26.0's wheel, and the same code in 0.33.0's): the fused MoE's modular kernel
+# (model_executor/layers/fused_moe/modular_kernel.py _allocate_buffers) takes its intermediate buffers from the
+# worker's shared workspace (v1/worker/workspace.py WorkspaceManager.get_simultaneous), which keeps its largest
+# allocation for good: it is still held while the sampler's dummy run reaches its peak. For the Triton experts of an
+# unquantized MoE (fused_moe/experts/triton_moe.py TritonExperts.workspace_shapes): two bf16 tensors of
+# max_num_batched_tokens x top-k x max(2 x moe_intermediate / TP, hidden) elements (the first holds
+# max(moe_intermediate / TP, hidden), at most as large); the output reuses the first. Quantized experts (FP8,
+# NVFP4, INT4) run other kernels with other shapes, not modelled here.
+MOE_WORKSPACE_SINCE = (0, 26)
+MOE_WORKSPACE_TENSORS = 2
 
 # Non-torch memory grown during the profile (cuBLAS workspaces and the like). vLLM 0.6 printed 0.35 GiB at tensor
 # parallel 1 (RTX 3090, Llama-3.1-8B, vllm-project/vllm#10517); 0.7 and later, whose baseline is taken after the
@@ -105,7 +131,9 @@ CUDAGRAPH_ESTIMATE_SINCE = (0, 21)
 # without it, measured on an H200: 616 MiB (tests/fixtures/h200/nontorch_memory.json, smi_reserved_mib); elsewhere
 # it depends on the board and the driver, 430 to 625 MiB in the collected logs (RTX 3090 24576 MiB against
 # 23.58 GiB; A100-SXM4-40GB 40960 MiB against 39.39 GiB), so the larger, rounded up.
-DRIVER_RESERVED_BYTES = {'H200': 616 * MIB}
+# On the H100 80GB HBM3 of tests/fixtures/gpu_run/device.txt (driver 580.159.04): nvidia-smi's 81,559 MiB against
+# torch's total_memory of 85,017,493,504 bytes (81,078.5 MiB), 480.5 MiB; rounded up.
+DRIVER_RESERVED_BYTES = {'H200': 616 * MIB, 'H100 80GB HBM3': 481 * MIB}
 DRIVER_RESERVED_DEFAULT = 640 * MIB
 
 
@@ -179,6 +207,44 @@ def non_torch_bytes(tp: int, gpu_name: str, version: Optional[tuple[int, int]]) 
     return total
 
 
+def sampler_run_bytes(
+    rows: int, vocab: int, hidden: int, tokens: int, version: Optional[tuple[int, int]], gpu_name: str
+) -> int:
+    """The sampler's dummy run at its peak, with the batch's hidden states it keeps alive (bf16, tokens x hidden):
+    rows x vocabulary logits at the bytes a logit of this release's sampler, and from 0.26 the Triton top-k/top-p's
+    buffer (one row of the vocabulary a program, capped at the SM count: the uncapped rows for a GPU SM_COUNTS does
+    not know) and the two copies of the rows' hidden states."""
+    batch = tokens * hidden * ACTIVATION_BYTES
+    if version is not None and TRITON_SAMPLER_SINCE <= version < FLASHINFER_SAMPLER_SINCE:
+        sms = sm_count_of(gpu_name)
+        buffer_rows = next_power_of_2(rows) if sms is None else min(next_power_of_2(min(sms, rows)), sms)
+        return (
+            rows * vocab * SAMPLER_BYTES_PER_LOGIT_TRITON
+            + buffer_rows * vocab * TRITON_SAMPLER_BUFFER_BYTES_PER_LOGIT
+            + SAMPLER_HIDDEN_ROW_COPIES * rows * hidden * ACTIVATION_BYTES
+            + batch
+        )
+    flashinfer = version is None or version >= FLASHINFER_SAMPLER_SINCE
+    per_logit = SAMPLER_BYTES_PER_LOGIT_FLASHINFER if flashinfer else SAMPLER_BYTES_PER_LOGIT_SORT
+    return rows * vocab * per_logit + batch
+
+
+def moe_workspace_bytes(
+    config: Config, tp: int, tokens: int, version: Optional[tuple[int, int]], quantized: bool
+) -> int:
+    """The Triton experts' intermediate buffers that the shared workspace keeps through the sampler's run, on one GPU,
+    from vLLM 0.26 for an unquantized mixture of experts; 0 elsewhere (older releases, dense models, quantized
+    experts, whose kernels this does not model)."""
+    hidden = _field(config, 'hidden_size')
+    moe_intermediate = _field(config, 'moe_intermediate_size')
+    top_k = _field(config, 'num_experts_per_tok')
+    since = version is None or version >= MOE_WORKSPACE_SINCE
+    if quantized or not since or not (hidden and moe_intermediate and top_k):
+        return 0
+    width = max(2 * ceil_div(moe_intermediate, tp), hidden)
+    return MOE_WORKSPACE_TENSORS * tokens * top_k * width * ACTIVATION_BYTES
+
+
 def driver_reserved_bytes(gpu_name: str) -> int:
     """nvidia-smi's total less the total CUDA reports, for this GPU: measured where known, else the larger figure."""
     for name, reserved in DRIVER_RESERVED_BYTES.items():
@@ -198,6 +264,8 @@ def estimate(
     gpu_name: str = '',
     driver_reserved: Optional[int] = None,
     serves_images: bool = False,
+    eager: bool = False,
+    quantized: bool = False,
 ) -> dict[str, object]:
     """The reserve per GPU in bytes and its parts.
 
@@ -207,7 +275,8 @@ def estimate(
     driver_reserved (nvidia-smi's memory.reserved, bytes) is given, the driver's reserved memory.
     serves_images (a vision tower, not --language-model-only) adds the encoder's outputs that vLLM's profile run
     keeps alive through the language model's dummy run, which as many embeddings as its encoder cache holds can
-    match at run time.
+    match at run time. eager (--enforce-eager) captures no CUDA graphs, so vLLM estimates none; quantized (the
+    checkpoint's weights are) leaves the unquantized Triton experts' workspace out.
     Without hidden_size or vocab_size in config.json the reserve is FALLBACK_RESERVE_BYTES and 'estimated' is False.
     """
     version = version_tuple(vllm_version)
@@ -225,16 +294,14 @@ def estimate(
     forward = tokens * per_token * ACTIVATION_BYTES
     flashinfer = version is None or version >= FLASHINFER_SAMPLER_SINCE
     rows = seqs if v0_accounting(version) else min(seqs, tokens)
-    per_logit = SAMPLER_BYTES_PER_LOGIT_FLASHINFER if flashinfer else SAMPLER_BYTES_PER_LOGIT_SORT
-    # The whole batch's hidden states stay alive through the sampler's run.
-    sampler = rows * vocab * per_logit + tokens * hidden * ACTIVATION_BYTES
+    sampler = sampler_run_bytes(rows, vocab, hidden, tokens, version, gpu_name)
+    sampler += moe_workspace_bytes(config, tp, tokens, version, quantized)
+    no_graphs = eager or (version is not None and version < CUDAGRAPH_ESTIMATE_SINCE)
     terms = {
         'activation': max(forward, sampler),
         'penalty_counts': seqs * vocab * PENALTY_COUNT_BYTES_PER_LOGIT if flashinfer else 0,
         'non_torch': non_torch_bytes(tp, gpu_name, version),
-        'cuda_graphs': 0
-        if version is not None and version < CUDAGRAPH_ESTIMATE_SINCE
-        else layers * CUDAGRAPH_BYTES_PER_LAYER,
+        'cuda_graphs': 0 if no_graphs else layers * CUDAGRAPH_BYTES_PER_LAYER,
         'driver': int(
             (driver_reserved if driver_reserved is not None else driver_reserved_bytes(gpu_name)) * utilization
         ),

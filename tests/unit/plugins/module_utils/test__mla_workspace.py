@@ -71,7 +71,8 @@ def test_the_sm_count_given_wins_and_an_unknown_gpu_is_not_capped():
         ('NVIDIA L40S', 142),
         ('NVIDIA L40', 142),
         ('NVIDIA A100-SXM4-80GB', 108),
-        ('NVIDIA H100 80GB HBM3', None),  # runs FLASH_ATTN_MLA: not in the table
+        ('NVIDIA H100 80GB HBM3', 132),  # for the Triton sampler's buffer (it runs FLASH_ATTN_MLA)
+        ('NVIDIA H100 PCIe', None),
     ],
 )
 def test_sm_count_of(name, count):

@@ -129,9 +129,9 @@ def test_reads_nvidia_smi_and_fits(tmp_path, model, module_result):
     assert r['weights_bytes_total'] == 262144
     assert r['weights_bytes_per_gpu'] == 131072
     assert r['kv_cache_bytes_per_token'] == 512
-    # The headers' weights, and the plan's 2 % margin beside them.
-    assert (r['weights_source'], r['weights_margin_bytes_per_gpu']) == ('headers', 2622)
-    assert r['kv_cache_bytes'] == -(-143771 * 1024 * 1024 * 9 // 10) - 131072 - 2622 - 5 * GIB
+    # The headers' weights, every tensor's bytes: no margin beside them.
+    assert (r['weights_source'], r['weights_margin_bytes_per_gpu']) == ('headers', 0)
+    assert r['kv_cache_bytes'] == -(-143771 * 1024 * 1024 * 9 // 10) - 131072 - 5 * GIB
     assert (r['max_model_len'], r['fits'], r['problems'], r['strip_fp8_kv_cache']) == (4096, True, [], False)
 
 
