@@ -141,7 +141,8 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.tls._public_key impo
 
 ARGUMENT_SPEC = dict(
     certificate_path=dict(type=nul_free_path, required=True),
-    private_key_path=dict(type=nul_free_path, required=True),
+    # A path, not the key: the key itself is never read into a result or a message.
+    private_key_path=dict(type=nul_free_path, required=True, no_log=False),
     url=dict(type='str', required=True),
     warn_days=dict(type='int', default=30),
     setting_names=dict(type='dict', default={}),

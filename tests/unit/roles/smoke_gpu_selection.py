@@ -38,4 +38,8 @@ with mock.patch.object(CudaPlatform, 'get_device_capability', classmethod(lambda
     picked, rejected = smoke.attention_path(CudaPlatform, config, 8)
 paths = {'platform': 'cuda', 'attention': picked, 'attention_rejected': rejected, 'sampler': 'pytorch'}
 paths['flashinfer_kernels'] = False
-print(json.dumps({'attention': picked, 'rejected': [name for name, _ in rejected], 'needs': smoke.path_needs(paths)}))
+print(
+    json.dumps(
+        {'attention': picked, 'rejected': [name for name, _reason in rejected], 'needs': smoke.path_needs(paths)}
+    )
+)

@@ -95,7 +95,7 @@ def case(tmp_path, url=URL, pubout=openssl_pubout, **pair):
 def test_a_good_certificate_passes_with_its_facts(tmp_path):
     key = make_key('rsa')
     chain = certificate_pem(make_key())
-    verdict, _, _ = case(tmp_path, key=key, chain=chain)
+    verdict, _cert, _key = case(tmp_path, key=key, chain=chain)
     assert (verdict.problems, verdict.warnings) == ([], [])
     assert verdict.facts == {
         'host': 'gpu1.example.com',
@@ -113,12 +113,12 @@ def test_a_good_certificate_passes_with_its_facts(tmp_path):
 
 
 def test_an_address_is_named_by_an_ip_entry(tmp_path):
-    verdict, _, _ = case(tmp_path, url='https://192.0.2.10:8443')
+    verdict, _cert, _key = case(tmp_path, url='https://192.0.2.10:8443')
     assert (verdict.problems, verdict.facts['matched_name']) == ([], 'IP:192.0.2.10')
 
 
 def test_a_certificate_for_another_host_is_refused(tmp_path):
-    verdict, cert, _ = case(
+    verdict, cert, _key = case(
         tmp_path, names=('DNS:gpu2.example.com', 'DNS:*.example.com'), url='https://a.b.example.com'
     )
     assert verdict.problems == [
@@ -130,7 +130,7 @@ def test_a_certificate_for_another_host_is_refused(tmp_path):
 
 
 def test_a_certificate_without_subject_alt_name_is_refused(tmp_path):
-    verdict, cert, _ = case(tmp_path, names=None, url='https://192.0.2.10:8443')
+    verdict, cert, _key = case(tmp_path, names=None, url='https://192.0.2.10:8443')
     assert verdict.problems == [
         'certificate_path %s does not name 192.0.2.10, the host of url https://192.0.2.10:8443: it has no '
         'subjectAltName (clients do not read its subject CN=front), and clients refuse it. Issue it with '
@@ -139,7 +139,7 @@ def test_a_certificate_without_subject_alt_name_is_refused(tmp_path):
 
 
 def test_an_expired_certificate_is_refused(tmp_path):
-    verdict, cert, _ = case(tmp_path, not_before=NOW - 400 * DAY, not_after=NOW - DAY)
+    verdict, cert, _key = case(tmp_path, not_before=NOW - 400 * DAY, not_after=NOW - DAY)
     assert verdict.problems == [
         'certificate_path %s expired on %s (its notAfter), and clients refuse it: %s'
         % (cert, (NOW - DAY).strftime('%Y-%m-%d %H:%M:%S UTC'), RENEW)
@@ -147,7 +147,7 @@ def test_an_expired_certificate_is_refused(tmp_path):
 
 
 def test_a_certificate_not_valid_yet_is_refused(tmp_path):
-    verdict, cert, _ = case(tmp_path, not_before=NOW + DAY)
+    verdict, cert, _key = case(tmp_path, not_before=NOW + DAY)
     assert verdict.problems == [
         'certificate_path %s is not valid before %s (its notBefore), and clients refuse it until then: check this '
         "host's clock (timedatectl), or issue it again." % (cert, (NOW + DAY).strftime('%Y-%m-%d %H:%M:%S UTC'))
@@ -155,7 +155,7 @@ def test_a_certificate_not_valid_yet_is_refused(tmp_path):
 
 
 def test_a_certificate_about_to_expire_is_a_warning_with_its_date(tmp_path):
-    verdict, cert, _ = case(tmp_path, not_after=NOW + 12 * DAY + DAY / 2)
+    verdict, cert, _key = case(tmp_path, not_after=NOW + 12 * DAY + DAY / 2)
     assert verdict.problems == []
     assert verdict.warnings == [
         'certificate_path %s expires on %s, in 12 days: %s before then.'
@@ -215,7 +215,7 @@ def test_a_key_nginx_cannot_read_is_refused(tmp_path, content, expected):
 
 
 def test_a_key_only_openssl_reads_is_refused_without_openssl(tmp_path):
-    verdict, _, key = case(tmp_path, key=make_key('ed25519'), pubout=no_openssl)
+    verdict, _cert, key = case(tmp_path, key=make_key('ed25519'), pubout=no_openssl)
     assert verdict.problems == [
         'private_key_path %s carries no public half that this module derives itself, and openssl is not installed.'
         % key
@@ -236,7 +236,7 @@ def test_a_der_certificate_is_refused_with_the_conversion(tmp_path):
 
 
 def test_a_key_every_user_reads_is_a_warning(tmp_path):
-    verdict, _, key = case(tmp_path, key_mode=0o644)
+    verdict, _cert, key = case(tmp_path, key_mode=0o644)
     os.chmod(key, 0o600)
     assert verdict.warnings == [
         'private_key_path %s can be read by every user of this host (mode 0644): chmod 0600 it (or 0640, group '
