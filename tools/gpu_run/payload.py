@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument('--out', type=Path, help='where the parts go (default .build/gpu_run/RELEASE)')
     parser.add_argument('--cache', type=Path, default=Path.home() / '.cache' / 'llmserve' / 'gpu_run')
     parser.add_argument('--into', type=Path, help="the session checkout's .gpu-run (ignored by git, named in carry)")
-    parser.add_argument('--model', type=Path, help='the checkpoint call 3 serves (tiny-kimi)')
+    parser.add_argument('--model', type=Path, help='the checkpoint calls 3 and 4 serve (tiny-kimi-gpu)')
     parser.add_argument('--plans', type=Path, help='the rendered plans (default .build/gpu_run/plan)')
     args = parser.parse_args()
     out = args.out or REPO / '.build' / 'gpu_run' / args.release
