@@ -4,8 +4,9 @@
 """The GPU run's harness without the device (tools/gpu_run; docs/testing.md, "A recorded run on a real GPU").
 
 The synthetic checkpoint the device generates has exactly the headers the preflight plans from here, and call 3
-joins, checks and unpacks the payload's parts as they were packed. No device call has run yet (docs/benchmarks.md
-says why): the run's logs and answers are to land in tests/fixtures/gpu_run beside the checkpoint's description.
+joins, checks and unpacks the payload's parts as they were packed. What the device calls recorded
+(tests/fixtures/gpu_run: start logs, the gates' HTTP exchanges and results, the plans served) is judged again here:
+chat_check's verdicts on the recorded answers, the start ledger on the real logs, the preflight's prediction.
 """
 
 import io
@@ -17,8 +18,9 @@ import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import resolve_kv_cache_dtype
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import scan
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._chat_check import ChatCheck, CheckFailed
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_log import startup_figures
-from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import plan
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import plan as preflight_plan
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import estimate
 from ansible_collections.llmserve.vllm.tests.support import REPO, recorded
 
@@ -155,7 +157,7 @@ def synthetic_plan(tmp_path):
         fail_on_misfit=True,
     )
     dtype = resolve_kv_cache_dtype('auto', str(tmp_path), config)
-    return plan(params, config, scan(str(tmp_path)), recorded_plan['gpus'], [], dtype)
+    return preflight_plan(params, config, scan(str(tmp_path)), recorded_plan['gpus'], [], dtype)
 
 
 def test_the_preflight_predicts_the_kv_cache_vllm_reported_within_3_percent(tmp_path):
@@ -178,3 +180,131 @@ def test_the_reserve_of_vllm_0_26_on_the_h100_is_the_profile_vllm_logged():
     workspace = 2 * 8192 * 8 * 7168 * 2
     assert parts['activation'] == sampler + workspace
     assert round(parts['activation'] / 2**30, 2) == 4.15  # vLLM: 4.38; what is not derived is named in the docs
+
+
+# The arguments chat_check's constructor takes from the gate's (the rest are the transport's: socket, key).
+CHAT_CHECK_ARGUMENTS = (
+    'url',
+    'model',
+    'prompt',
+    'expect',
+    'max_tokens',
+    'timeout',
+    'interval',
+    'extra_body',
+    'expect_reasoning',
+    'tool_call',
+    'long_prompt',
+    'stream',
+)
+
+
+def replayed_chat_check(plan, gate, doctor=None):
+    """chat_check's verdict on what the server answered on the device: the gate's arguments as the role rendered
+    them (tests/fixtures/gpu_run/<plan>-gates.json), each request held to the one sent there and answered with what
+    the server answered (DOCTOR may change an answer first)."""
+    exchanges = recorded_json('%s-%s-exchanges.json' % (plan, gate))
+    arguments = recorded_json('%s-gates.json' % plan)[gate]
+
+    def http(method, path, payload, timeout, limit):
+        entry = exchanges.pop(0)
+        assert (method, path, payload) == (entry['method'], entry['path'], entry['payload'])
+        return entry['status'], doctor(path, entry['text']) if doctor else entry['text']
+
+    check = ChatCheck(
+        http,
+        api_key_set=True,
+        sleep=lambda seconds: None,
+        **{k: arguments[k] for k in CHAT_CHECK_ARGUMENTS if k in arguments},
+    )
+    verdict = check.run()
+    assert exchanges == [], 'the check asked less than it asked on the device'
+    return verdict
+
+
+MINIATURE_PLANS = ('miniature-eager', 'miniature')
+PARIS = 'The capital of France is Paris.'
+
+
+@pytest.mark.parametrize('plan', MINIATURE_PLANS)
+def test_the_miniature_answers_the_role_gates_on_an_h200(plan):
+    """tiny-kimi-gpu served by vLLM 0.26.0's CUDA build with the role's argv, eager and compiled: chat_check's
+    verdicts on the recorded answers are those of the run (thinking on with the tool gate, thinking off, the long
+    prompt)."""
+    coherence = replayed_chat_check(plan, 'coherence')
+    assert (coherence['answer'], coherence['reasoning']) == (PARIS, 'The user asks for the capital of France.')
+    assert coherence['tool_call']['name'] == 'get_weather'
+    assert coherence['tool_call']['arguments'] == {'city': 'Paris'}
+    assert coherence['tool_call']['finish_reason'] == 'tool_calls'
+    for gate in ('thinking_off', 'long_prompt'):
+        verdict = replayed_chat_check(plan, gate)
+        assert (verdict['answer'], verdict['reasoning']) == (PARIS, None)
+    assert replayed_chat_check(plan, 'long_prompt')['prompt_tokens'] == 397
+    results = recorded_json('%s-results.json' % plan)
+    assert [results[gate].get('failed', False) for gate in ('coherence', 'thinking_off', 'long_prompt')] == [False] * 3
+
+
+@pytest.mark.parametrize(
+    'gate, wrong, right, message',
+    [
+        ('coherence', 'Lyon', 'Paris', 'did not match'),
+        ('coherence', '"arguments":"Lyon"', '"arguments":"Paris"', 'city'),
+        ('thinking_off', 'Lyon', 'Paris', 'did not match'),
+    ],
+)
+def test_the_recorded_verdicts_turn_on_the_answers(gate, wrong, right, message):
+    """The same exchanges with the answer or the tool call's city changed fail the gate."""
+    with pytest.raises(CheckFailed, match=message):
+        replayed_chat_check('miniature', gate, doctor=lambda path, text: text.replace(right, wrong))
+
+
+def test_the_miniature_serves_the_load_probe_and_stops_gracefully():
+    """load_probe against the compiled server (4 clients, 10 s, 128 tokens a request), then SIGTERM as systemd
+    sends it: every request answered, the process group gone in well under --shutdown-timeout, exit 0."""
+    for plan in MINIATURE_PLANS:
+        results = recorded_json('%s-results.json' % plan)
+        probe = results['load_probe']
+        assert (probe['failed_requests'], probe['errors']) == (0, [])
+        assert probe['output_tokens'] == 128 * probe['requests']
+        assert results['stop']['signal'] == 'SIGTERM'
+        assert (results['stop']['exit_code'], results['stop']['killed_after_grace']) == (0, False)
+        assert results['stop']['stop_seconds'] < 5
+    eager, compiled = (recorded_json('%s-results.json' % plan)['load_probe'] for plan in MINIATURE_PLANS)
+    assert compiled['output_tokens_per_second'] > 3 * eager['output_tokens_per_second']
+
+
+def test_the_start_ledger_of_the_miniature_compiled_on_an_h200():
+    """The role's own start (torch.compile and CUDA graphs) on one H200: every figure the ledger reads."""
+    assert 'NVIDIA H200, 143771, 0, 9.0, 580.159.04' in recorded(GPU_RUN, 'device-h200.txt')
+    assert recorded_json('miniature-results.json')['gpu_model'] == 'h200'
+    assert log_figures('miniature-start.log') == {
+        'weights_gib': 0.04,
+        'available_kv_gib': 125.27,
+        'kv_tokens': 38919600,
+        'max_concurrency': 4750.93,
+        'cudagraph_gib': 0.19,
+        'compile_seconds': 13.25,
+        'graph_capture_seconds': 5.0,
+        'weights_seconds': 0.338162,
+        'weights_read_seconds': 0.02,
+        'engine_init_seconds': 24.22,
+        'weights_gib_per_second': 2.0,
+        'kv_cache_device': 'GPU',
+        'backends': [
+            'FLASH_ATTN_MLA attention',
+            'FLASH_ATTN MLA prefill',
+            'TRITON Unquantized MoE',
+            'TritonExperts MoE',
+        ],
+    }
+    eager = log_figures('miniature-eager-start.log')
+    assert (eager['kv_tokens'], eager['cudagraph_gib'], 'compile_seconds' in eager) == (38968752, 0.0, False)
+
+
+@pytest.mark.parametrize('plan', MINIATURE_PLANS)
+def test_the_preflight_predicts_the_miniatures_kv_cache_on_an_h200(plan):
+    """The role's plan for the H200 against vLLM's `GPU KV cache size`: a weights-free case, where the reserve alone
+    makes the difference (38,990,176 predicted; 38,968,752 eager and 38,919,600 with CUDA graphs)."""
+    predicted = recorded_json('%s-plan.json' % plan)['preflight']['kv_cache_tokens']
+    reported = log_figures('%s-start.log' % plan)['kv_tokens']
+    assert abs(predicted - reported) / reported < 0.003

@@ -4,7 +4,8 @@
 """The device side of the GPU run: run there from the carried .gpu-run folder, with python3 (the one with torch).
 
     python3 .gpu-run/device.py stage 1            # calls 1 and 2: keep the part in ~/stage (1 also records the device)
-    python3 .gpu-run/device.py serve tiny         # call 3: part 3, join, check, unpack; serve tiny-kimi, gates, stop
+    python3 .gpu-run/device.py serve miniature-eager   # call 3: part 3, join, check, unpack; serve, gates, stop
+    python3 .gpu-run/device.py serve miniature    # call 4: the miniature as the role serves it (CUDA graphs)
     python3 .gpu-run/device.py serve synthetic-eager [--generate]   # later calls: the large synthetic checkpoint
 
 Everything it learns goes to $OUT (8 files at most come back): start logs, the gates' answers, the figures.
@@ -240,12 +241,13 @@ module.main()
 """
 
 
-def gate(module: str, args: dict[str, Any], name: str) -> dict[str, Any]:
-    """Run llmserve.vllm.MODULE as Ansible runs it (an arguments file), with the carried ansible-core."""
+def gate(module: str, args: dict[str, Any], name: str, plan: str) -> dict[str, Any]:
+    """Run llmserve.vllm.MODULE as Ansible runs it (an arguments file), with the carried ansible-core; its exchanges
+    with the server go to OUT/PLAN-NAME-exchanges.json."""
     args_file = ROOT / f'{name}-args.json'
     args_file.write_text(json.dumps({'ANSIBLE_MODULE_ARGS': {k: v for k, v in args.items() if v is not None}}))
     env = dict(os.environ, PYTHONPATH=f'{ANSIBLE_SITE}:{HERE / "collection"}')
-    record = OUT / f'tiny-{name}-exchanges.json'
+    record = OUT / f'{plan}-{name}-exchanges.json'
     argv = [sys.executable, '-c', RECORDING_RUNNER, module, str(args_file), str(record)]
     began = time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
@@ -322,7 +324,8 @@ GATES = [
 ]
 
 
-def serve_tiny(plan_dir: Path, results: dict[str, Any]) -> None:
+def serve_miniature(plan_dir: Path, results: dict[str, Any]) -> None:
+    """The GPU miniature (tools/gpu_run/miniature.py): start, the role's gates in their order, a graceful stop."""
     plan = json.loads((plan_dir / 'plan.json').read_text())
     gates = json.loads((plan_dir / 'gates.json').read_text())
     model_dir = Path(plan['plan']['model_dir'])
@@ -332,13 +335,13 @@ def serve_tiny(plan_dir: Path, results: dict[str, Any]) -> None:
     results['imports'] = import_probe(env)
     log(f'imports: {results["imports"]}')
     save(results)
-    server = start(plan, env, OUT / 'tiny-start.log')
+    server = start(plan, env, OUT / f'{plan_dir.name}-start.log')
     try:
         results['healthy_after_seconds'] = wait_healthy(plan, server, time_left())
         if results['healthy_after_seconds'] is not None:
             for name, module in GATES:
                 save(results)
-                results[name] = gate(module, gates[name], name)
+                results[name] = gate(module, gates[name], name, plan_dir.name)
     finally:
         # vLLM runs in a session of its own, which would outlive the call and hold the GPU: always stopped here.
         results['stop'] = stop(server, 60)
@@ -376,7 +379,9 @@ def main() -> None:
     sub = parser.add_subparsers(dest='action', required=True)
     sub.add_parser('stage').add_argument('part', type=int, choices=(1, 2))
     serve = sub.add_parser('serve')
-    serve.add_argument('plan', help='a folder under plan/: tiny, synthetic-eager, synthetic-compiled')
+    serve.add_argument(
+        'plan', help='a folder under plan/: miniature-eager, miniature, synthetic-eager, synthetic-compiled'
+    )
     serve.add_argument('--generate', action='store_true', help='generate the synthetic checkpoint first')
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -390,8 +395,8 @@ def main() -> None:
         unpack()
         install_helpers()
         results['unpacked_after_seconds'] = round(time.monotonic() - BEGAN, 1)
-        if args.plan == 'tiny':
-            serve_tiny(plan_dir, results)
+        if args.plan.startswith('miniature'):
+            serve_miniature(plan_dir, results)
         else:
             if args.generate:
                 generate_synthetic(plan_dir, results)

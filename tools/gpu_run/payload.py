@@ -62,7 +62,9 @@ def download(specs: list[str], into: Path) -> None:
     pip('download', '-q', '--no-deps', *TARGET, '-d', str(into), *specs)
 
 
-def install_site(wheels: Path, names: list[str], site: Path) -> None:
+def install_site(wheels: Path, specs: list[str], site: Path) -> None:
+    """Install the pinned specs, not bare names: the wheel cache keeps every version ever downloaded (xgrammar 0.2.9
+    beside 0.2.7), and a bare name takes the newest."""
     shutil.rmtree(site, ignore_errors=True)
     pip(
         'install',
@@ -75,7 +77,7 @@ def install_site(wheels: Path, names: list[str], site: Path) -> None:
         str(wheels),
         '--target',
         str(site),
-        *names,
+        *specs,
     )
     for pruned in PRUNED:
         path = site / pruned
@@ -108,8 +110,7 @@ def build(release: str, out: Path, cache: Path) -> None:
     download(specs, cache / 'wheels')
     download(spares, out / 'spares')
     download([ansible_core_pin()], out / 'ansible')
-    names = [spec.split('==')[0] for spec in specs]
-    install_site(cache / 'wheels', names, out / 'site')
+    install_site(cache / 'wheels', specs, out / 'site')
     for part in pack(out / 'site', out):
         print(f'{part}: {part.stat().st_size / 2**20:.1f} MiB')
     shutil.rmtree(out / 'site')
@@ -154,7 +155,7 @@ def main() -> None:
     parser.add_argument('--out', type=Path, help='where the parts go (default .build/gpu_run/RELEASE)')
     parser.add_argument('--cache', type=Path, default=Path.home() / '.cache' / 'llmserve' / 'gpu_run')
     parser.add_argument('--into', type=Path, help="the session checkout's .gpu-run (ignored by git, named in carry)")
-    parser.add_argument('--model', type=Path, help='the checkpoint call 3 serves (tiny-kimi)')
+    parser.add_argument('--model', type=Path, help='the checkpoint calls 3 and 4 serve (tiny-kimi-gpu)')
     parser.add_argument('--plans', type=Path, help='the rendered plans (default .build/gpu_run/plan)')
     args = parser.parse_args()
     out = args.out or REPO / '.build' / 'gpu_run' / args.release
