@@ -21,6 +21,8 @@ def run(tmp_path, **role_vars):
         {'ansible.builtin.include_vars': ROLE + '/defaults/main.yml'},
         {'ansible.builtin.include_vars': ROLE + '/vars/main.yml'},
         *BINDING_TASKS,
+        # The part of the preflight's plan the environment file reads beside the binding: no CUDA toolkit here.
+        {'ansible.builtin.set_fact': {'__vllm_kimi_plan': {'cuda_home': ''}}},
         {'ansible.builtin.template': {'src': ROLE + '/templates/environment.j2', 'dest': str(out), 'mode': '0600'}},
     ]
     rc, output = run_local_play(tmp_path, tasks, role_vars)

@@ -14,11 +14,11 @@ import yaml
 
 from ansible_collections.llmserve.vllm.tests.support import LOAD_VLLM_KIMI_VARS, VLLM_KIMI, run_local_play
 
-# The id of the default spec (vllm==0.34.0) as the id was computed before the lock and wheels-only settings existed:
-# a role upgrade must not rebuild (and restart onto) a release that is already built. (vllm==0.33.0's was 8eab15594598.)
-DEFAULT_RELEASE_ID = 'b46b0fc2a40f'
+# The id of the default spec before the lock and wheels-only settings existed: a role upgrade must not rebuild
+# (and restart onto) a release that is already built.
+DEFAULT_RELEASE_ID = '8eab15594598'
 RELEASE = '/opt/vllm-kimi/%s'
-LOCK = 'vllm==0.34.0 \\\n    --hash=sha256:%s\n' % ('0' * 64)
+LOCK = 'vllm==0.33.0 \\\n    --hash=sha256:%s\n' % ('0' * 64)
 SECRET = 'hunter2-t0ken'
 
 
@@ -74,7 +74,7 @@ def test_the_default_release_keeps_its_id_and_installs_wheels_only(tmp_path):
     release = render(tmp_path)
     assert release['id'] == DEFAULT_RELEASE_ID
     python = RELEASE % DEFAULT_RELEASE_ID + '/bin/python'
-    assert release['install'] == [python, '-m', 'pip', 'install', '--no-input', '--only-binary=:all:', 'vllm==0.34.0']
+    assert release['install'] == [python, '-m', 'pip', 'install', '--no-input', '--only-binary=:all:', 'vllm==0.33.0']
 
 
 def test_uv_installs_wheels_only_too(tmp_path):
@@ -84,7 +84,7 @@ def test_uv_installs_wheels_only_too(tmp_path):
     python = RELEASE % release['id'] + '/bin/python'
     assert release['install'] == [
         '/usr/bin/uv', 'pip', 'install', '--compile-bytecode', '--python', python,
-        '--only-binary=:all:', 'vllm==0.34.0', '--index-url', 'https://pypi.example.com/simple',
+        '--only-binary=:all:', 'vllm==0.33.0', '--index-url', 'https://pypi.example.com/simple',
     ]  # fmt: skip
 
 
@@ -92,7 +92,7 @@ def test_sdists_allowed_is_a_release_of_its_own(tmp_path):
     release = render(tmp_path, {'vllm_kimi_pip_only_binary': False})
     assert release['spec']['pip_only_binary'] is False
     assert release['id'] != DEFAULT_RELEASE_ID
-    assert release['install'][-1] == 'vllm==0.34.0' and '--only-binary=:all:' not in release['install']
+    assert release['install'][-1] == 'vllm==0.33.0' and '--only-binary=:all:' not in release['install']
 
 
 @pytest.mark.parametrize('uv', ['', '/usr/bin/uv'], ids=['pip', 'uv'])
@@ -102,7 +102,7 @@ def test_a_lock_file_is_installed_with_its_hashes_checked(tmp_path, uv):
     )
     lock = RELEASE % release['id'] + '/llmserve-requirements.lock'
     assert release['install'][-5:] == ['--only-binary=:all:', '--require-hashes', '-r', lock, '-q']
-    assert 'vllm==0.34.0' not in release['install']  # the lock pins it; the release check holds it to the spec
+    assert 'vllm==0.33.0' not in release['install']  # the lock pins it; the release check holds it to the spec
 
 
 def test_the_release_id_follows_the_lock_files_content(tmp_path):
@@ -131,7 +131,7 @@ def test_the_release_check_runs_as_the_service_user(tmp_path):
     assert release['check'] == [
         'setpriv', '--reuid=svc', '--regid=svcgrp', '--init-groups', '--reset-env', '--no-new-privs', '--',
         'env', 'HOME=/srv/st', 'XDG_CACHE_HOME=/srv/st/cache', 'PYTHONDONTWRITEBYTECODE=1', 'VLLM_NO_USAGE_STATS=1',
-        path + '/bin/python', '/usr/local/libexec/llmserve-check-release', 'vllm==0.34.0', '--', path + '/bin/vllm', 'serve',
+        path + '/bin/python', '/usr/local/libexec/llmserve-check-release', 'vllm==0.33.0', '--', path + '/bin/vllm', 'serve',
     ]  # fmt: skip
     assert release['check_chdir'] == '/'
 
@@ -166,7 +166,7 @@ def test_the_preflight_passes_clean_sources(tmp_path):
             'cannot be read on the controller: it is missing, not a file, or not readable by the user running Ansible.',
         ),
         ('directory', 'cannot be read on the controller'),
-        ('vllm==0.34.0\n', 'has no --hash lines: generate it with `pip-compile --generate-hashes`'),
+        ('vllm==0.33.0\n', 'has no --hash lines: generate it with `pip-compile --generate-hashes`'),
     ],
     ids=['missing', 'a directory', 'no hashes'],
 )
