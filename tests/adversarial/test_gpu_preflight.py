@@ -63,11 +63,11 @@ RTX = [
 ]
 EMBED = {'model.embed_tokens.weight': {'dtype': 'BF16', 'shape': [512, 256], 'data_offsets': [0, 262144]}}
 H200_LINE = b'0, NVIDIA H200, 143771, 0, 9.0, 580.159.04, GPU-a\n'
-# The plan for LLAMA on the RTX with the one 262144-byte shard and the plan's 2 % margin beside it (5243 bytes):
-# 1024 KV bytes a token, whole blocks of 16.
-WEIGHTS_AND_MARGIN = 262144 + 5243
-RTX_BUDGET = -(-97887 * MIB * 9 // 10) - WEIGHTS_AND_MARGIN - 5 * GIB
-H200_BUDGET = -(-143771 * MIB * 9 // 10) - WEIGHTS_AND_MARGIN - 5 * GIB
+# The plan for LLAMA on the RTX with the one 262144-byte shard, read from its header (no margin beside weights the
+# headers give): 1024 KV bytes a token, whole blocks of 16.
+WEIGHTS = 262144
+RTX_BUDGET = -(-97887 * MIB * 9 // 10) - WEIGHTS - 5 * GIB
+H200_BUDGET = -(-143771 * MIB * 9 // 10) - WEIGHTS - 5 * GIB
 
 
 def tokens(budget, per_token=1024):
