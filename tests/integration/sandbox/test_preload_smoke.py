@@ -29,6 +29,10 @@ def faulty_change(sandbox):
     # served on TCP behind the IP fence: in the Unix socket's shape (a network namespace of its own, the default)
     # Gloo finds no such address there and falls back to loopback by itself.
     environment.update(CC=NO_COMPILER, CXX=NO_CXX, GLOO_SOCKET_IFNAME='')
+    # vLLM's own binding (its default, auto), which the role leaves alone where the user sets it: the preflight would
+    # otherwise split the sandbox's one CPU between the two ranks and refuse the change before the smoke ran, and the
+    # smoke's refusal of vLLM's own NUMA assertion is one of the causes below.
+    environment['VLLM_CPU_OMP_THREADS_BIND'] = 'auto'
     change = {
         'vllm_kimi_listen': 'tcp',
         'vllm_kimi_extra_args': list(sandbox.vars['vllm_kimi_extra_args']) + ['--no-such-flag'],
