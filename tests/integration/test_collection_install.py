@@ -35,6 +35,8 @@ WIDER_PLAYBOOK = """---
         vllm_kimi_max_model_len: auto
         vllm_kimi_port: {port}
         vllm_kimi_api_key: wider-playbook-key
+        vllm_kimi_front_tls_certificate: {certificate}
+        vllm_kimi_front_tls_key: {key}
 
     - name: Keep the plan for the report
       ansible.builtin.copy:
@@ -144,7 +146,17 @@ def run_wider_playbook(installed, tmp_path, *args):
     write_tiny_llama(model)
     playbook = tmp_path / 'site.yml'
     report = tmp_path / 'plan.json'
-    playbook.write_text(WIDER_PLAYBOOK.format(model=model, port=free_port(), report=report))
+    # The front door's certificate, which the preflight judges before anything changes: one for the play's host.
+    certificate, key = tmp_path / 'front.pem', tmp_path / 'front.key'
+    subprocess.run(
+        ['openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+         '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost', '-days', '365',
+         '-keyout', str(key), '-out', str(certificate)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    playbook.write_text(
+        WIDER_PLAYBOOK.format(model=model, port=free_port(), report=report, certificate=certificate, key=key)
+    )
     (tmp_path / 'ansible.cfg').write_text('[defaults]\n')
     env = dict(
         os.environ,
