@@ -10,7 +10,8 @@ watcher that loads the program and wraps two calls: os.stat, which swaps an entr
 listed it (deterministically, where a real race would win now and then), and os.open, which records what every
 descriptor the program got is. Each case must end, by its deadline, in a clean refusal or a success that names what
 it left out, with nothing opened that is not a directory or a regular file of the tree, and what lies outside as it
-was.
+was. llmserve-fetch-model runs with a stub of huggingface_hub that describes an empty revision, so that only its own
+handling of the path is tried.
 """
 
 import collections
@@ -21,6 +22,7 @@ import pwd
 import socket
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -72,6 +74,21 @@ finally:
         json.dump(opened, handle)
 sys.exit(code)
 """
+
+# Describes every revision as one without files, and downloads nothing.
+STUB_HUB = {
+    '__init__.py': (
+        'import types\n'
+        'constants = types.SimpleNamespace()\n'
+        'file_download = types.SimpleNamespace()\n'
+        'class HfApi:\n'
+        '    def model_info(self, repo, revision=None, files_metadata=False):\n'
+        "        return types.SimpleNamespace(sha='0' * 40, siblings=[])\n"
+        'def snapshot_download(repo, revision=None, local_dir=None):\n'
+        '    return local_dir\n'
+    ),
+    'utils.py': 'class HfHubHTTPError(Exception):\n    pass\n',
+}
 
 Run = collections.namedtuple('Run', 'rc stdout stderr hung forbidden')
 
@@ -291,3 +308,48 @@ def test_seal_caches(verdict, tmp_path, outside, run_home, swap, deep, says):
     verdict(
         'llmserve-seal-caches', outcome, '%s %s %s %s' % (run.stdout[-2000:], run.stderr[-2000:], run.forbidden, sealed)
     )
+
+
+# --- llmserve-fetch-model ------------------------------------------------------------------------------------
+
+
+def under_a_file(tmp_path):
+    (tmp_path / 'file').write_text('')
+    return str(tmp_path / 'file' / 'model')
+
+
+@pytest.mark.parametrize(
+    'directory, expect_rc, says',
+    [
+        ('model', 1, ["DIR must be an absolute path, not 'model'"]),
+        ('', 1, ["DIR must be an absolute path, not ''"]),
+        ('./model', 1, ["DIR must be an absolute path, not './model'"]),
+        (under_a_file, 1, ['Cannot make the directory {tmp}/file/model: Not a directory']),
+        ('{tmp}/a/b/model', 0, ['"revision": "' + '0' * 40 + '"']),
+    ],
+    ids=['a relative path', 'an empty path', 'a path from the current directory', 'a path under a file', 'a new path'],
+)
+def test_fetch_model(verdict, tmp_path, directory, expect_rc, says):
+    stub = tmp_path / 'stub' / 'huggingface_hub'
+    stub.mkdir(parents=True)
+    for name, text in STUB_HUB.items():
+        (stub / name).write_text(text)
+    directory = directory(tmp_path) if callable(directory) else directory.format(tmp=tmp_path)
+    work = tmp_path / 'work'
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(stub.parent))
+    try:
+        proc = subprocess.run(
+            [sys.executable, os.path.join(FILES, 'llmserve-fetch-model'), 'llmserve/tiny-kimi', 'main', directory],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+            cwd=str(work),
+            env=env,
+        )
+        run = Run(proc.returncode, proc.stdout, proc.stderr, False, [])
+    except subprocess.TimeoutExpired:
+        run = Run(None, '', '', True, [])
+    outcome = judge(run, expect_rc, [part.format(tmp=tmp_path) for part in says])
+    verdict('llmserve-fetch-model', outcome, run.stderr[-2000:])
