@@ -60,7 +60,11 @@ def watched_stat(path, *args, dir_fd=None, follow_symlinks=True):
 def watched_open(path, flags, *args, **kwargs):
     fd = real_open(path, flags, *args, **kwargs)
     mode = os.fstat(fd).st_mode
-    opened.append([os.readlink('/proc/self/fd/%d' % fd), next((kind for test, kind in KINDS if test(mode)), '?')])
+    try:
+        path = os.readlink('/proc/self/fd/%d' % fd)
+    except OSError:
+        path = '(a path too long to read back)'
+    opened.append([path, next((kind for test, kind in KINDS if test(mode)), '?')])
     return fd
 
 os.stat, os.open = watched_stat, watched_open
@@ -277,24 +281,47 @@ def services_directory(outside):
     return 'elsewhere'
 
 
+def plant_deep_cache(home):
+    deep_tree(home / '.cache' / 'vllm' / 'sub')
+
+
+def plant_long_names(home):
+    """20 directories of 250-character names below .cache/vllm/sub, the last with a file: a path of some 5,000
+    bytes, which the store's copy cannot name (PATH_MAX 4096)."""
+    fd = os.open(str(home / '.cache' / 'vllm' / 'sub'), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _level in range(20):
+            os.mkdir('d' * 250, dir_fd=fd)
+            below = os.open('d' * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        written = os.open('deep.json', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.fchown(written, SERVICE.pw_uid, SERVICE.pw_gid)
+        os.close(written)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize(
-    'swap, deep, says',
+    'swap, plant, says',
     [
-        ({'vllm': 'fifo'}, False, ['.cache/vllm changed since it was listed']),
-        ({'vllm': services_directory}, False, ['.cache/vllm changed since it was listed']),
-        ({'kimi.json': 'fifo'}, False, ['.cache/vllm/kimi.json changed while it was read']),
-        (None, True, ['.cache/vllm/sub/a/a/a/', '/a lies more than 256 directories deep']),
+        ({'vllm': 'fifo'}, None, ['.cache/vllm changed since it was listed']),
+        ({'vllm': services_directory}, None, ['.cache/vllm changed since it was listed']),
+        ({'kimi.json': 'fifo'}, None, ['.cache/vllm/kimi.json changed while it was read']),
+        (None, plant_deep_cache, ['.cache/vllm/sub/a/a/a/', '/a lies more than 256 directories deep']),
+        (None, plant_long_names, ['/deep.json lies too deep to copy (its path in the store is too long)']),
     ],
     ids=[
         'a cache directory swapped for a link to a FIFO outside between its listing and its opening',
         "a cache directory swapped for a link to the service user's directory outside",
         'a cache file swapped for a link to a FIFO outside',
         'a cache tree 1,100 directories deep',
+        'a cache tree whose names make a path longer than the store can name',
     ],
 )
-def test_seal_caches(verdict, tmp_path, outside, run_home, swap, deep, says):
-    if deep:
-        deep_tree(run_home / '.cache' / 'vllm' / 'sub')
+def test_seal_caches(verdict, tmp_path, outside, run_home, swap, plant, says):
+    if plant:
+        plant(run_home)
     swaps = {
         name: str(outside / (target(outside) if callable(target) else target)) for name, target in (swap or {}).items()
     }
