@@ -15,6 +15,7 @@ handling of the path is tried.
 """
 
 import collections
+import contextlib
 import grp
 import json
 import os
@@ -209,6 +210,18 @@ def plant_deep_tree(top, outside):
     deep_tree(top / 'sub' / 'deeper')
 
 
+@contextlib.contextmanager
+def immutable(top):
+    """sub/file made immutable (chattr +i), as a read-only file system would refuse the seal; made mutable again."""
+    path = str(top / 'sub' / 'file')
+    if subprocess.run(['chattr', '+i', path], capture_output=True, check=False).returncode != 0:
+        pytest.skip('chattr +i is refused on this file system')
+    try:
+        yield
+    finally:
+        subprocess.run(['chattr', '-i', path], check=True)
+
+
 SEAL = ['seal', '{top}', '--group', GROUP]
 OPEN = ['open', '{top}', '--user', 'nobody']
 SWAPPED = 'left as it is: {top}/sub changed since it was listed (swapped or removed)'
@@ -228,6 +241,7 @@ SWAPPED = 'left as it is: {top}/sub changed since it was listed (swapped or remo
         (SEAL, plant_hard_link, None, 1, ['left as it is: {top}/sub/planted has 2 hard links', '{top} is not sealed']),
         (SEAL, plant_deep_tree, None, 1, ['directories deep', '{top} is not sealed']),
         (OPEN, plant_deep_tree, None, 1, ['lies more than 256 directories deep', '{top} is not opened']),
+        (SEAL, immutable, None, 1, ['llmserve-own-tree: {top}/sub/file: Operation not permitted']),
     ],
     ids=[
         'seal: a directory swapped for a link to a FIFO outside between its listing and its opening',
@@ -241,15 +255,19 @@ SWAPPED = 'left as it is: {top}/sub changed since it was listed (swapped or remo
         "seal: a hard link to root's file outside, which anyone may write",
         'seal: a tree 1,100 directories deep',
         'open: a tree 1,100 directories deep',
+        'seal: an immutable file',
     ],
 )
 def test_own_tree(verdict, tmp_path, outside, revision, args, plant, swaps, expect_rc, says):
-    if plant:
-        plant(revision, outside)
-    before = {path: owner_and_mode(path) for path in (outside / 'canary', outside / 'canary' / 'file')}
-    before[outside / 'secret'] = owner_and_mode(outside / 'secret')
-    swaps = {name: str(outside / target) for name, target in (swaps or {}).items()}
-    run = watched('llmserve-own-tree', tmp_path, [arg.format(top=revision) for arg in args], swaps, outside)
+    with contextlib.ExitStack() as planted:
+        if plant is immutable:
+            planted.enter_context(immutable(revision))
+        elif plant:
+            plant(revision, outside)
+        before = {path: owner_and_mode(path) for path in (outside / 'canary', outside / 'canary' / 'file')}
+        before[outside / 'secret'] = owner_and_mode(outside / 'secret')
+        swaps = {name: str(outside / target) for name, target in (swaps or {}).items()}
+        run = watched('llmserve-own-tree', tmp_path, [arg.format(top=revision) for arg in args], swaps, outside)
     kept = {path: owner_and_mode(path) for path in before} == before
     outcome = judge(run, expect_rc, [part.format(top=revision) for part in says], kept)
     verdict('llmserve-own-tree', outcome, '%s %s kept=%s' % (run.stderr[-2000:], run.forbidden, kept))
