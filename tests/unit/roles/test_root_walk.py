@@ -12,7 +12,7 @@ import pytest
 
 FILES = os.path.join(os.path.dirname(__file__), '..', '..', '..', 'roles', 'vllm_kimi', 'files')
 PROGRAMS = ('llmserve-own-tree', 'llmserve-seal-caches')
-SHARED = ('OPEN_FLAGS', 'DIRECTORY_FLAGS', 'MAX_DEPTH', 'open_listed', 'walk')
+SHARED = ('OPEN_FLAGS', 'DIRECTORY_FLAGS', 'MAX_DEPTH', 'identity', 'open_listed', 'walk')
 
 
 def definitions(program):
