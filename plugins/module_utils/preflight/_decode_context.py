@@ -23,7 +23,7 @@ Read in vLLM 0.33.0's and 0.34.0's wheels:
 """
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoint import Config, is_mla
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
@@ -86,12 +86,13 @@ def check_size(dcp: int, tp: int, config: Config, cpu: bool) -> None:
         )
 
 
-def candidates(tp: int, max_num_seqs: Any, default_max_num_seqs: int) -> Iterator[tuple[int, int]]:
+def candidates(tp: int, max_num_seqs: Any, default_max_num_seqs: Optional[int]) -> Iterator[tuple[int, Any]]:
     """(dcp, max_num_seqs) in the order the search tries them: the smallest dcp first, and for each the user's
-    max_num_seqs, or vLLM's default and then PLANNED_MAX_NUM_SEQS below it, the largest first."""
+    max_num_seqs, or vLLM's default and then PLANNED_MAX_NUM_SEQS below it, the largest first. Without a default
+    (a reserve given, which no sequence count changes) only the user's, None included."""
     seqs = (
         [max_num_seqs]
-        if max_num_seqs
+        if max_num_seqs or not default_max_num_seqs
         else [default_max_num_seqs] + [n for n in PLANNED_MAX_NUM_SEQS if n < default_max_num_seqs]
     )
     for dcp in range(2, tp + 1):

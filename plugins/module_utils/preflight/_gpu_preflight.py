@@ -216,9 +216,8 @@ def plan_decode_context(
         or not is_mla(config)
     ):
         return None
-    default_seqs = (
-        int((answer.get('reserve') or {}).get('max_num_seqs') or 0) or _decode_context.PLANNED_MAX_NUM_SEQS[0]
-    )
+    # None where the reserve is given: no term of it then depends on the sequences, and none is planned.
+    default_seqs = (answer.get('reserve') or {}).get('max_num_seqs')
     for dcp, seqs in _decode_context.candidates(
         params['tensor_parallel_size'], params.get('max_num_seqs'), default_seqs
     ):
@@ -230,7 +229,7 @@ def plan_decode_context(
         answer['remedies'].append(
             "set decode_context_parallel_size to %d%s (or auto): each rank then holds 1/%d of a request's cache, "
             'and max_model_len %s fits'
-            % (dcp, '' if params.get('max_num_seqs') else ' with max_num_seqs %d' % seqs, dcp, requested)
+            % (dcp, ' with max_num_seqs %d' % seqs if seqs != params.get('max_num_seqs') else '', dcp, requested)
         )
         return None
     return None
@@ -246,7 +245,11 @@ def describe_decode_context(params: Params, option: Any, answer: dict[str, Any],
         'size': dcp,
         'source': 'planned' if planned else 'given' if option != _decode_context.AUTO else 'not needed',
         'max_num_seqs': reserve.get('max_num_seqs'),
-        'max_num_seqs_source': 'given' if params.get('max_num_seqs') else 'planned' if planned else 'default',
+        'max_num_seqs_source': 'given'
+        if params.get('max_num_seqs')
+        else 'planned'
+        if planned and reserve.get('max_num_seqs')
+        else 'default',
         'full_length_requests': round(answer['kv_cache_tokens'] / requested, 2) if requested else 0,
         'mla_decode_workspace_bytes': reserve.get('mla_decode_workspace', 0),
     }
