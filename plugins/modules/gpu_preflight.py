@@ -409,7 +409,7 @@ decode_context_parallel:
     - What decode context parallelism costs and holds in this plan.
     - C(size) as RV(decode_context_parallel_size); C(source) V(planned) (auto found the asked context needs it),
       V(given) or V(not needed) (auto, and the context fits without it).
-    - C(max_num_seqs) and C(max_num_seqs_source) (V(given), V(planned) or V(default), vLLM's): the sequences the
+    - C(max_num_seqs) and C(max_num_seqs_source) (V(given), V(planned) or V(default), vLLM's) are the sequences the
       plan is sized for; C(full_length_requests) how many requests of RV(max_model_len) the KV cache holds at once;
       C(mla_decode_workspace_bytes) TRITON_MLA's decode workspace per GPU at that size (0 where it does not apply).
   returned: always
