@@ -70,6 +70,15 @@ LEDGER_CASES = {
     # The prompt's figures won: the smallest KV memory, the largest weights, and a rate from 0.001 s.
     'a prompt logged after the start': (START + [API_UP, PROMPT_LOGGED], VLLM_FIGURES),
     'a prompt logged, the API line cut off': (START + [PROMPT_LOGGED], VLLM_FIGURES),
+    # vLLM 0.32's request logger at --log-level DEBUG, its file as a path.
+    'a prompt logged at debug': (
+        START
+        + [
+            '(APIServer pid=1) DEBUG 08-21 18:30:00 [entrypoints/serve/utils/request_logger.py:56] Request chatcmpl-1 '
+            "details: prompt: '%s', prompt_token_ids: None" % POISON
+        ],
+        VLLM_FIGURES,
+    ),
     'a forged query on --uds': (START + [API_UP, UDS_ACCESS % 'GPU KV cache size: 16 tokens'], VLLM_FIGURES),
     'a forged query on TCP': (
         START + [API_UP, 'INFO:     127.0.0.1:5 - "GET /?Model loading took 9999 GiB HTTP/1.1" 404 Not Found'],

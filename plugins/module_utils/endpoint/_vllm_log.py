@@ -12,9 +12,10 @@ a Unix socket, --uds, without even the client's address before them), and vLLM's
 a prompt. A line of either may be written to look like vLLM's own ("Model loading took 9999 GiB", "ValueError: ...").
 So a result quotes, and the start ledger reads, only:
 
-- the lines of vLLM's own loggers, known by their shape (vllm/logger.py: "%(levelname)s %(asctime)s
-  [%(fileinfo)s:%(lineno)d] %(message)s", the date "%m-%d %H:%M:%S"; before 0.8 without the bracket before the
-  file; "(EngineCore_DP0 pid=600) " before it where a process of vLLM's own wrote it), but the request logger's;
+- the lines of vLLM's own loggers, known by their shape (vllm/logger.py of 0.32: "(%(vllm_process_name)s
+  pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", the date "%m-%d %H:%M:%S",
+  the file's name or its path shortened; before 0.8 without the bracket before the file, the process's part only
+  where a process of vLLM's own wrote it), but the request logger's (its prompt, parameters, outputs);
 - systemd's lines about the unit ("vllm.service: Main process exited, ...");
 - any other line (a traceback, argparse's refusal, a progress bar) only until the run's API is up (uvicorn's
   "Application startup complete."): no client reaches vLLM before, and a new run (systemd's restart, vLLM's first
@@ -29,13 +30,16 @@ from typing import Optional
 _PROCESS = r'(?:\([\w.-]+ pid=\d+\) )?'
 _LEVEL = r'(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)'
 _VLLM_PREFIX = re.compile(
-    _PROCESS + _LEVEL + r' \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?(?P<file>[\w.-]+\.py):\d+\] ?(?P<message>.*)\Z'
+    _PROCESS
+    + _LEVEL
+    + r' \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?(?:[\w.-]+/)*(?P<file>[\w.-]+\.py):\d+\] ?(?P<message>.*)\Z'
 )
 # uvicorn's logger: "INFO:     Application startup complete.", 'INFO:     127.0.0.1:51234 - "GET /health HTTP/1.1" 200'.
 _UVICORN = re.compile(_PROCESS + r'(?:TRACE|' + _LEVEL[3:-1] + r'):\s+(?P<message>.*)\Z')
 API_READY_MESSAGE = 'Application startup complete.'
-# vLLM's request logger (vllm/entrypoints/logger.py) writes a client's prompt and parameters.
-_REQUEST_LOGGER_FILES = frozenset(('logger.py',))
+# vLLM's request logger writes a client's prompt, parameters and outputs: vllm/entrypoints/serve/utils/
+# request_logger.py in 0.32, vllm/entrypoints/logger.py before.
+_REQUEST_LOGGER_FILES = frozenset(('request_logger.py', 'logger.py'))
 # The first lines vLLM's API server logs in a run (0.6 to 0.33).
 _RUN_START_MESSAGES = ('vLLM API server version ', 'non-default args: ', 'args: Namespace(')
 # systemd's lines about a unit, as `journalctl --output cat` shows them: "vllm.service: Main process exited, ...".

@@ -36,8 +36,19 @@ from ansible_collections.llmserve.vllm.tests.support import recorded
             'model weights take 3.97GiB',
         ),
         ('(EngineCore pid=8402) ERROR 11-30 03:51:22 [core.py:1510] ', ''),
-        # The request logger's prompt, uvicorn's lines, systemd's, a traceback's: none of vLLM's own.
+        # The file as a shortened path (vLLM's relpath logging).
+        (
+            'INFO 06-05 09:07:48 [model_executor/.../quantization/utils/fp8_utils.py:12] Using FP8',
+            'Using FP8',
+        ),
+        # The request logger's prompt (0.32's and earlier releases' file), uvicorn's lines, systemd's, a
+        # traceback's: none of vLLM's own.
         ("(APIServer pid=1) INFO 08-21 18:30:00 [logger.py:43] Received request x: prompt: 'y'", None),
+        (
+            '(APIServer pid=1) DEBUG 08-21 18:30:00 [entrypoints/.../utils/request_logger.py:56] Request x details: '
+            "prompt: 'y'",
+            None,
+        ),
         ('(APIServer pid=1) INFO:     Application startup complete.', None),
         ('INFO:     127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK', None),
         ("vllm.service: Failed with result 'exit-code'.", None),
