@@ -785,6 +785,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_sm
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._setting_names import (
+    callers_texts,
     in_callers_words,
     unknown_setting_names,
 )
@@ -912,7 +913,7 @@ def argument_error(p):
     if naming_error:
         return naming_error
     error = check_params(p) or model_path_error(p['model_path'], p['hub'])
-    return in_callers_words(error, p['setting_names']) if error else None
+    return in_callers_words(error, p['setting_names'], callers_texts(p)) if error else None
 
 
 def model_path_error(path, hub):
@@ -1019,6 +1020,8 @@ def main():
     )
     p = dict(module.params)
     names = p['setting_names']
+    # The paths, the Hub's repository and the service's name are the caller's words: never renamed in a message.
+    words = callers_texts(p)
     # Ansible hides a no_log option only whole: the Hub endpoint's password, wherever an error or the invocation shows it.
     module.no_log_values.update(url_secrets(str((p['hub'] or {}).get('endpoint') or '')))
     error = argument_error(p)
@@ -1047,13 +1050,13 @@ def main():
         KvCacheQuantError,
         PreflightError,
     ) as exc:
-        module.fail_json(msg=in_callers_words(str(exc), names), **result)
+        module.fail_json(msg=in_callers_words(str(exc), names, words), **result)
 
     # Ansible shows these and returns them as the registered result's warnings
     # (passing warnings= to exit_json is deprecated).
     for text in inputs.warnings + result.pop('warnings'):
-        module.warn(in_callers_words(text, names))
-    result['remedies'] = [in_callers_words(remedy, names) for remedy in result['remedies']]
+        module.warn(in_callers_words(text, names, words))
+    result['remedies'] = [in_callers_words(remedy, names, words) for remedy in result['remedies']]
     for g in result['gpus']:
         g['processes'] = [
             dict(a, ours=belongs_to_service(a['pid'], p['service_name']))

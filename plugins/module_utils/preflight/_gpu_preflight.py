@@ -722,7 +722,13 @@ def choose_context_length(params: Params, config: Config, memory: Memory, found:
             "max_model_len %d is greater than the model's derived maximum %d (max_position_embeddings "
             'in config.json)' % (requested, model_max)
         )
-        found.remedies.append('set max_model_len to %d or less' % min(model_max, fit))
+        # Where no length fits the KV cache (fit 0), the problems say why; the model's maximum is the bound.
+        found.remedies.append(
+            'set max_model_len to %d or less' % min(model_max, fit)
+            if fit > 0
+            else "set max_model_len to the model's derived maximum %d or less, once the KV cache holds a block"
+            % model_max
+        )
     needed = memory.bytes_for(requested)
     if needed <= memory.budget or memory.tokens == 0:
         return fit, requested, True
