@@ -230,14 +230,32 @@ def test_the_release_is_the_service_users_only_until_it_is_sealed():
 
 
 PREFLIGHT = _tasks('preflight.yml')
+REQUIRE_HASHES = _task(PREFLIGHT, 'Refuse a release without a lock file while hashes are required')
 REFUSALS = [
+    REQUIRE_HASHES,
     _task(PREFLIGHT, 'Refuse a lock file that cannot be read or checks no hashes'),
     _task(PREFLIGHT, 'Refuse package sources whose URLs carry credentials'),
 ]
 
 
 def preflight(tmp_path, extra_vars):
+    """The preflight's refusals of package sources; without a lock file named, with hashes not required."""
+    if not extra_vars.get('vllm_kimi_pip_lock_file'):
+        extra_vars = dict(extra_vars, vllm_kimi_pip_require_hashes=False)
     return run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + REFUSALS, extra_vars)
+
+
+def test_by_default_a_release_without_a_lock_file_is_refused(tmp_path):
+    rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + [REQUIRE_HASHES])
+    assert rc == 2, output
+    assert (
+        'vllm_kimi_pip_require_hashes is on and vllm_kimi_pip_lock_file is empty: a release is installed only from a '
+        'lock with a hash for every package.'
+    ) in ' '.join(output.split())
+    rc, output = run_local_play(
+        tmp_path, LOAD_VLLM_KIMI_VARS + [REQUIRE_HASHES], {'vllm_kimi_pip_require_hashes': False}
+    )
+    assert rc == 0, output
 
 
 def test_the_preflight_passes_clean_sources(tmp_path):
