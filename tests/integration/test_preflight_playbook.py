@@ -77,6 +77,8 @@ def run_playbook(tmp_path, hosts):
                         'vllm_kimi_front_tls_certificate': certificate,
                         'vllm_kimi_front_tls_key': key,
                         'vllm_kimi_front_url': 'https://localhost:8443',
+                        # The preflight alone builds no release: no lock file to name.
+                        'vllm_kimi_pip_require_hashes': False,
                     },
                 }
             }
