@@ -131,7 +131,7 @@ def test_kimi_default_context_does_not_fit_at_0_90(kimi):
     assert r['remedies'] == [
         'set max_model_len to 157856 (fits at gpu_memory_utilization 0.9)',
         'set gpu_memory_utilization to 0.98 (fits max_model_len 262144)',
-        "set decode_context_parallel_size to 2 (or auto): each rank then holds 1/2 of a "
+        'set decode_context_parallel_size to 2 (or auto): each rank then holds 1/2 of a '
         "request's cache, and max_model_len 262144 fits",
     ]
 
