@@ -101,6 +101,6 @@ def candidates(tp: int, max_num_seqs: Any, default_max_num_seqs: Optional[int]) 
                 yield dcp, n
 
 
-def speculative(serve_flags: list[Any]) -> bool:
+def speculative(serve_flags: Optional[list[Any]]) -> bool:
     """Whether the serving flags turn speculative decoding on."""
     return any(str(flag).split('=', 1)[0] == SPECULATIVE_FLAG for flag in serve_flags or [])
