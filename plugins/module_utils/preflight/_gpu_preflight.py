@@ -146,6 +146,19 @@ def memory_key(params: Params, gpus_used: list[Gpu], dtype: str, cpu: bool) -> d
     return key
 
 
+def plan_memory_key(params: Params, figures: dict[str, Any], memory: Memory, cpu: bool) -> dict[str, Any]:
+    """memory_key with what this plan adds where it applies: TRITON_MLA's split count and the dcp size."""
+    key = memory_key(params, figures['gpus'], figures['kv_cache_dtype'], cpu)
+    splits = figures['reserve'].get('mla_decode_splits')
+    if splits:
+        # TRITON_MLA's workspace grows with max_model_len by its split count: lengths of one count size alike.
+        key['mla_decode_splits'] = splits
+    if memory.dcp > 1:
+        # Only where it is on, so that the keys (and measurements) of plans without it stay as they were.
+        key['decode_context_parallel_size'] = memory.dcp
+    return key
+
+
 def memory_key_id(key: dict[str, Any]) -> str:
     """A short stable name for a memory key: the file name of its measurement."""
     text = json.dumps(key, sort_keys=True, separators=(',', ':'), default=str)
@@ -294,14 +307,7 @@ def plan_at(
     found = Findings()
     memory, figures = memory_inputs(params, config, checkpoint, gpus, apps, dtype_info, host, hf_quant_config, found)
     # figures['gpus'] is the GPUs used: none on the CPU build.
-    key = memory_key(params, figures['gpus'], figures['kv_cache_dtype'], cpu)
-    splits = figures['reserve'].get('mla_decode_splits')
-    if splits:
-        # TRITON_MLA's workspace grows with max_model_len by its split count: lengths of one count size alike.
-        key['mla_decode_splits'] = splits
-    if memory.dcp > 1:
-        # Only where it is on, so that the keys (and measurements) of plans without it stay as they were.
-        key['decode_context_parallel_size'] = memory.dcp
+    key = plan_memory_key(params, figures, memory, cpu)
     key_id = memory_key_id(key)
     measured = measurement_for(key_id, measurements or [])
     predicted = size_or_measure(memory, figures, measured, found)
