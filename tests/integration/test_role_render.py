@@ -636,7 +636,7 @@ def test_code_and_caches_stay_out_of_what_the_service_user_keeps(gpu_unit):
     for name in ('HOME', 'XDG_CACHE_HOME', 'HF_HOME', 'VLLM_CACHE_ROOT', 'TRITON_CACHE_DIR'):
         assert env[name].startswith('/run/vllm-kimi/home'), (name, env[name])
     service = unit_settings(unit, 'Service')
-    assert service['ReadWritePaths'] == ['/run/vllm-kimi-api']
+    assert service['ReadWritePaths'] == ['-/run/vllm-kimi-api']
     # Each start first seeds HOME, as the service user (no "+"), from root's store of this release and command line.
     release = re.search(r'/opt/vllm-kimi/([0-9a-f]{12})/bin/', unit).group(1)
     [seed] = [line for line in service['ExecStartPre'] if '"seed"' in line]
@@ -694,7 +694,7 @@ def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_rende
     assert service['PrivateNetwork'] == ['yes'] and service['UMask'] == ['0007']
     # The one path vLLM may write besides its runtime directory, made at each start and removed at each stop, after
     # the stop's last process (the draining marker's removal follows it).
-    assert service['ReadWritePaths'] == ['/run/vllm-kimi-api']
+    assert service['ReadWritePaths'] == ['-/run/vllm-kimi-api']
     assert service['ExecStopPost'] == [
         '+/bin/rm -rf /run/vllm-kimi-api',
         '+/bin/rm -f /run/vllm-kimi-front/vllm-draining',
