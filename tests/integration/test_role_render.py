@@ -55,11 +55,13 @@ def exec_start(unit):
 
 NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
 # vLLM's Unix socket (vllm_kimi_listen unix, the default): its directory is the front door workers' group's, made
-# afresh for each run (whatever a run left there goes with it).
+# (owner and mode set again) and emptied at each start: nothing an earlier run left there is there.
 SOCKET_DIRECTORY = [
-    'ExecStartPre=+/bin/rm -rf /run/vllm-kimi-api',
     'ExecStartPre=+/usr/bin/install -d -o vllm -g vllm-kimi-api -m 2750 /run/vllm-kimi-api',
+    'ExecStartPre=+/usr/bin/find /run/vllm-kimi-api -mindepth 1 -delete',
 ]
+# And emptied at each stop, after the run's last process.
+EMPTY_SOCKET_DIRECTORY = '+/usr/bin/find /run/vllm-kimi-api -mindepth 1 -delete'
 # The seeding of the per-run HOME from the sealed caches, as the service user: one line, its store named by hashes.
 SEED = 'ExecStartPre=<seed>'
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
@@ -435,8 +437,8 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
     # The marker first, then a second for what the door passed on just before it to reach vLLM's engine, which the
     # drain then finishes; only then systemd's SIGTERM.
     assert service['ExecStop'] == ['+-/usr/bin/touch ' + marker, '/usr/bin/sleep 1']
-    # After the socket's directory, which each run's stop removes.
-    assert service['ExecStopPost'] == ['+/bin/rm -rf /run/vllm-kimi-api', '+/bin/rm -f ' + marker]
+    # After the socket's directory, which each run's stop empties.
+    assert service['ExecStopPost'] == [EMPTY_SOCKET_DIRECTORY, '+/bin/rm -f ' + marker]
     front = (out / 'front.nginx.conf').read_text()
     assert 'if (-f %s) {\n            return 503;' % marker in front
     assert 'error_page 502 503 = @vllm_down;' in front
@@ -692,13 +694,10 @@ def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_rende
     assert argv[argv.index('--uds') + 1] == '/run/vllm-kimi-api/vllm.sock'
     assert '--host' not in argv and '--port' not in argv
     assert service['PrivateNetwork'] == ['yes'] and service['UMask'] == ['0007']
-    # The one path vLLM may write besides its runtime directory, made at each start and removed at each stop, after
-    # the stop's last process (the draining marker's removal follows it).
+    # The one path vLLM may write besides its runtime directory, emptied at each start and at each stop, after the
+    # stop's last process (the draining marker's removal follows it).
     assert service['ReadWritePaths'] == ['-/run/vllm-kimi-api']
-    assert service['ExecStopPost'] == [
-        '+/bin/rm -rf /run/vllm-kimi-api',
-        '+/bin/rm -f /run/vllm-kimi-front/vllm-draining',
-    ]
+    assert service['ExecStopPost'] == [EMPTY_SOCKET_DIRECTORY, '+/bin/rm -f /run/vllm-kimi-front/vllm-draining']
     assert 'GLOO_SOCKET_IFNAME=lo' in environment.splitlines() and 'NCCL_SOCKET_IFNAME=lo' in environment.splitlines()
     front = (out / 'front.nginx.conf').read_text()
     assert 'server unix:/run/vllm-kimi-api/vllm.sock;' in front
