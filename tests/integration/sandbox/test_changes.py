@@ -14,7 +14,8 @@
    comes back coherent: none of the three failed changes so far removed anything
    the unit uses (one restart for the three, as a removal would stay). An engine that hangs
    after its first line fails the gate once it made no progress for
-   vllm_kimi_stall_timeout, quoting that line, and is rolled back too.
+   vllm_kimi_stall_timeout, quoting that line, and is rolled back too. That change also rotates the API key and
+   revokes a client's: the front door holds both after the rollback (its keys are applied before the restart).
 4. A model revision that answers exactly as the served one but does several times the work
    (tools/make_tiny_models.py's tiny-kimi-heavy), served by tensor parallel 2 (two CPU workers over Gloo inside
    the unit's own network, as a multi-GPU host's start): the coherence gate passes, the performance gate
@@ -306,6 +307,8 @@ def stalled_start(sandbox):
             'vllm_kimi_stall_timeout': STALL_TIMEOUT,
             'vllm_kimi_preload_smoke': False,
             'vllm_kimi_api_key': ROTATED_KEY,
+            # And revokes the sandbox's client key: the door's keys are applied before the restart.
+            'vllm_kimi_front_client_keys': [],
         }
     )
     rc, output, report = sandbox.deploy('-e', extra)
@@ -350,6 +353,18 @@ def test_the_key_the_failed_change_rotated_is_the_one_served_after_the_rollback(
     refused = sandbox.gate(api_key=old_key, timeout=30)
     assert refused.get('failed') and 'the api_key is wrong' in refused['msg'], refused
     assert ROTATED_KEY not in output and old_key not in output
+
+
+def test_the_front_door_holds_the_keys_the_failed_change_named(sandbox, stalled_start):
+    """The door's keys are applied before the restart, so the failed change's keys hold after its rollback: the client
+    key it revoked is gone from the door's key file and refused, and the rotated key is answered through the door (the
+    door sends vLLM the key it serves with)."""
+    client_key = sandbox.vars['vllm_kimi_front_client_keys'][0]
+    keys = '/etc/%s/front.auth.conf' % sandbox.unit
+    assert sandbox.sh('grep -c -F -e %s %s || true', client_key, keys).strip() == '0'
+    assert ask_with_key(sandbox, client_key)[0] == 401
+    status, retry_after, body = ask_with_key(sandbox, ROTATED_KEY)
+    assert status == 200 and json.loads(body)['choices'][0]['message']['content'] == RIGHT_ANSWER, (status, body)
 
 
 # The heavy revision of the staged repository (inventories/sandbox): same answers, several times the work.
@@ -464,6 +479,42 @@ RECORD_TASK = 'Record the deployment as the last good one and prune what no kept
 OPEN_TASK = 'Open the front door to the deployment that passed its gates'
 
 
+def ask_the_door(sandbox, method, path, body=None, headers=None):
+    """One request through the front door, trusting the sandbox's CA: (status, Retry-After, body)."""
+    connection = http.client.HTTPSConnection(
+        '127.0.0.1',
+        int(sandbox.vars['vllm_kimi_front_port']),
+        context=ssl.create_default_context(cafile=CA),
+        timeout=30,
+    )
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.getheader('Retry-After'), response.read().decode(errors='replace')
+    except OSError as exc:
+        return type(exc).__name__, None, ''
+    finally:
+        connection.close()
+
+
+def coherence_question(sandbox):
+    return json.dumps(
+        {
+            'model': sandbox.vars['vllm_kimi_served_model_name'],
+            'messages': [{'role': 'user', 'content': sandbox.vars['vllm_kimi_coherence_prompt']}],
+            'max_tokens': 32,
+            'temperature': 0,
+            'chat_template_kwargs': {'thinking': False},
+        }
+    )
+
+
+def ask_with_key(sandbox, key):
+    """The coherence question through the front door with that key: (status, Retry-After, body)."""
+    headers = {'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'}
+    return ask_the_door(sandbox, 'POST', '/v1/chat/completions', coherence_question(sandbox), headers)
+
+
 class DoorWatch:
     """A client of the front door through a change: every DOOR_WATCH_INTERVAL it asks the coherence question with the
     key, and /health as a balancer's check does. Each ask: {'sent', 'status', 'retry_after', 'health', 'answer'}."""
@@ -473,41 +524,12 @@ class DoorWatch:
         self.asks = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.body = json.dumps(
-            {
-                'model': sandbox.vars['vllm_kimi_served_model_name'],
-                'messages': [{'role': 'user', 'content': sandbox.vars['vllm_kimi_coherence_prompt']}],
-                'max_tokens': 32,
-                'temperature': 0,
-                'chat_template_kwargs': {'thinking': False},
-            }
-        )
-
-    def _request(self, method, path, body=None, headers=None):
-        connection = http.client.HTTPSConnection(
-            '127.0.0.1',
-            int(self.sandbox.vars['vllm_kimi_front_port']),
-            context=ssl.create_default_context(cafile=CA),
-            timeout=30,
-        )
-        try:
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, response.getheader('Retry-After'), response.read().decode(errors='replace')
-        except OSError as exc:
-            return type(exc).__name__, None, ''
-        finally:
-            connection.close()
 
     def _watch(self):
-        headers = {
-            'Authorization': 'Bearer ' + self.sandbox.vars['vllm_kimi_api_key'],
-            'Content-Type': 'application/json',
-        }
         while not self.stopped.is_set():
             sent = time.time()
-            status, retry_after, body = self._request('POST', '/v1/chat/completions', self.body, headers)
-            health = self._request('GET', '/health')[0]
+            status, retry_after, body = ask_with_key(self.sandbox, self.sandbox.vars['vllm_kimi_api_key'])
+            health = ask_the_door(self.sandbox, 'GET', '/health')[0]
             answer = json.loads(body)['choices'][0]['message']['content'] if status == 200 else None
             self.asks.append(
                 {'sent': sent, 'status': status, 'retry_after': retry_after, 'health': health, 'answer': answer}
@@ -602,7 +624,9 @@ def test_good_change_serves_no_client_before_its_gates_passed(sandbox, good_chan
     closed, recorded = ended_at(report, sandbox, CLOSE_TASK), ended_at(report, sandbox, RECORD_TASK)
     coherent = ended_at(report, sandbox, GATE_TASK)
     opened = ended_at(report, sandbox, OPEN_TASK)
-    assert [ask['status'] for ask in asks if ask['sent'] < closed - 2].count(200) > 0, asks[:5]
+    # The door was open before: what answered was vLLM's (an earlier test may have left it another key).
+    opened_before = [ask for ask in asks if ask['sent'] < closed - 2]
+    assert opened_before and all(ask['status'] in (200, 401) for ask in opened_before), opened_before[:5]
     during = [ask for ask in asks if closed <= ask['sent'] <= recorded]
     # Asked while vLLM answered the gates and the load: the door would have passed these on.
     assert len([ask for ask in during if ask['sent'] > coherent]) >= 4, (coherent, recorded, during[-5:])
