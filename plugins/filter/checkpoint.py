@@ -5,6 +5,8 @@
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._writers import mode_reason
+
 # What ansible.builtin.stat's stat and ansible.builtin.find's files both give of an entry.
 _NEEDED = ('path', 'uid', 'gid', 'islnk', 'wgrp', 'woth')
 
@@ -22,16 +24,13 @@ def checkpoint_writers(entries):
             raise AnsibleFilterError(
                 'checkpoint_writers: entry %d is not a stat or find result (no %s)' % (position, ', '.join(missing))
             )
-        path = entry['path']
-        # A link's own owner and mode say nothing of what it leads to, which may be anywhere.
-        if entry['islnk']:
-            reasons.append('%s is a symbolic link' % path)
-        elif entry['uid'] != 0:
-            reasons.append('%s is owned by %s' % (path, entry.get('pw_name') or 'uid %s' % entry['uid']))
-        elif entry['woth']:
-            reasons.append('%s is writable by every user' % path)
-        elif entry['wgrp'] and entry['gid'] != 0:
-            reasons.append('%s is writable by group %s' % (path, entry.get('gr_name') or 'gid %s' % entry['gid']))
+        names = {'user': entry.get('pw_name'), 'group': entry.get('gr_name')}
+        reason = mode_reason(
+            entry['path'], entry['islnk'], entry['uid'], entry['gid'], entry['wgrp'], entry['woth'],
+            lambda kind, ident, names=names: names[kind] or '%s %s' % (kind[0] + 'id', ident),
+        )  # fmt: skip
+        if reason:
+            reasons.append(reason)
     return reasons
 
 

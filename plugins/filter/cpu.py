@@ -14,7 +14,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils._cpu_binding import 
 def cpu_threads_bind(cpu_list, ranks, source='the CPU list'):
     try:
         return threads_bind(parse_cpu_list(cpu_list), int(ranks))
-    except (CpuListError, TypeError, ValueError) as exc:
+    except (CpuListError, TypeError, ValueError, OverflowError) as exc:
         raise AnsibleFilterError('cpu_threads_bind: %s, from %s' % (exc, source)) from None
 
 

@@ -6,6 +6,7 @@
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._shown import is_word, shown
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
     environment_value_problem,
     systemd_environment_value,
@@ -17,24 +18,21 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd im
 _EXEC_PREFIXES = ('-', '@', ':', '+', '!', '|')
 
 
-def _is_word(value):
-    """Whether value reads as one word: a text or a number; None, a boolean or a container would be spelt as Python
-    writes it (None, True, [...])."""
-    return isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool))
-
-
-def _quote_word(word):
-    if not _is_word(word):
-        raise AnsibleFilterError('systemd_exec_quote expects arguments that are texts or numbers, got %r' % (word,))
-    text = to_text(word)
-    if '\n' in text or '\r' in text:
+def _quote_word(position, word):
+    if not is_word(word):
         raise AnsibleFilterError(
-            'systemd_exec_quote: an argument contains a line break, which systemd cannot carry: %r' % text
+            'systemd_exec_quote expects arguments that are texts or numbers, got %s at position %d'
+            % (type(word).__name__, position)
         )
-    # A unit file's line ends at a NUL: the arguments after it would be lost.
-    if '\0' in text:
+    text = to_text(word)
+    # An argument may hold a secret (the value after --api-key): a refusal names its position and the cause, never
+    # the argument.
+    problem = environment_value_problem(text)
+    if problem:
+        # A unit file's line ends at a line break or a NUL: the arguments after it would be lost or misread.
         raise AnsibleFilterError(
-            'systemd_exec_quote: an argument contains a NUL, which systemd cannot carry: %r' % text
+            'systemd_exec_quote: the argument at position %d contains %s, which systemd cannot carry'
+            % (position, problem)
         )
     text = text.replace('\\', '\\\\').replace('"', '\\"').replace('$', '$$').replace('%', '%%')
     return '"%s"' % text
@@ -43,23 +41,24 @@ def _quote_word(word):
 def systemd_exec_quote(argv):
     if not isinstance(argv, (list, tuple)):
         raise AnsibleFilterError(
-            'systemd_exec_quote expects a list of arguments, got %s %r' % (type(argv).__name__, argv)
+            # A command line given as one text may hold a key: named by its type alone.
+            'systemd_exec_quote expects a list of arguments, got %s' % type(argv).__name__
         )
     # An empty ExecStart= resets the commands the unit had: the service would start nothing, or fail to load.
     if not argv:
         raise AnsibleFilterError('systemd_exec_quote expects a program and its arguments, got an empty list')
     program = argv[0]
-    if _is_word(program) and (to_text(program) == '' or to_text(program).startswith(_EXEC_PREFIXES)):
+    if is_word(program) and (to_text(program) == '' or to_text(program).startswith(_EXEC_PREFIXES)):
         raise AnsibleFilterError(
             'systemd_exec_quote expects a program that is not empty and does not start with one of %s, which '
-            'systemd reads as a prefix even within quotes, got %r' % (' '.join(_EXEC_PREFIXES), program)
+            'systemd reads as a prefix even within quotes, got %s' % (' '.join(_EXEC_PREFIXES), shown(program))
         )
-    return ' '.join(_quote_word(word) for word in argv)
+    return ' '.join(_quote_word(position, word) for position, word in enumerate(argv))
 
 
 def systemd_env_quote(value):
     # The value is often a secret (an API key, a token): a refusal names its type, never the value.
-    if not _is_word(value):
+    if not is_word(value):
         raise AnsibleFilterError('systemd_env_quote expects a text or a number, got %s' % type(value).__name__)
     text = to_text(value)
     problem = environment_value_problem(text)

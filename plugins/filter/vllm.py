@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.llmserve.vllm.plugins.module_utils._shown import is_word, shown
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preload_smoke import (
     SmokeReportError,
     report_from_journal,
@@ -22,25 +23,25 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preload_s
 # equality, pins as well). The version takes PEP 440's characters only: ==0.33.* matches every 0.33 release, a
 # prefix and no pin.
 _PINNED = re.compile(r'^\s*[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?\s*===?\s*([0-9][A-Za-z0-9.!+_-]*)\s*(?:;.*)?$')
-_WHOLE_NUMBER = re.compile(r'\s*[0-9]+\s*')
+# A whole number of a setting is below 2**64 (20 digits): thousands of digits are no setting, and Python converts
+# no more than 4,300 of them.
+_WHOLE_NUMBER = re.compile(r'\s*[0-9]{1,20}\s*')
+_WHOLE_NUMBER_LIMIT = 2**64
 _LONG_OPTION = re.compile(r'--[a-z0-9][a-z0-9-]*')
-
-
-def _is_word(value):
-    """Whether value reads as one command-line word: a text or a number; None, a boolean or a container would be
-    spelt as Python writes it (None, True, [...])."""
-    return isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def vllm_flag_value(argv, flag):
     if not isinstance(argv, (list, tuple)):
-        raise AnsibleFilterError('vllm_flag_value expects a list of arguments, got %s %r' % (type(argv).__name__, argv))
-    flag = to_text(flag)
-    if not flag.startswith('--'):
-        raise AnsibleFilterError('vllm_flag_value expects a long option such as --max-num-seqs, got %r' % flag)
+        raise AnsibleFilterError(
+            'vllm_flag_value expects a list of arguments, got %s %s' % (type(argv).__name__, shown(argv))
+        )
+    if not isinstance(flag, str) or not flag.startswith('--'):
+        raise AnsibleFilterError('vllm_flag_value expects a long option such as --max-num-seqs, got %s' % shown(flag))
     for word in argv:
-        if not _is_word(word):
-            raise AnsibleFilterError('vllm_flag_value expects arguments that are texts or numbers, got %r' % (word,))
+        if not is_word(word):
+            raise AnsibleFilterError(
+                'vllm_flag_value expects arguments that are texts or numbers, got %s' % shown(word)
+            )
     words = [to_text(word) for word in argv]
     value = ''
     # As vLLM's argparse parser reads them: "--flag N" or "--flag=N", the last one wins.
@@ -88,7 +89,7 @@ NO_MEDIA_DOMAIN = 'media.invalid'
 
 
 def _refusal(key, expected, value):
-    return AnsibleFilterError('vllm_serve_argv: %s must be %s, got %r' % (key, expected, value))
+    return AnsibleFilterError('vllm_serve_argv: %s must be %s, got %s' % (key, expected, shown(value)))
 
 
 def _text(settings, key, optional=False):
@@ -96,7 +97,7 @@ def _text(settings, key, optional=False):
     value = settings[key]
     if optional and value is None:
         return ''
-    if not _is_word(value) or (value == '' and not optional):
+    if not is_word(value) or (value == '' and not optional):
         raise _refusal(key, 'a text' if optional else 'a text that is not empty', value)
     return to_text(value)
 
@@ -107,11 +108,11 @@ def _whole_number(settings, key, optional=False):
     value = settings[key]
     if optional and (value is None or value == ''):
         return 0
-    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value):
+    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value) and int(value) < _WHOLE_NUMBER_LIMIT:
         return int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _WHOLE_NUMBER_LIMIT:
         return int(value)
-    raise _refusal(key, 'a whole number, 0 or more', value)
+    raise _refusal(key, 'a whole number, 0 or more and below 2**64', value)
 
 
 def _fraction(settings, key):
@@ -126,6 +127,7 @@ def _fraction(settings, key):
     if (
         isinstance(number, bool)
         or not isinstance(number, (int, float))
+        or not is_word(number)
         or (isinstance(number, float) and not math.isfinite(number))
     ):
         raise _refusal(key, 'a number', value)
@@ -139,7 +141,7 @@ def _boolean(settings, key):
     value = settings[key]
     try:
         return boolean(value, strict=True)
-    except TypeError:
+    except (TypeError, ValueError):  # ValueError: its own message could not write an integer of 5,000 digits
         raise _refusal(key, 'a boolean: true or false (or yes, no, on, off, 1, 0)', value) from None
 
 
@@ -149,7 +151,7 @@ def _words(settings, key, required=False):
     if not isinstance(value, (list, tuple)) or (required and not value):
         raise _refusal(key, 'a list of texts that is not empty' if required else 'a list of texts', value)
     for word in value:
-        if not _is_word(word):
+        if not is_word(word):
             raise _refusal(key, 'a list of texts or numbers', value)
     return [to_text(word) for word in value]
 
@@ -172,7 +174,7 @@ def _media_limits(settings):
         return json.dumps(limits, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise AnsibleFilterError(
-            'vllm_serve_argv: limit_mm_per_prompt is no JSON (%s), got %r' % (exc, value)
+            'vllm_serve_argv: limit_mm_per_prompt is no JSON (%s), got %s' % (exc, shown(value))
         ) from None
 
 
@@ -187,7 +189,7 @@ def _flags(settings):
     for flag, given in value.items():
         finite = not isinstance(given, float) or math.isfinite(given)
         if not (isinstance(flag, str) and _LONG_OPTION.fullmatch(flag)) or not (
-            given is None or isinstance(given, bool) or (_is_word(given) and finite)
+            given is None or isinstance(given, bool) or (is_word(given) and finite)
         ):
             raise _refusal('flags', expected, value)
         if given is True:
@@ -200,7 +202,7 @@ def _flags(settings):
 def vllm_serve_argv(settings):
     if not isinstance(settings, dict):
         raise AnsibleFilterError(
-            'vllm_serve_argv expects a mapping of settings, got %s %r' % (type(settings).__name__, settings)
+            'vllm_serve_argv expects a mapping of settings, got %s %s' % (type(settings).__name__, shown(settings))
         )
     missing = sorted(_SERVE_SETTINGS - set(settings))
     # Keys of any type: sorted and joined as texts.
@@ -252,11 +254,12 @@ def vllm_serve_argv(settings):
 def vllm_flags_named(argv, flags):
     if not isinstance(argv, (list, tuple)) or not isinstance(flags, (list, tuple)):
         raise AnsibleFilterError(
-            'vllm_flags_named expects a list of arguments and a list of options, got %r and %r' % (argv, flags)
+            'vllm_flags_named expects a list of arguments and a list of options, got %s and %s'
+            % (shown(argv), shown(flags))
         )
     for word in list(argv) + list(flags):
-        if not _is_word(word):
-            raise AnsibleFilterError('vllm_flags_named expects texts or numbers, got %r' % (word,))
+        if not is_word(word):
+            raise AnsibleFilterError('vllm_flags_named expects texts or numbers, got %s' % shown(word))
     named = set()
     for word in (to_text(word) for word in argv):
         name = word.split('=', 1)[0]
@@ -272,7 +275,7 @@ def vllm_flags_named(argv, flags):
 
 def pinned_version(spec):
     if not isinstance(spec, str):
-        raise AnsibleFilterError('pinned_version expects a pip requirement, a text, got %r' % (spec,))
+        raise AnsibleFilterError('pinned_version expects a pip requirement, a text, got %s' % shown(spec))
     match = _PINNED.match(spec)
     return match.group(1) if match else ''
 

@@ -34,15 +34,36 @@ WHERE_CREDENTIALS_BELONG = (
 Source = Union[str, Sequence[str]]
 
 
+# After a netloc's first ":", the port: digits alone. Anything else there is a password that ran on past a "/"
+# (https://user:pa/ss@host/simple): urlsplit, as pip calls it, then reads host "user" and the password as the path.
+_PORT = re.compile(r'[0-9]+')
+# Where the host after such a password ends.
+_HOST_END = re.compile(r'[/?#]|\Z')
+
+
+def _user_information(netloc: str, rest: str) -> tuple[str, str, str]:
+    """(user information, host, the rest) of a URL read as pip reads it, and with a password that holds a "/":
+    the user information then runs on to the first "@" after the netloc."""
+    userinfo, at, host = netloc.rpartition('@')
+    if at:
+        return userinfo, host, rest
+    before, colon, after = netloc.partition(':')
+    if netloc.startswith('[') or not colon or _PORT.fullmatch(after) or '@' not in rest:
+        return '', netloc, rest
+    secret, _, after_secret = rest.partition('@')
+    host_end = _HOST_END.search(after_secret)
+    end = host_end.start() if host_end else len(after_secret)
+    return netloc + secret, after_secret[:end], after_secret[end:]
+
+
 def _masked(match: 're.Match[str]') -> str:
     """The URL matched, its user information masked where it carries a credential."""
-    # pip splits the user information off at the netloc's last "@".
-    userinfo, at, host = match.group('netloc').rpartition('@')
-    if not at or not userinfo:
+    userinfo, host, rest = _user_information(match.group('netloc'), match.group('rest'))
+    if not userinfo:
         return match.group(0)
     if ':' not in userinfo and match.group('scheme').lower() in _USER_IS_NO_SECRET:
         return match.group(0)
-    return '%s://%s@%s%s' % (match.group('scheme'), MASK, host, match.group('rest'))
+    return '%s://%s@%s%s' % (match.group('scheme'), MASK, host, rest)
 
 
 def mask_credentials(text: str) -> str:

@@ -489,6 +489,10 @@ startup:
   description:
     - vLLM's own figures of the unit's current run, read from the same journal lines (M(llmserve.vllm.gpu_preflight)
       plans from them once the role recorded them). Each only where the log gives it; empty without O(unit).
+    - Only vLLM's own logger lines (by their shape, its request logger's excepted) of the run's start count, from the
+      last run's first line to uvicorn's C(Application startup complete.), so that a client's words logged later (a
+      prompt, a query in an access line) never change them. A figure is read where vLLM's message of it begins so,
+      and only within what a start logs (a value beyond it, or a weights rate beyond 10,000 GiB/s, is left out).
     - Where tensor-parallel ranks log their own, the bounding one - the largest weights and CUDA-graph memory, the
       smallest KV memory, tokens and concurrency, the slowest rank's seconds of each phase.
     - The C(*_seconds) figures are the start's ledger, where its time went; the role keeps them in the deployment
@@ -628,6 +632,9 @@ journal:
   description:
     - The journal lines of O(unit) that the failure message quotes, the explaining lines; for a start that made no
       progress for O(stall_timeout), the unit's last lines.
+    - Only lines that hold no client's words are quoted - vLLM's own logger lines (its request logger's excepted),
+      systemd's about the unit, and other output only before the run's API was up - never uvicorn's access lines,
+      whose query a client writes (on C(--uds) without an address before it).
     - A line of more than 1024 characters keeps its first 1024 (a last line of a stalled start, its first 300),
       followed by C(... (N more characters)).
   returned: failure, when O(unit) is set

@@ -71,6 +71,23 @@ options:
         C(max_position_embeddings).
     type: raw
     default: auto
+  decode_context_parallel_size:
+    description:
+      - vLLM's C(--decode-context-parallel-size) (C(-dcp)), which splits each request's MLA latent cache by token across
+        that many tensor-parallel ranks, so that a rank holds 1/dcp of it. Under plain tensor parallelism every rank
+        holds the whole latent (one KV head), and more GPUs add no KV capacity.
+      - V(auto) plans none where the asked O(max_model_len) fits without it. Where it does not, and the checkpoint is
+        MLA on GPUs, the plan takes the smallest size dividing O(tensor_parallel_size) that holds one request of
+        O(max_model_len), with O(max_num_seqs) as given or, where not given, the largest of vLLM's default, 256, 128, 64,
+        32, 16 and 8 that fits (TRITON_MLA's decode workspace grows with the size); RV(decode_context_parallel) says
+        what it costs.
+      - V(1) forbids it; a context that does not fit is then refused with the largest that fits, and a remedy names the
+        size that would hold it. Another number is taken as given; it must divide O(tensor_parallel_size), and the
+        preflight sizes it for MLA checkpoints on GPUs only.
+      - Speculative decoding with it takes vLLM's slower draft path (a warning).
+    type: raw
+    default: auto
+    version_added: 0.2.0
   kv_cache_dtype:
     description:
       - vLLM's C(--kv-cache-dtype). V(auto) follows the checkpoint as vLLM does (C(get_kv_cache_quant_algo_string) in
@@ -193,7 +210,8 @@ options:
         CUDA graphs and estimates none, so RV(reserve.cuda_graphs) is V(0).
       - The key also holds the GPUs' model and count, the resolved KV-cache dtype and the memory options
         (O(tensor_parallel_size), O(pipeline_parallel_size), O(gpu_memory_utilization), O(kv_cache_memory_bytes),
-        O(max_num_seqs), O(max_num_batched_tokens), O(block_size), O(multimodal)), and O(max_model_len) only through
+        O(max_num_seqs), O(max_num_batched_tokens), O(block_size), O(multimodal)), the decode context parallel size where
+        it is over 1, and O(max_model_len) only through
         the split count of TRITON_MLA's decode workspace (RV(reserve.mla_decode_splits)) where it applies; otherwise
         the KV cache vLLM sizes does not depend on the context length.
     type: dict
@@ -378,6 +396,32 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+decode_context_parallel_size:
+  description:
+    - The C(--decode-context-parallel-size) the plan is sized with (V(1) where it plans none). The role renders it where
+      it is over 1, with RV(decode_context_parallel.max_num_seqs) as C(--max-num-seqs).
+  returned: always
+  type: int
+  sample: 2
+  version_added: 0.2.0
+decode_context_parallel:
+  description:
+    - What decode context parallelism costs and holds in this plan.
+    - C(size) as RV(decode_context_parallel_size); C(source) V(planned) (auto found the asked context needs it),
+      V(given) or V(not needed) (auto, and the context fits without it).
+    - C(max_num_seqs) and C(max_num_seqs_source) (V(given), V(planned) or V(default), vLLM's) are the sequences the
+      plan is sized for; C(full_length_requests) how many requests of RV(max_model_len) the KV cache holds at once;
+      C(mla_decode_workspace_bytes) TRITON_MLA's decode workspace per GPU at that size (0 where it does not apply).
+  returned: always
+  type: dict
+  sample:
+    size: 2
+    source: planned
+    max_num_seqs: 64
+    max_num_seqs_source: given
+    full_length_requests: 1.88
+    mla_decode_workspace_bytes: 790069248
+  version_added: 0.2.0
 gpus:
   description:
     - The GPUs planned for (the first O(tensor_parallel_size) × O(pipeline_parallel_size)), with the processes holding their memory.
@@ -741,6 +785,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_sm
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import PreflightError
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._setting_names import (
+    callers_texts,
     in_callers_words,
     unknown_setting_names,
 )
@@ -768,6 +813,7 @@ ARGUMENT_SPEC = dict(
     pipeline_parallel_size=dict(type='int', default=1),
     gpu_memory_utilization=dict(type='float', default=DEFAULT_GPU_MEMORY_UTILIZATION),
     max_model_len=dict(type='raw', default='auto'),
+    decode_context_parallel_size=dict(type='raw', default='auto'),
     kv_cache_dtype=dict(
         type='str',
         default='auto',
@@ -867,7 +913,7 @@ def argument_error(p):
     if naming_error:
         return naming_error
     error = check_params(p) or model_path_error(p['model_path'], p['hub'])
-    return in_callers_words(error, p['setting_names']) if error else None
+    return in_callers_words(error, p['setting_names'], callers_texts(p)) if error else None
 
 
 def model_path_error(path, hub):
@@ -974,6 +1020,8 @@ def main():
     )
     p = dict(module.params)
     names = p['setting_names']
+    # The paths, the Hub's repository and the service's name are the caller's words: never renamed in a message.
+    words = callers_texts(p)
     # Ansible hides a no_log option only whole: the Hub endpoint's password, wherever an error or the invocation shows it.
     module.no_log_values.update(url_secrets(str((p['hub'] or {}).get('endpoint') or '')))
     error = argument_error(p)
@@ -1002,13 +1050,13 @@ def main():
         KvCacheQuantError,
         PreflightError,
     ) as exc:
-        module.fail_json(msg=in_callers_words(str(exc), names), **result)
+        module.fail_json(msg=in_callers_words(str(exc), names, words), **result)
 
     # Ansible shows these and returns them as the registered result's warnings
     # (passing warnings= to exit_json is deprecated).
     for text in inputs.warnings + result.pop('warnings'):
-        module.warn(in_callers_words(text, names))
-    result['remedies'] = [in_callers_words(remedy, names) for remedy in result['remedies']]
+        module.warn(in_callers_words(text, names, words))
+    result['remedies'] = [in_callers_words(remedy, names, words) for remedy in result['remedies']]
     for g in result['gpus']:
         g['processes'] = [
             dict(a, ours=belongs_to_service(a['pid'], p['service_name']))

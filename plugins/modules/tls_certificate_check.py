@@ -133,6 +133,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import nul_free_path, range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._setting_names import (
+    callers_texts,
     in_callers_words,
     unknown_setting_names,
 )
@@ -173,16 +174,18 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     names = p['setting_names']
+    # The paths and the URL are the caller's words: an option's name inside them is never renamed.
+    words = callers_texts(p)
     error = unknown_setting_names(names, ARGUMENT_SPEC) or range_problem('warn_days', p['warn_days'], 0, 3650)
     if error:
-        module.fail_json(msg=in_callers_words(error, names))
+        module.fail_json(msg=in_callers_words(error, names, words))
     now = datetime.datetime.now(datetime.timezone.utc)
     verdict = judge(p['certificate_path'], p['private_key_path'], p['url'], now, p['warn_days'], openssl_pubout(module))
     for warning in verdict.warnings:
-        module.warn(in_callers_words(warning, names))
-    problems = [in_callers_words(problem, names) for problem in verdict.problems]
+        module.warn(in_callers_words(warning, names, words))
+    problems = [in_callers_words(problem, names, words) for problem in verdict.problems]
     if not verdict.facts['host']:
-        problems.insert(0, in_callers_words('url %s names no host.' % p['url'], names))
+        problems.insert(0, in_callers_words('url %s names no host.' % p['url'], names, words))
     if problems:
         module.fail_json(msg=' '.join(problems), problems=problems, changed=False, **verdict.facts)
     module.exit_json(changed=False, problems=[], **verdict.facts)

@@ -15,8 +15,10 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llmserve.vllm.plugins.filter.checkpoint import checkpoint_writers
+from ansible_collections.llmserve.vllm.plugins.filter.cpu import cpu_threads_bind
 from ansible_collections.llmserve.vllm.plugins.filter.network import host_port
 from ansible_collections.llmserve.vllm.plugins.filter.pip import pip_source_credentials
+from ansible_collections.llmserve.vllm.plugins.filter.replicas import api_endpoints
 from ansible_collections.llmserve.vllm.plugins.filter.systemd import systemd_env_quote, systemd_exec_quote
 from ansible_collections.llmserve.vllm.plugins.filter.vllm import (
     pinned_version,
@@ -261,10 +263,14 @@ SECRET = 'zq7secret'
             'lock, line 2 has',
         ),
         ({'args': ['-i', 'https://me:%s@x@pypi.example/simple' % SECRET]}, 'args[1] has'),
+        # urlsplit, as pip calls it, reads host "user" and the password as the path: it was no credential to the
+        # filter, and went into the release's record.
+        ({'args': ['-i', 'https://user:pa/%s@pypi.example/simple' % SECRET]}, 'args[1] has'),
+        ({'lock': '--index-url https://user:a/b/%s@pypi.example/simple\n' % SECRET}, 'lock has'),
     ],
-    ids=['double quote', 'single quote', 'brackets', 'quoted in a lock', 'an at sign'],
+    ids=['double quote', 'single quote', 'brackets', 'quoted in a lock', 'an at sign', 'a slash', 'two slashes'],
 )
-def test_a_password_with_quotes_or_brackets_is_found_and_masked(verdict, sources, where):
+def test_a_password_with_quotes_brackets_or_slashes_is_found_and_masked(verdict, sources, where):
     # pip takes the user information up to the netloc's last "@", quotes and brackets included.
     answered(
         verdict,
@@ -297,6 +303,22 @@ def test_a_password_with_quotes_or_brackets_is_found_and_masked(verdict, sources
 def test_host_port_refuses_what_is_no_bare_host_or_port(verdict, host, port, cause):
     value = repr(port) if cause == 'a port number' else repr(host)
     refused(verdict, 'host_port', lambda: host_port(host, port), cause, value)
+
+
+@pytest.mark.parametrize(
+    'port, cause',
+    [
+        # int() of more digits than Python converts raised ValueError: a traceback.
+        ('9' * 5000, "a port number, got '9999"),
+        (' ' + '0' * 5000 + '8443', "a port number, got ' 0000"),
+        # Writing the integer in a message raised the same.
+        (10**5000, 'a port from 1 to 65535, got a value holding an integer of more digits than Python writes'),
+        ('99999', 'a port from 1 to 65535, got 99999'),
+    ],
+    ids=['5,000 digits', 'zeros before a port', 'an integer of 5,000 digits', 'five digits above the range'],
+)
+def test_host_port_bounds_the_digits_of_a_port(verdict, port, cause):
+    refused(verdict, 'host_port', lambda: host_port('10.0.0.1', port), cause)
 
 
 @pytest.mark.parametrize(
@@ -333,6 +355,21 @@ def test_host_port_joins_a_bare_host_and_a_port(verdict, host, port, expected):
 def test_systemd_exec_quote_refuses_what_systemd_would_misread(verdict, argv, cause):
     parts = (cause, repr(argv[0])) if argv and cause == 'a prefix' else (cause,)
     refused(verdict, 'systemd_exec_quote', lambda: systemd_exec_quote(argv), *parts)
+
+
+@pytest.mark.parametrize(
+    'argv, parts',
+    [
+        (['/usr/bin/vllm', '--api-key', 'sk-zq7\n'], ('the argument at position 2 contains a line break',)),
+        (['/usr/bin/vllm', '--api-key', 'sk-zq7\r'], ('the argument at position 2 contains a line break',)),
+        (['/usr/bin/vllm', '--api-key=sk-zq7\0'], ('the argument at position 1 contains a NUL',)),
+        ('/usr/bin/vllm --api-key sk-zq7', ('expects a list of arguments, got str',)),
+    ],
+    ids=['a line break', 'a carriage return', 'a NUL', 'a command line as one text'],
+)
+def test_systemd_exec_quote_refuses_without_quoting_the_argument(verdict, argv, parts):
+    # The refusal quoted the argument, and with it the key after --api-key, into Ansible's output.
+    refused(verdict, 'systemd_exec_quote', lambda: systemd_exec_quote(argv), *parts, secrets=('zq7',))
 
 
 def test_systemd_exec_quote_keeps_a_dash_after_the_program(verdict):
@@ -412,3 +449,189 @@ def test_checkpoint_writers_refuses_what_is_no_list_of_entries(verdict, entries,
 )
 def test_checkpoint_writers_names_each_entry_another_user_could_change(verdict, entry, expected):
     answered(verdict, 'checkpoint_writers', lambda: checkpoint_writers([entry]), lambda answer: answer == expected)
+
+
+# The vllm_kimi role's defaults that api_endpoints reads.
+KIMI_DEFAULTS = {
+    'vllm_kimi_front_door': True,
+    'vllm_kimi_front_port': 8443,
+    'vllm_kimi_port': 8000,
+    'vllm_kimi_cluster_group': '',
+    'vllm_kimi_service_name': 'vllm-kimi',
+}
+
+
+def endpoints_of(host_vars, groups=None, hosts=('gpu-01',)):
+    """api_endpoints of hosts (gpu-01 alone by default), each with host_vars, under the role's defaults."""
+    hostvars = {host: dict(host_vars) for host in hosts}
+    return lambda: api_endpoints(list(hosts), hostvars, groups or {'vllm': list(hosts)}, KIMI_DEFAULTS)
+
+
+def address_is(address, scheme):
+    return lambda endpoints: [(entry['address'], entry['scheme']) for entry in endpoints] == [(address, scheme)]
+
+
+@pytest.mark.parametrize(
+    'host_vars, check',
+    [
+        # An INI inventory and -e give the text "false", which the role reads with | bool as off: the filter took
+        # the text as on, and Prometheus and HAProxy met a front door that was never set up.
+        ({'vllm_kimi_front_door': 'false'}, address_is('gpu-01:8000', 'http')),
+        ({'vllm_kimi_front_door': 'False'}, address_is('gpu-01:8000', 'http')),
+        ({'vllm_kimi_front_door': ' no '}, address_is('gpu-01:8000', 'http')),
+        ({'vllm_kimi_front_door': '0'}, address_is('gpu-01:8000', 'http')),
+        ({'vllm_kimi_front_door': 0}, address_is('gpu-01:8000', 'http')),
+        ({'vllm_kimi_front_door': 'yes'}, address_is('gpu-01:8443', 'https')),
+        ({'vllm_kimi_front_door': 'on', 'vllm_kimi_port': '8001'}, address_is('gpu-01:8443', 'https')),
+        ({'vllm_kimi_front_door': 'off', 'vllm_kimi_port': '8001'}, address_is('gpu-01:8001', 'http')),
+        # A URL without a port is https's 443, which a server line and a scrape target need written out.
+        ({'vllm_kimi_front_url': 'https://kimi.example.org'}, address_is('kimi.example.org:443', 'https')),
+        ({'vllm_kimi_front_url': 'https://[fd00::7]:9443/'}, address_is('[fd00::7]:9443', 'https')),
+    ],
+    ids=[
+        'the text false',
+        'False',
+        'no, with spaces',
+        'the text 0',
+        'the number 0',
+        'yes',
+        'on',
+        'off',
+        'a URL without a port',
+        'an IPv6 URL',
+    ],
+)
+def test_api_endpoints_reads_the_inventorys_values_as_the_role_does(verdict, host_vars, check):
+    answered(verdict, 'api_endpoints', endpoints_of(host_vars), check)
+
+
+@pytest.mark.parametrize(
+    'host_vars, parts',
+    [
+        # The password went into haproxy.cfg's server line and Prometheus's targets.
+        (
+            {'vllm_kimi_front_url': 'https://ops:zq7pass@kimi.example.org:8443'},
+            ('gpu-01 has vllm_kimi_front_url (not shown: it holds an @)', 'user information (user:password@)'),
+        ),
+        (
+            {'vllm_kimi_front_url': 'https://zq7token@kimi.example.org'},
+            ('(not shown: it holds an @)', 'user information'),
+        ),
+        (
+            {'vllm_kimi_front_url': 'ops:zq7pass@kimi.example.org:8443'},
+            ('(not shown: it holds an @)', 'no https:// URL of a host'),
+        ),
+        # An unparsable URL gave an empty address, or a traceback.
+        ({'vllm_kimi_front_url': 'https://[fd00::7:8443'}, ("'https://[fd00::7:8443'", 'which is no URL')),
+        ({'vllm_kimi_front_url': 'https://kimi.example.org:99999'}, ('which is no URL', 'out of range')),
+        ({'vllm_kimi_front_url': 'https://kimi.example.org:https'}, ('which is no URL',)),
+        ({'vllm_kimi_front_url': 'kimi.example.org:8443'}, ('no https:// URL of a host',)),
+        ({'vllm_kimi_front_url': 'https:///v1'}, ('no https:// URL of a host',)),
+        ({'vllm_kimi_front_url': ['https://kimi.example.org']}, ('vllm_kimi_front_url of type list',)),
+        ({'vllm_kimi_front_port': 99999}, ('gpu-01 (ansible_host, vllm_kimi_front_port)', 'from 1 to 65535')),
+        (
+            {'vllm_kimi_front_door': 'false', 'vllm_kimi_port': '99999'},
+            ('gpu-01 (ansible_host, vllm_kimi_port)', 'from 1 to 65535'),
+        ),
+        ({'vllm_kimi_front_door': 'maybe'}, ("vllm_kimi_front_door 'maybe', which is no boolean",)),
+        ({'vllm_kimi_front_door': None}, ('vllm_kimi_front_door', 'which is no boolean')),
+        ({'vllm_kimi_cluster_group': ['mn']}, ('vllm_kimi_cluster_group of type list',)),
+        ({'ansible_host': None}, ('a host name or a bare IP address',)),
+    ],
+    ids=[
+        'user and password',
+        'a token as the user',
+        'credentials without a scheme',
+        'an open bracket',
+        'port 99999',
+        'a port that is a word',
+        'no scheme',
+        'no host',
+        'a list',
+        'front port 99999',
+        'vllm port 99999',
+        'a boolean that is none',
+        'none for a boolean',
+        'a list for a group',
+        'no ansible_host',
+    ],
+)
+def test_api_endpoints_refuses_what_is_no_address_without_showing_a_credential(verdict, host_vars, parts):
+    refused(verdict, 'api_endpoints', endpoints_of(host_vars), *parts, secrets=('zq7',))
+
+
+@pytest.mark.parametrize(
+    'hosts, hostvars, groups, parts',
+    [
+        # groups[cluster][0] of an empty group raised IndexError: a traceback.
+        (
+            ['a'],
+            {'a': {'vllm_kimi_cluster_group': 'mn'}},
+            {'mn': []},
+            ('a names vllm_kimi_cluster_group mn', 'no host'),
+        ),
+        (
+            ['a'],
+            {'a': {'vllm_kimi_cluster_group': 'mn'}},
+            {'mn': 'a'},
+            ('a names vllm_kimi_cluster_group mn', 'no host'),
+        ),
+        (['a'], {}, {}, ("'a' is no host of the inventory",)),
+        ('a', {'a': {}}, {}, ('expects a list of hosts, got str',)),
+        (['a'], [{'a': {}}], {}, ('expects hostvars to be a mapping, got list',)),
+        (['a'], {'a': {}}, None, ('expects groups to be a mapping, got NoneType',)),
+    ],
+    ids=[
+        'an empty group',
+        'a group that is a text',
+        'a host without variables',
+        'a text for the hosts',
+        'a list',
+        'none',
+    ],
+)
+def test_api_endpoints_refuses_inputs_of_the_wrong_shape(verdict, hosts, hostvars, groups, parts):
+    refused(verdict, 'api_endpoints', lambda: api_endpoints(hosts, hostvars, groups, KIMI_DEFAULTS), *parts)
+
+
+HUGE = 10**5000
+
+
+@pytest.mark.parametrize(
+    'filter_name, call, parts',
+    [
+        # str() and repr() of an integer of more digits than Python writes raise ValueError: each refusal that wrote
+        # the value, and each quoting that wrote the word, ended in a traceback.
+        ('systemd_exec_quote', lambda: systemd_exec_quote(['/usr/bin/vllm', HUGE]), ('texts or numbers', 'position 1')),
+        ('systemd_env_quote', lambda: systemd_env_quote(HUGE), ('a text or a number, got int',)),
+        ('vllm_serve_argv', serve_argv(port=HUGE), ('port', 'more digits than Python writes')),
+        ('vllm_serve_argv', serve_argv(extra_args=['--max-num-seqs', HUGE]), ('texts or numbers',)),
+        ('vllm_serve_argv', serve_argv(trust_remote_code=HUGE), ('trust_remote_code must be a boolean',)),
+        ('vllm_serve_argv', serve_argv(gpu_memory_utilization=HUGE), ('gpu_memory_utilization must be a number',)),
+        ('api_endpoints', endpoints_of({'vllm_kimi_front_door': HUGE}), ('vllm_kimi_front_door', 'no boolean')),
+        ('vllm_flag_value', lambda: vllm_flag_value([HUGE], '--max-num-seqs'), ('texts or numbers',)),
+        ('vllm_flag_value', lambda: vllm_flag_value([], HUGE), ('a long option',)),
+        ('pinned_version', lambda: pinned_version(HUGE), ('a text, got a value holding an integer',)),
+        ('vllm_serve_argv', lambda: vllm_serve_argv([HUGE]), ('a mapping of settings',)),
+        ('vllm_serve_argv', lambda: vllm_serve_argv('x' * 100000), ('a mapping of settings', '(100002 characters)')),
+        # int(inf) raised OverflowError.
+        ('cpu_threads_bind', lambda: cpu_threads_bind('0-3', float('inf')), ('cpu_threads_bind',)),
+    ],
+    ids=[
+        'exec argument',
+        'environment value',
+        'port',
+        'extra argument',
+        'a boolean',
+        'a fraction',
+        'the front door',
+        'an argument',
+        'the flag',
+        'a requirement',
+        'in a list',
+        'a long text',
+        'ranks of infinity',
+    ],
+)
+def test_huge_values_are_refused_without_writing_them_out(verdict, filter_name, call, parts):
+    refused(verdict, filter_name, call, *parts)

@@ -764,3 +764,53 @@ def test_no_secret_of_the_hub_comes_back(tmp_path, verdict, fake_openai, routes,
         run, expect_success=False, check=lambda r: r['msg'] == expected, secrets=(SECRET_CORE, BASIC)
     )
     verdict(MODULE, outcome, '%s\n%s' % (run.result, run.stderr.decode('utf-8', 'replace')[-2000:]))
+
+
+# The vllm_kimi role's names for the options (setting_names), as its preflight passes them.
+ROLE_NAMES = {
+    'max_model_len': 'vllm_kimi_max_model_len',
+    'gpu_memory_utilization': 'vllm_kimi_gpu_memory_utilization',
+    'gpus': 'vllm_kimi_preflight_gpus',
+    'model_path': 'vllm_kimi_model_path',
+}
+
+
+@pytest.mark.parametrize(
+    'directory',
+    ['kimi for max_model_len tests', 'one of the gpus, two', "the gpus' checkpoint", 'gpu_memory_utilization'],
+    ids=['an option between words', 'an option before a comma', 'a quote after an option', 'an option as the name'],
+)
+def test_setting_names_keep_the_users_own_path(tmp_path, verdict, directory):
+    """A model directory whose name holds an option's name: the error quotes the path as it is (setting_names
+    rewrote the words inside it, and the operator was told of a directory that does not exist)."""
+    model = tmp_path / directory
+    model.mkdir()
+    (model / 'config.json').write_text('{"model_type": ')
+    run = harness.run_module(
+        MODULE, tmp_path, dict(model_path=str(model), gpus=RTX, max_model_len=4096, setting_names=ROLE_NAMES)
+    )
+
+    verdict(
+        MODULE,
+        harness.judge(run, expect_success=False, check=lambda result: str(model) in result['msg']),
+        str(run.result),
+    )
+
+
+def test_no_remedy_sets_max_model_len_to_nothing(tmp_path, verdict):
+    """Beyond the model's maximum where not one block fits: the remedy said 'set max_model_len to 0 or less'."""
+    model = tmp_path / 'model'
+    model.mkdir()
+    (model / 'config.json').write_text(json.dumps(LLAMA))
+    args = dict(model_path=str(model), gpus=RTX, max_model_len=8192, weights_bytes_per_gpu=200 * GIB)
+    run = harness.run_module(MODULE, tmp_path, dict(args, setting_names=ROLE_NAMES))
+
+    def check(result):
+        remedies = result.get('remedies', [])
+        return (
+            "set vllm_kimi_max_model_len to the model's derived maximum 4096 or less, once the KV cache holds a block"
+            in remedies
+            and not any(' 0 or less' in remedy for remedy in remedies)
+        )
+
+    verdict(MODULE, harness.judge(run, expect_success=False, check=check), str(run.result))

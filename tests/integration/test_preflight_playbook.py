@@ -77,6 +77,8 @@ def run_playbook(tmp_path, hosts):
                         'vllm_kimi_front_tls_certificate': certificate,
                         'vllm_kimi_front_tls_key': key,
                         'vllm_kimi_front_url': 'https://localhost:8443',
+                        # The preflight alone builds no release: no lock file to name.
+                        'vllm_kimi_pip_require_hashes': False,
                     },
                 }
             }
@@ -102,11 +104,12 @@ def run_playbook(tmp_path, hosts):
 
 
 @pytest.mark.parametrize(
-    'utilization, max_model_len, rc, expected',
+    'utilization, max_model_len, dcp, rc, expected',
     [
         (
             0.95,
             131072,
+            'auto',
             0,
             [
                 'Verdict: FITS with max_model_len 131072',
@@ -115,11 +118,14 @@ def run_playbook(tmp_path, hosts):
                 'GPU 7, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887, 0, 12.0',
                 # vLLM's default 1024 sequences: what TRITON_MLA's decode workspace takes from the KV cache.
                 'max_num_seqs 1024: TRITON_MLA decode workspace 4.01 GiB per GPU = 61238 KV-cache tokens (256 splits)',
+                # Plain tensor parallelism holds it: no decode context parallelism.
+                'Decode context parallel size: 1 (not needed); max_num_seqs 1024 (default)',
             ],
         ),
         (
             0.9,
             262144,
+            1,
             2,
             [
                 'Verdict: DOES NOT FIT with max_model_len 262144',
@@ -129,11 +135,26 @@ def run_playbook(tmp_path, hosts):
                 'max_num_seqs 1024: TRITON_MLA decode workspace 5.89 GiB per GPU = 89944 KV-cache tokens (376 splits)',
                 'Remedy: set vllm_kimi_max_model_len to 71008 (fits at vllm_kimi_gpu_memory_utilization 0.9)',
                 'Remedy: no vllm_kimi_gpu_memory_utilization fits vllm_kimi_max_model_len 262144: it needs 3.90 GiB more',
+                # What vllm_kimi_decode_context_parallel_size: 1 forbids, named as the way to the asked context.
+                'Remedy: set vllm_kimi_decode_context_parallel_size to 2 with vllm_kimi_max_num_seqs 256 (or auto)',
+            ],
+        ),
+        (
+            0.9,
+            262144,
+            'auto',
+            0,
+            [
+                # The native context: TP 8 cannot hold it, DCP 2 can, with a --max-num-seqs sized for its workspace.
+                'Verdict: FITS with max_model_len 262144',
+                'Decode context parallel size: 2 (planned); max_num_seqs 256 (planned); 1.06 requests of max_model_len',
+                'max_num_seqs 256: TRITON_MLA decode workspace 2.94 GiB per GPU',
+                'Warning: vllm_kimi_decode_context_parallel_size 2 (planned)',
             ],
         ),
     ],
 )
-def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc, expected):
+def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, dcp, rc, expected):
     make_kimi(tmp_path / 'kimi')
     make_tiny(tmp_path / 'tiny')
     code, out = run_playbook(
@@ -143,6 +164,7 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, rc,
                 'vllm_kimi_model_path': str(tmp_path / 'kimi'),
                 'vllm_kimi_max_model_len': max_model_len,
                 'vllm_kimi_gpu_memory_utilization': utilization,
+                'vllm_kimi_decode_context_parallel_size': dcp,
                 'vllm_kimi_preflight_gpus': [RTX] * 8,
                 'vllm_kimi_port': 18431,
                 'vllm_kimi_api_key': 'preflight-test-key',

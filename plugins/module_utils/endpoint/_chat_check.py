@@ -62,6 +62,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd im
     judge_unit,
     unit_number,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._vllm_log import quotable_lines
 
 DEFAULT_PROMPT = 'What is the capital of France?'
 DEFAULT_EXPECT = '(?i)paris'
@@ -279,7 +280,7 @@ class ChatCheck:
         wait's: a wait that began after the start (a gate asked on its own, a rerun) dates it all the same.
 
         api_ready_seconds: the first 200 of /health where the wait saw the start; where the API already answered the
-        wait's first question, the journal's line of it (API_READY_LINE); absent where neither tells.
+        wait's first question, the journal's line of it (_vllm_log.is_api_ready); absent where neither tells.
         gate_began_seconds: the wait's start, where systemd told the run's and the run began before the wait.
         """
         started = unit_number(self.unit_state, 'ExecMainStartTimestampMonotonic')
@@ -359,7 +360,8 @@ class ChatCheck:
             return
         if self.stall_tail is None or now - self.progress_at < self.stall_timeout:
             return
-        quoted = [quote(line, 300) for line in self.stall_tail]
+        # Never a client's words that look like vLLM's (uvicorn's access lines): vLLM's own lines and the start's.
+        quoted = [quote(line, 300) for line in quotable_lines(self.stall_tail)]
         msg = (
             'No progress for %s s (stall_timeout): no new journal line of %s and no 200 from %s/health or '
             '/v1/models, after '

@@ -21,6 +21,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http impor
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._startup_log import (
     LINE_PATTERNS as FIGURE_PATTERNS,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._vllm_log import quotable_lines
 
 # How many explaining lines a failure quotes (chat_check's journal_lines).
 DEFAULT_JOURNAL_LINES = 20
@@ -50,11 +51,6 @@ _EXPLAIN_PATTERNS = [
         r'restart counter is at',
     )
 ]
-
-# uvicorn's access log of a request, as vLLM's API server writes it: 'INFO:     127.0.0.1:51234 - "GET /v1/models?q=...
-# HTTP/1.1" 401 Unauthorized'. Its path and query are the client's words, which may be written to look like an error
-# line: never quoted as an explanation.
-_ACCESS_LOG_LINE = re.compile(r'\b\d{1,5} - "[A-Z]{3,7} ')
 
 # Lines that tell how far loading has come.
 _PROGRESS_PATTERNS = [
@@ -115,12 +111,14 @@ def strip_log_prefix(line: str) -> str:
 def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> list[str]:
     """Pick the journal lines that explain a failure: the last `limit`, each once, each cut to MAX_QUOTED_LINE_CHARS.
 
+    Only lines a result may quote are picked (_vllm_log.quotable_lines: vLLM's own, systemd's, and others before the
+    API was up), never a client's words that look like an error (a forged query in uvicorn's access line).
     vLLM logs a failure twice (the engine process, then the API server), with
     and without its log prefix; lines are compared and quoted without it.
     """
     picked: list[str] = []
-    for line in lines:
-        if any(p.search(line) for p in _EXPLAIN_PATTERNS) and not _ACCESS_LOG_LINE.search(line):
+    for line in quotable_lines(lines):
+        if any(p.search(line) for p in _EXPLAIN_PATTERNS):
             line = strip_log_prefix(line)
             if line in picked:
                 picked.remove(line)
@@ -131,10 +129,11 @@ def explaining_lines(lines: list[str], limit: int = DEFAULT_JOURNAL_LINES) -> li
 
 
 def progress_lines(lines: list[str], limit: int = MAX_PROGRESS_LINES) -> list[str]:
-    """Pick the loading-progress lines, each cut to MAX_QUOTED_LINE_CHARS; consecutive updates of one progress bar
-    keep only the latest."""
+    """Pick the loading-progress lines among those a result may quote (_vllm_log.quotable_lines, uvicorn's line that
+    the API is up included), each cut to MAX_QUOTED_LINE_CHARS; consecutive updates of one progress bar keep only the
+    latest."""
     picked: list[str] = []
-    for line in lines:
+    for line in quotable_lines(lines, api_ready=True):
         if not any(p.search(line) for p in _PROGRESS_PATTERNS):
             continue
         line = strip_log_prefix(line)

@@ -31,6 +31,8 @@ import math
 import re
 from typing import Any, Callable, Optional
 
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._vllm_log import is_api_ready, start_messages
+
 # A figure as vLLM prints it: "27.7183", "237,344".
 _NUMBER = r'([\d,]+(?:\.\d+)?)'
 # _NUMBER spelled backwards, for the figure that comes before its words: matched on the reversed line from where the
@@ -46,15 +48,27 @@ class _Figure:
     each digit of such a run: minutes for one journal line of 40,000 characters "1,1,1,...".
 
     pattern: compiled, it opens with the words (it may look behind them); None for the figure right before them.
+    lead: how vLLM's message that gives the figure begins (the line's shape): a figure is read from a message only
+    where it begins so, never from words that stand anywhere in it (a prompt, a path, another figure's line).
     """
 
     def __init__(
-        self, name: str, words: str, pattern: Optional[re.Pattern[str]], combine: Callable[[list[float]], float]
+        self,
+        name: str,
+        words: str,
+        pattern: Optional[re.Pattern[str]],
+        combine: Callable[[list[float]], float],
+        lead: Optional[str] = None,
     ):
         self.name = name
         self.words = words
         self.pattern = pattern
         self.combine = combine
+        self.lead = re.compile(re.escape(words) if lead is None else lead)
+
+    def read(self, message: str) -> Optional[str]:
+        """The figure's text in a message of vLLM's own (_vllm_log.vllm_message) that begins as its line does."""
+        return self.search(message) if self.lead.match(message) else None
 
     def search(self, line: str) -> Optional[str]:
         """The figure's text where the line first gives it, else None: named, and true or not, as a compiled
@@ -74,14 +88,36 @@ class _Figure:
         return None
 
 
-def _value(text: str) -> Optional[float]:
-    """The figure's value; None where the text is no figure: commas alone, or more digits than a float holds."""
+# The largest figure of each kind a start can log (above it, the line is no measurement): memory of a GPU or a host
+# in GiB, a count of tokens or blocks, a concurrency, the seconds of a phase, a load's rate in GiB a second.
+MAX_GIB = 1024.0**2
+MAX_COUNT = 10.0**15
+MAX_SECONDS = 10.0**7
+MAX_GIB_PER_SECOND = 10.0**4
+_LIMITS = {'_gib': MAX_GIB, '_seconds': MAX_SECONDS}
+
+
+def _limit(name: str) -> float:
+    """The largest value the figure called name may have."""
+    for suffix, limit in _LIMITS.items():
+        if name.endswith(suffix):
+            return limit
+    return MAX_COUNT
+
+
+def _value(text: str, name: str) -> Optional[float]:
+    """The figure's value; None where the text is no figure (commas alone, more digits than a float holds) or the
+    value is beyond what a start logs."""
     digits = text.replace(',', '')
     if not digits:
         return None
     value = float(digits)
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) and 0 <= value <= _limit(name) else None
 
+
+# How vLLM's messages begin that give several figures: V1's account of its memory after start-up, the KV cache's size.
+_FREE_MEMORY_LINE = r'Free memory on device '
+_KV_CACHE_SIZE_LINE = r'(?:GPU|CPU) KV cache size: '
 
 # Each figure's lines, from its most precise line down, and how the figures of several ranks combine.
 _FIGURES = [
@@ -101,6 +137,7 @@ _FIGURES = [
         'the rest of the memory reserved for KV Cache is ',
         re.compile(r'the rest of the memory reserved for KV Cache is %s ?GiB' % _NUMBER),
         min,
+        lead=r'model weights take|the rest of the memory reserved',
     ),
     _Figure(
         'available_kv_gib',
@@ -108,19 +145,34 @@ _FIGURES = [
         re.compile(r'available_kv_cache_memory\s+%s ?GiB' % _NUMBER),
         min,
     ),
-    _Figure('available_kv_gib', 'kv_cache_size=', re.compile(r'\bkv_cache_size=%s ?GiB' % _NUMBER), min),
+    _Figure(
+        'available_kv_gib',
+        'kv_cache_size=',
+        re.compile(r'\bkv_cache_size=%s ?GiB' % _NUMBER),
+        min,
+        lead=r'Memory profiling results:',
+    ),
     _Figure(
         'available_kv_gib',
         'Current kv cache memory in use is ',
         re.compile(r'Current kv cache memory in use is %s GiB' % _NUMBER),
         min,
+        lead=_FREE_MEMORY_LINE,
     ),
-    _Figure('kv_tokens', ' KV cache size: ', re.compile(r'(?<=\bGPU|\bCPU) KV cache size: %s tokens' % _NUMBER), min),
+    _Figure(
+        'kv_tokens',
+        ' KV cache size: ',
+        re.compile(r'(?<=\bGPU|\bCPU) KV cache size: %s tokens' % _NUMBER),
+        min,
+        lead=_KV_CACHE_SIZE_LINE,
+    ),
     _Figure(
         'max_concurrency',
         'Maximum concurrency for ',
         re.compile(r'Maximum concurrency for [\d,]+ tokens per request: %sx' % _NUMBER),
         min,
+        # The CPU build gives it on the KV cache's line.
+        lead=r'Maximum concurrency for |' + _KV_CACHE_SIZE_LINE,
     ),
     _Figure(
         'cudagraph_gib',
@@ -128,26 +180,46 @@ _FIGURES = [
         re.compile(r'Graph capturing finished in \d+ secs?, took %s GiB' % _NUMBER),
         max,
     ),
-    _Figure('cudagraph_gib', ' GiB for CUDAGraph memory', None, max),
-    _Figure('gpu_blocks', ' blocks: ', re.compile(r'(?:(?<=# GPU)|(?<=# cuda)) blocks: (\d+)'), min),
-    _Figure('gpu_blocks', 'num_gpu_blocks is: ', re.compile(r'\bnum_gpu_blocks is: (\d+)'), min),
+    _Figure('cudagraph_gib', ' GiB for CUDAGraph memory', None, max, lead=_FREE_MEMORY_LINE),
+    _Figure(
+        'gpu_blocks',
+        ' blocks: ',
+        re.compile(r'(?:(?<=# GPU)|(?<=# cuda)) blocks: (\d+)'),
+        min,
+        lead=r'# (?:GPU|cuda) blocks: ',
+    ),
+    _Figure(
+        'gpu_blocks',
+        'num_gpu_blocks is: ',
+        re.compile(r'\bnum_gpu_blocks is: (\d+)'),
+        min,
+        lead=r'(?:Engine \d+: )?vllm cache_config_info ',
+    ),
     # The ledger's phases, each the slowest rank's: the start waits for it.
     _Figure(
         'weights_seconds',
         'Model loading took ',
         re.compile(r'Model loading took [\d,.]+ GiB (?:memory )?and %s seconds' % _NUMBER),
         max,
+        lead=r'Model loading took ',
     ),
     _Figure(
         'weights_read_seconds', 'Loading weights took ', re.compile(r'Loading weights took %s seconds' % _NUMBER), max
     ),
-    _Figure('compile_seconds', ' (compilation: ', re.compile(r' \(compilation: %s s' % _NUMBER), max),
+    _Figure(
+        'compile_seconds',
+        ' (compilation: ',
+        re.compile(r' \(compilation: %s s' % _NUMBER),
+        max,
+        lead=r'init engine \(profile, create kv cache, warmup model\) took ',
+    ),
     _Figure('compile_seconds', 'torch.compile took ', re.compile(r'torch\.compile took %s s in total' % _NUMBER), max),
     _Figure(
         'graph_capture_seconds',
         'Graph capturing finished in ',
         re.compile(r'Graph capturing finished in %s secs?' % _NUMBER),
         max,
+        lead=r'Graph capturing finished in ',
     ),
     _Figure(
         'engine_init_seconds',
@@ -162,7 +234,7 @@ _FIGURES = [
         max,
     ),
 ]
-_DEVICE = re.compile(r'\b(GPU|CPU) KV cache size:')
+_DEVICE = re.compile(r'(GPU|CPU) KV cache size: ')
 _INTEGERS = ('kv_tokens', 'gpu_blocks')
 # Lines that carry a figure, for a reader that keeps only some lines (_journal's progress_lines): each has the
 # search(line) of a compiled pattern, true where the line gives its figure, and reads a line in linear time.
@@ -194,7 +266,8 @@ def _backend_named(line: str) -> Optional[str]:
 
 
 def startup_backends(lines: list[str]) -> list[str]:
-    """The backends the lines of one start name, in the order they first do, each once (every rank names its own)."""
+    """The backends the lines (vLLM's messages of one start) name, in the order they first do, each once (every rank
+    names its own)."""
     named: list[str] = []
     for line in lines:
         name = _backend_named(line)
@@ -203,55 +276,70 @@ def startup_backends(lines: list[str]) -> list[str]:
     return named
 
 
-# uvicorn's line once vLLM's API server is up (its lifespan started; the socket is bound right after): the API's
-# readiness as the journal dates it.
-API_READY_LINE = 'Application startup complete.'
+# What journalctl's short-monotonic output puts before a line after its time: "host ident[pid]: ".
+_JOURNAL_SOURCE = re.compile(r'\S+ [^\s\[:]+(?:\[\d+\])?: ')
 
 
 def api_ready_seconds(timed: list[tuple[float, str]], started_at: Optional[float]) -> Optional[float]:
-    """Seconds from the run's start to the first line that says its API is up, from the journal of one run
+    """Seconds from the run's start to uvicorn's first line that says its API is up (_vllm_log.is_api_ready: its
+    lifespan started, the socket is bound right after), from the journal of one run
     (_journal.timed_lines); the run starts at started_at (systemd's ExecMainStartTimestampMonotonic, in seconds),
     else at the run's first line. None where no line says it."""
     if not timed:
         return None
     start = timed[0][0] if started_at is None else started_at
     for at, line in timed:
-        if API_READY_LINE in line:
+        source = _JOURNAL_SOURCE.match(line)
+        if is_api_ready(line[source.end() :] if source else line):
             return round(max(0.0, at - start), 3)
     return None
 
 
-def startup_figures(lines: list[str]) -> dict[str, Any]:
-    """The figures found in the lines of one start, each only where a line gives it; {} for none.
-
-    A start that logs the same figure once per rank (tensor parallelism) or once per KV-cache group gets the
-    bounding one: the largest weights and graph memory, the smallest KV memory, tokens and concurrency, the slowest
-    rank's seconds of each phase.
-    """
+def _figures_read(messages: list[str]) -> dict[str, Any]:
+    """The figures the messages give, each of its most precise line that gave one, its values combined."""
     # Per figure, the values of its first pattern that matched: the patterns go from the most precise line down.
     found: dict[tuple[str, int], list[float]] = {}
-    device: Optional[str] = None
-    for line in lines:
+    for message in messages:
         for rank, figure in enumerate(_FIGURES):
-            text = figure.search(line)
-            value = _value(text) if text else None
+            text = figure.read(message)
+            value = _value(text, figure.name) if text else None
             if value is not None:
                 found.setdefault((figure.name, rank), []).append(value)
-        kind = _DEVICE.search(line)
-        if kind:
-            device = kind.group(1)
     figures: dict[str, Any] = {}
     for (name, rank), values in sorted(found.items(), key=lambda item: item[0][1]):
         if name not in figures:
             value = _FIGURES[rank].combine(values)
             figures[name] = int(value) if name in _INTEGERS else value
-    # The weights' rate: their memory over the checkpoint's read where vLLM timed it apart, else over the whole load.
+    return figures
+
+
+def startup_figures(lines: list[str]) -> dict[str, Any]:
+    """The figures found in the lines of one start, each only where a line gives it; {} for none.
+
+    Only vLLM's own lines of its last run's start count (_vllm_log.start_messages): not a client's words in the
+    lines after its API came up, which could lower a figure the next preflight plans from, nor an earlier run's.
+    A figure is read where vLLM's message of it begins as vLLM writes it, and only within what a start can log.
+    A start that logs the same figure once per rank (tensor parallelism) or once per KV-cache group gets the
+    bounding one: the largest weights and graph memory, the smallest KV memory, tokens and concurrency, the slowest
+    rank's seconds of each phase.
+    """
+    messages = start_messages(lines)
+    figures = _figures_read(messages)
+    # The weights' rate: their memory over the checkpoint's read where vLLM timed it apart, else over the whole load;
+    # none where the seconds are too few for a rate a disk gives (0.00 s, as the CPU build logs a tiny model's).
     weights_seconds = figures.get('weights_read_seconds') or figures.get('weights_seconds')
     if figures.get('weights_gib') and weights_seconds:
-        figures['weights_gib_per_second'] = round(figures['weights_gib'] / weights_seconds, 3)
+        rate = figures['weights_gib'] / weights_seconds
+        if rate <= MAX_GIB_PER_SECOND:
+            figures['weights_gib_per_second'] = round(rate, 3)
+    device = None
+    for message in messages:
+        kind = _DEVICE.match(message)
+        if kind:
+            device = kind.group(1)
     if device:
         figures['kv_cache_device'] = device
-    backends = startup_backends(lines)
+    backends = startup_backends(messages)
     if backends:
         figures['backends'] = backends
     return figures

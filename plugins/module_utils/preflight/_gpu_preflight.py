@@ -28,6 +28,10 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoi
     text_config,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import INDEX_NAME, Checkpoint
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight import _decode_context
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._decode_context import (
+    decode_context_parallel_size,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._host_probes import (
     DEFAULT_DEV_PATH,
     DEFAULT_SHM_PATH,
@@ -50,7 +54,12 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._model_con
     derived_max_model_len,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._nvidia_smi import App, Gpu
-from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import MIB, PreflightError, gib
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._preflight_common import (
+    MIB,
+    PreflightError,
+    ceil_div,
+    gib,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._reserve import estimate, version_tuple
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._tensor_layout import is_vision, sized_from_config
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._weights import (
@@ -111,10 +120,17 @@ class Memory:
         self.reserve = reserve
         self.per_token = per_token
         self.block = params.get('block_size') or DEFAULT_BLOCK_SIZE
+        # Decode context parallelism splits each request's latent cache by token across this many ranks: a rank
+        # holds ceil(tokens / dcp) of each (vllm/v1/kv_cache_interface.py, max_memory_usage_bytes).
+        self.dcp = decode_context_parallel_size(params)
         self.utilization = params['gpu_memory_utilization']
         self.explicit = params.get('kv_cache_memory_bytes')
         self.budget = 0  # for the KV cache, set by size_kv_cache()
-        self.tokens = 0  # the budget holds, in whole blocks
+        self.tokens = 0  # the budget holds across the dcp ranks, in whole blocks; vLLM's "KV cache size"
+
+    def bytes_for(self, tokens: int) -> int:
+        """KV-cache bytes on one GPU for a request of tokens, its share under decode context parallelism."""
+        return bytes_for(ceil_div(tokens, self.dcp), self.per_token, self.block)
 
 
 def memory_key(params: Params, gpus_used: list[Gpu], dtype: str, cpu: bool) -> dict[str, Any]:
@@ -160,7 +176,108 @@ def plan(
     measurements: Optional[list[dict[str, Any]]] = None,
     hf_quant_config: Optional[Config] = None,
 ) -> dict[str, Any]:
-    """Compute the whole preflight answer.
+    """Compute the whole preflight answer (plan_at's arguments), with decode context parallelism where the asked
+    context needs it: with decode_context_parallel_size auto, a max_model_len that plain tensor parallelism cannot
+    hold is planned with the smallest dcp (and, where max_num_seqs is not set, the largest planned max_num_seqs)
+    that holds one request of it; with 1, the refusal says which dcp would."""
+    option = _decode_context.parse_option(params.get('decode_context_parallel_size'))
+    cpu = params.get('accelerator') == 'cpu'
+    _decode_context.check_size(
+        decode_context_parallel_size({'decode_context_parallel_size': option}),
+        params['tensor_parallel_size'],
+        config,
+        cpu,
+    )
+
+    def plan_with(dcp: Any, **changes: Any) -> dict[str, Any]:
+        trial = dict(params, decode_context_parallel_size=dcp, **changes)
+        return plan_at(trial, config, checkpoint, gpus, apps, dtype_info, host, measurements, hf_quant_config)
+
+    answer = plan_with(option)
+    found = (
+        plan_decode_context(params, option, config, answer, plan_with) if option in (_decode_context.AUTO, 1) else None
+    )
+    return describe_decode_context(
+        params, option, found or answer, found is not None and option == _decode_context.AUTO
+    )
+
+
+def plan_decode_context(
+    params: Params, option: Any, config: Config, answer: dict[str, Any], plan_with: Callable[..., dict[str, Any]]
+) -> Optional[dict[str, Any]]:
+    """The first plan of _decode_context.candidates that holds one request of the asked max_model_len, where plain
+    tensor parallelism holds none; with option 1 its size becomes a remedy of the answer instead. None without one."""
+    requested = params.get('max_model_len')
+    if (
+        requested in AUTO_MAX_MODEL_LEN
+        or answer['fits']
+        or answer['max_model_len_fit'] >= int(requested)
+        or params.get('accelerator') == 'cpu'
+        or not is_mla(config)
+    ):
+        return None
+    # None where the reserve is given: no term of it then depends on the sequences, and none is planned.
+    default_seqs = (answer.get('reserve') or {}).get('max_num_seqs')
+    for dcp, seqs in _decode_context.candidates(
+        params['tensor_parallel_size'], params.get('max_num_seqs'), default_seqs
+    ):
+        trial = plan_with(dcp, max_num_seqs=seqs)
+        if not trial['fits']:
+            continue
+        if option == _decode_context.AUTO:
+            return trial
+        answer['remedies'].append(
+            "set decode_context_parallel_size to %d%s (or auto): each rank then holds 1/%d of a request's cache, "
+            'and max_model_len %s fits'
+            % (dcp, ' with max_num_seqs %d' % seqs if seqs != params.get('max_num_seqs') else '', dcp, requested)
+        )
+        return None
+    return None
+
+
+def describe_decode_context(params: Params, option: Any, answer: dict[str, Any], planned: bool) -> dict[str, Any]:
+    """Add decode_context_parallel_size and what it costs to the answer."""
+    dcp = int(answer['memory_key'].get('decode_context_parallel_size') or 1)
+    reserve = answer.get('reserve') or {}
+    requested = answer['max_model_len']
+    answer['decode_context_parallel_size'] = dcp
+    answer['decode_context_parallel'] = {
+        'size': dcp,
+        'source': 'planned' if planned else 'given' if option != _decode_context.AUTO else 'not needed',
+        'max_num_seqs': reserve.get('max_num_seqs'),
+        'max_num_seqs_source': 'given'
+        if params.get('max_num_seqs')
+        else 'planned'
+        if planned and reserve.get('max_num_seqs')
+        else 'default',
+        'full_length_requests': round(answer['kv_cache_tokens'] / requested, 2) if requested else 0,
+        'mla_decode_workspace_bytes': reserve.get('mla_decode_workspace', 0),
+    }
+    if dcp > 1:
+        answer['warnings'].append(
+            'decode_context_parallel_size %d (%s): %s'
+            % (dcp, answer['decode_context_parallel']['source'], _decode_context.DECODE_SPEED_NOTE)
+        )
+        if _decode_context.speculative((params.get('memory_key') or {}).get('serve_flags')):
+            answer['warnings'].append(
+                "speculative decoding with decode_context_parallel_size %d takes vLLM's slower draft path "
+                '(triton_mla.py: no in-place draft decode metadata under dcp)' % dcp
+            )
+    return answer
+
+
+def plan_at(
+    params: Params,
+    config: Config,
+    checkpoint: Optional[Checkpoint],
+    gpus: list[Gpu],
+    apps: list[App],
+    dtype_info: DtypeInfo,
+    host: Optional[Host] = None,
+    measurements: Optional[list[dict[str, Any]]] = None,
+    hf_quant_config: Optional[Config] = None,
+) -> dict[str, Any]:
+    """Compute the preflight answer at one decode_context_parallel_size (params' int, 1 for auto).
 
     params: the module's options (dict). config: config.json. checkpoint: a
     _safetensors.Checkpoint or None when weights_bytes_per_gpu is given. gpus/apps:
@@ -182,6 +299,9 @@ def plan(
     if splits:
         # TRITON_MLA's workspace grows with max_model_len by its split count: lengths of one count size alike.
         key['mla_decode_splits'] = splits
+    if memory.dcp > 1:
+        # Only where it is on, so that the keys (and measurements) of plans without it stay as they were.
+        key['decode_context_parallel_size'] = memory.dcp
     key_id = memory_key_id(key)
     measured = measurement_for(key_id, measurements or [])
     predicted = size_or_measure(memory, figures, measured, found)
@@ -230,7 +350,7 @@ def size_or_measure(
     else:
         # vLLM's own count of this key's cache: what it holds, whatever the prediction said.
         memory.tokens = measured['startup']['kv_tokens']
-        memory.budget = bytes_for(memory.tokens, figures['kv_cache_bytes_per_token'], memory.block)
+        memory.budget = memory.bytes_for(memory.tokens)
     return predicted
 
 
@@ -403,7 +523,15 @@ def add_mla_decode_workspace(
         return
     seqs = int(parts['max_num_seqs'])  # type: ignore[call-overload]
     name = str(gpu.get('name') or '')
-    workspace = decode_workspace(config, params['tensor_parallel_size'], seqs, length, name, params.get('gpu_sm_count'))
+    workspace = decode_workspace(
+        config,
+        params['tensor_parallel_size'],
+        seqs,
+        length,
+        name,
+        params.get('gpu_sm_count'),
+        decode_context_parallel_size(params),
+    )
     if workspace['sm_count_source'] == 'unknown':
         found.warnings.append(
             "the SM count of %s is not known to the preflight: TRITON_MLA's decode workspace is planned with %d "
@@ -570,7 +698,7 @@ def size_kv_cache(memory: Memory, found: Findings) -> None:
             if least <= 1.0:
                 found.remedies.append('set gpu_memory_utilization to at least %.2f' % least)
             found.remedies.append('spread the model over more GPUs (tensor_parallel_size x pipeline_parallel_size)')
-    memory.tokens = tokens_for(memory.budget, memory.per_token, memory.block)
+    memory.tokens = tokens_for(memory.budget, memory.per_token, memory.block) * memory.dcp
     if memory.tokens == 0 and (memory.explicit is not None or memory.budget > 0):
         # Without this, a budget short of one block would "fit" a context of 0 tokens.
         found.problems.append(
@@ -594,8 +722,14 @@ def choose_context_length(params: Params, config: Config, memory: Memory, found:
             "max_model_len %d is greater than the model's derived maximum %d (max_position_embeddings "
             'in config.json)' % (requested, model_max)
         )
-        found.remedies.append('set max_model_len to %d or less' % min(model_max, fit))
-    needed = bytes_for(requested, memory.per_token, memory.block)
+        # Where no length fits the KV cache (fit 0), the problems say why; the model's maximum is the bound.
+        found.remedies.append(
+            'set max_model_len to %d or less' % min(model_max, fit)
+            if fit > 0
+            else "set max_model_len to the model's derived maximum %d or less, once the KV cache holds a block"
+            % model_max
+        )
+    needed = memory.bytes_for(requested)
     if needed <= memory.budget or memory.tokens == 0:
         return fit, requested, True
     remedy_misfit(requested, needed, fit, memory, found)

@@ -104,16 +104,19 @@ def decode_workspace(
     max_model_len: int,
     gpu_name: str,
     sm_count: Optional[int] = None,
+    dcp: int = 1,
 ) -> dict[str, Any]:
     """The workspace on one GPU and its factors: bytes, splits, heads_per_rank, sm_count and where that came from.
 
     sm_count as given, else SM_COUNTS by gpu_name; where neither knows it, the splits are not capped (the larger
     workspace) and sm_count_source is 'unknown'. Heads per rank are num_attention_heads / TP (vLLM splits the query
-    heads evenly; decode context parallelism, which the role does not set, would multiply them back by its size).
+    heads evenly) times dcp: under decode context parallelism the ranks all-gather the query heads before the decode
+    kernel (triton_mla.py, reserve_workspace: self.num_heads * self.dcp_world_size). The split count follows the
+    whole max_model_len, not a rank's share of it (_reserve_attn_logits_workspace).
     """
     known = sm_count if sm_count is not None else sm_count_of(gpu_name)
     source = 'given' if sm_count is not None else 'table' if known is not None else 'unknown'
-    heads = ceil_div(config_int(config, 'num_attention_heads', missing=0), tp)
+    heads = ceil_div(config_int(config, 'num_attention_heads', missing=0), tp) * dcp
     rank = config_int(config, 'kv_lora_rank', missing=0)
     splits = num_kv_splits(max_model_len, known)
     return {

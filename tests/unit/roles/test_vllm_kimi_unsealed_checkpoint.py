@@ -2,11 +2,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The preflight's refusal of a checkpoint served as it is (not staged) that a user other than root could change
-(tasks/preflight.yml), run by Ansible on the role's defaults against a directory each case makes."""
+(tasks/preflight.yml, llmserve.vllm.checkpoint_sealed): its entries, the directories above it and their ACLs, run by
+Ansible on the role's defaults against a directory each case makes."""
 
 import grp
 import os
 import pwd
+import struct
 
 import pytest
 import yaml
@@ -69,6 +71,40 @@ def test_a_checkpoint_other_users_could_change_is_refused_naming_each_entry_and_
     ):
         assert reason.format(p=checkpoint) in output, output
     assert 'set vllm_kimi_model_accept_unsealed to accept it as it is' in output, output
+
+
+def grant_write(path, uid):
+    """A POSIX ACL on path that lets uid write it (setfacl -m u:UID:rw), its mask read-only: ls -l shows 0644."""
+    entries = [
+        (0x01, 6, 0xFFFFFFFF),
+        (0x02, 6, uid),
+        (0x04, 4, 0xFFFFFFFF),
+        (0x10, 4, 0xFFFFFFFF),
+        (0x20, 4, 0xFFFFFFFF),
+    ]
+    os.setxattr(
+        path, 'system.posix_acl_access', struct.pack('<I', 2) + b''.join(struct.pack('<HHI', *e) for e in entries)
+    )
+
+
+def test_a_checkpoint_in_a_directory_another_user_could_change_or_with_an_acl_is_refused(tmp_path, checkpoint):
+    """One play: a parent of the link's target that every user may write, and an ACL that grants write to nobody."""
+    disk = tmp_path / 'disk'
+    disk.mkdir()
+    os.rename(str(checkpoint), str(disk / 'kimi'))
+    os.symlink('disk/kimi', str(tmp_path / 'current'))
+    os.chmod(str(disk), 0o777)
+    grant_write(str(disk / 'kimi' / 'modeling_kimi.py'), NOBODY.pw_uid)
+    assert oct(os.stat(str(disk / 'kimi' / 'modeling_kimi.py')).st_mode & 0o777) == '0o644'
+    output = refusal(tmp_path, tmp_path / 'current')
+    assert output is not None
+    flat = ' '.join(output.split())
+    for reason in (
+        '%s is writable by every user' % disk,
+        '%s/modeling_kimi.py is writable by user nobody through its ACL' % (tmp_path / 'current'),
+    ):
+        assert reason in flat, output
+    assert 'set vllm_kimi_model_accept_unsealed to accept it as it is' in flat, output
 
 
 def test_a_checkpoint_only_root_can_change_passes(tmp_path, checkpoint):

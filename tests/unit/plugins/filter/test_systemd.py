@@ -29,8 +29,11 @@ def test_exec_quote(argv, expected):
 @pytest.mark.parametrize(
     'bad, message',
     [
-        ('--flag', "systemd_exec_quote expects a list of arguments, got str '--flag'"),
-        (['a\nb'], "systemd_exec_quote: an argument contains a line break, which systemd cannot carry: 'a\\nb'"),
+        ('--flag', 'systemd_exec_quote expects a list of arguments, got str'),
+        (
+            ['vllm', 'a\nb'],
+            'systemd_exec_quote: the argument at position 1 contains a line break, which systemd cannot carry',
+        ),
     ],
 )
 def test_exec_quote_refuses(bad, message):

@@ -77,6 +77,9 @@ def params(**kw):
         host='127.0.0.1',
         shm_path='/dev/shm',
         shm_min_bytes=0,
+        # Plain tensor parallelism, whose arithmetic most tests here check; the tests of decode context parallelism
+        # ask for auto, the module's default.
+        decode_context_parallel_size=1,
     )
     p.update(kw)
     return p
@@ -128,6 +131,8 @@ def test_kimi_default_context_does_not_fit_at_0_90(kimi):
     assert r['remedies'] == [
         'set max_model_len to 157856 (fits at gpu_memory_utilization 0.9)',
         'set gpu_memory_utilization to 0.98 (fits max_model_len 262144)',
+        'set decode_context_parallel_size to 2 (or auto): each rank then holds 1/2 of a '
+        "request's cache, and max_model_len 262144 fits",
     ]
 
 
@@ -397,6 +402,8 @@ def test_kimi_with_the_estimated_reserve(kimi):
         'set max_model_len to %d (fits at gpu_memory_utilization 0.9)' % KIMI_TOKENS_AT_090,
         'no gpu_memory_utilization fits max_model_len 262144: it needs 3.90 GiB more per GPU; use more GPUs or an fp8 '
         'KV cache',
+        "set decode_context_parallel_size to 2 with max_num_seqs 256 (or auto): each rank then holds 1/2 of a request's "
+        'cache, and max_model_len 262144 fits',
     ]
     at_095 = kimi_plan(kimi, gpu_memory_utilization=0.95, max_model_len=131072, reserve_bytes_per_gpu=None)
     assert at_095['kv_cache_tokens'] == KIMI_TOKENS_AT_095
@@ -625,3 +632,142 @@ def test_a_measurement_of_another_key_is_not_used_and_the_newest_of_this_key_is(
     result = kimi_measured_plan(kimi, [other, newer, no_tokens, older], max_model_len=131072)
     assert result['kv_cache_tokens'] == 240000
     assert result['measured']['recorded_at'] == '2026-11-30T00:00:00Z'
+
+
+# Decode context parallelism on the seed case: 8 RTX PRO 6000s, Kimi-K2.5-NVFP4 before the download, the reserve
+# estimated (vLLM 0.33's terms), plain TP holding 252,128 tokens at 0.95 with 64 sequences and 157,856 at 0.90 with
+# vLLM's 1024.
+
+
+def test_kimi_native_context_plans_the_smallest_dcp_that_holds_one_request(kimi):
+    """262,144 tokens do not fit TP 8 (every rank holds the whole latent); auto plans DCP 2 with the inventory's 64
+    sequences: each rank holds half of a request, and the cache holds 1.88 of them. 131,072 plans none."""
+    native = kimi_plan(
+        kimi,
+        decode_context_parallel_size='auto',
+        gpu_memory_utilization=0.95,
+        max_model_len=262144,
+        max_num_seqs=64,
+        reserve_bytes_per_gpu=None,
+    )
+    assert (native['fits'], native['max_model_len'], native['decode_context_parallel_size']) == (True, 262144, 2)
+    assert native['decode_context_parallel'] == {
+        'size': 2,
+        'source': 'planned',
+        'max_num_seqs': 64,
+        'max_num_seqs_source': 'given',
+        'full_length_requests': 1.88,
+        # TRITON_MLA all-gathers the query heads of the DCP ranks: 8 a GPU times 2, 376 splits, 513 floats.
+        'mla_decode_workspace_bytes': 64 * 8 * 2 * 376 * 513 * 4,
+    }
+    # A rank's KV budget holds 246,496 tokens of its share; vLLM counts the tokens of both ranks.
+    assert native['kv_cache_tokens'] == 2 * 246496
+    assert native['memory_key']['decode_context_parallel_size'] == 2
+    plain = kimi_plan(
+        kimi,
+        decode_context_parallel_size='auto',
+        gpu_memory_utilization=0.95,
+        max_model_len=131072,
+        max_num_seqs=64,
+        reserve_bytes_per_gpu=None,
+    )
+    assert (plain['fits'], plain['decode_context_parallel_size'], plain['decode_context_parallel']['source']) == (
+        True,
+        1,
+        'not needed',
+    )
+    # Keys of plans without it are as they were, so their measurements still count.
+    assert 'decode_context_parallel_size' not in plain['memory_key']
+
+
+def test_kimi_native_context_with_vllms_default_sequences_plans_a_bounded_max_num_seqs(kimi):
+    """Without max_num_seqs vLLM runs 1024 sequences on a 96 GB card, whose TRITON_MLA workspace at DCP 2 leaves no
+    room for one request of 262,144: the plan comes down to 256."""
+    r = kimi_plan(
+        kimi,
+        decode_context_parallel_size='auto',
+        gpu_memory_utilization=0.9,
+        max_model_len=262144,
+        reserve_bytes_per_gpu=None,
+    )
+    assert (r['fits'], r['decode_context_parallel_size']) == (True, 2)
+    assert (r['decode_context_parallel']['max_num_seqs'], r['decode_context_parallel']['max_num_seqs_source']) == (
+        256,
+        'planned',
+    )
+    assert r['reserve']['max_num_seqs'] == 256
+    assert r['decode_context_parallel']['full_length_requests'] >= 1
+
+
+def test_dcp_1_refuses_the_native_context_with_the_largest_that_fits_and_names_the_dcp(kimi):
+    r = kimi_plan(
+        kimi,
+        decode_context_parallel_size=1,
+        gpu_memory_utilization=0.95,
+        max_model_len=262144,
+        max_num_seqs=64,
+        reserve_bytes_per_gpu=None,
+    )
+    assert (r['fits'], r['decode_context_parallel_size'], r['max_model_len_fit']) == (False, 1, 252128)
+    assert r['problems'][0].startswith(
+        "To serve at least one request with the model's max seq len (262144), (17.16 GiB KV cache is needed"
+    )
+    assert r['remedies'][0] == 'set max_model_len to 252128 (fits at gpu_memory_utilization 0.95)'
+    assert r['remedies'][-1] == (
+        "set decode_context_parallel_size to 2 (or auto): each rank then holds 1/2 of a request's cache, and "
+        'max_model_len 262144 fits'
+    )
+
+
+def test_a_given_dcp_is_sized_as_given(kimi):
+    r = kimi_plan(
+        kimi,
+        decode_context_parallel_size='8',
+        gpu_memory_utilization=0.95,
+        max_model_len=262144,
+        max_num_seqs=64,
+        reserve_bytes_per_gpu=None,
+    )
+    assert (r['fits'], r['decode_context_parallel_size'], r['decode_context_parallel']['source']) == (True, 8, 'given')
+    # The issue's figure: 2.9 GiB of workspace a GPU at DCP 8 and 64 sequences (47 GiB at 1024).
+    assert r['reserve']['mla_decode_workspace'] == 64 * 64 * 376 * 513 * 4
+    assert round(r['reserve']['mla_decode_workspace'] / GIB, 1) == 2.9
+    assert r['kv_cache_tokens'] % 8 == 0 and r['decode_context_parallel']['full_length_requests'] > 4
+
+
+@pytest.mark.parametrize(
+    'kw, message',
+    [
+        (dict(decode_context_parallel_size=3), 'decode_context_parallel_size 3 must divide tensor_parallel_size 8'),
+        (dict(decode_context_parallel_size=0), 'decode_context_parallel_size must be at least 1, got 0'),
+        (dict(decode_context_parallel_size='two'), 'decode_context_parallel_size must be auto or a whole number'),
+        (dict(decode_context_parallel_size=True), 'decode_context_parallel_size must be auto or a whole number'),
+    ],
+)
+def test_a_dcp_vllm_would_refuse_is_refused(kimi, kw, message):
+    with pytest.raises(PreflightError) as exc:
+        kimi_plan(kimi, max_model_len=131072, **kw)
+    assert message in str(exc.value)
+
+
+def test_dcp_is_refused_on_the_cpu_build_and_for_a_model_without_mla():
+    with pytest.raises(PreflightError, match='the CPU build has no decode context parallelism'):
+        plan(
+            params(
+                accelerator='cpu', kv_cache_memory_bytes=GIB, tensor_parallel_size=2, decode_context_parallel_size=2
+            ),
+            LLAMA,
+            None,
+            [],
+            [],
+            ('bfloat16', 'model dtype', None),
+        )
+    with pytest.raises(PreflightError, match='for MLA checkpoints'):
+        plan(
+            params(tensor_parallel_size=2, decode_context_parallel_size=2, gpus=None),
+            LLAMA,
+            None,
+            [dict(RTX_PRO_6000, index=i, uuid='u%d' % i) for i in range(2)],
+            [],
+            ('bfloat16', 'model dtype', None),
+        )

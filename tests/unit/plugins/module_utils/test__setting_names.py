@@ -7,6 +7,7 @@ nowhere else."""
 import pytest
 
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._setting_names import (
+    callers_texts,
     in_callers_words,
     unknown_setting_names,
 )
@@ -78,3 +79,39 @@ def test_a_name_for_no_option_or_no_name_is_refused(names, message):
 
 def test_names_for_options_the_module_has_are_accepted():
     assert unknown_setting_names({'max_model_len': 'vllm_kimi_max_model_len'}, {'max_model_len': {}}) is None
+
+
+@pytest.mark.parametrize(
+    'text, words, expected',
+    [
+        (
+            '/srv/kimi for max_model_len tests/config.json is not valid JSON; set max_model_len',
+            ['/srv/kimi for max_model_len tests'],
+            '/srv/kimi for max_model_len tests/config.json is not valid JSON; set vllm_kimi_max_model_len',
+        ),
+        # As repr() quotes a path with a quote and a line break in it.
+        (
+            '%r has gpus' % "/srv/the gpus' x\ny",
+            ["/srv/the gpus' x\ny"],
+            '%r has vllm_kimi_preflight_gpus' % "/srv/the gpus' x\ny",
+        ),
+        # A short word of the caller's inside an option's name protects nothing.
+        ('set max_model_len', ['a', 'max'], 'set vllm_kimi_max_model_len'),
+    ],
+    ids=['a path with spaces', 'a quoted path', 'short words'],
+)
+def test_the_callers_own_words_are_never_renamed(text, words, expected):
+    assert in_callers_words(text, ROLE, words) == expected
+
+
+def test_callers_texts_are_every_text_of_the_options_but_the_names():
+    params = {
+        'model_path': '/srv/m',
+        'setting_names': ROLE,
+        'hub': {'repo': 'org/name', 'endpoint': None},
+        'measurements': [{'host': 'gpu-01', 'startup': {'backends': ['CPU_MLA']}}],
+        'max_model_len': 4096,
+    }
+    assert sorted(callers_texts(params)) == sorted(
+        ['/srv/m', 'repo', 'endpoint', 'org/name', 'host', 'gpu-01', 'startup', 'backends', 'CPU_MLA']
+    )

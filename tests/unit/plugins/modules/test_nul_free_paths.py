@@ -10,6 +10,7 @@ user reads "Failed to log to syslog" instead; the argument spec's type speaks fi
 import pytest
 
 CASES = [
+    ('checkpoint_sealed', {'path': '/x\0y'}, 'path'),
     ('checkpoint_verify', {'path': '/x\0y', 'manifest': '/m.json'}, 'path'),
     ('checkpoint_verify', {'path': '/x', 'manifest': '/m\0.json'}, 'manifest'),
     ('checkpoint_verify', {'path': '/x', 'manifest': '/m.json', 'cache_dir': '/c\0'}, 'cache_dir'),
