@@ -54,8 +54,14 @@ def exec_start(unit):
 
 
 NVIDIA_MODPROBE = 'ExecStartPre=+-/usr/bin/nvidia-modprobe -u -c=0'
-# vLLM's Unix socket (vllm_kimi_listen unix, the default): its directory is the front door workers' group's.
-SOCKET_DIRECTORY = ['ExecStartPre=+/bin/rm -f /run/vllm-kimi-api/vllm.sock']
+# vLLM's Unix socket (vllm_kimi_listen unix, the default): its directory is the front door workers' group's, made
+# (owner and mode set again) and emptied at each start: nothing an earlier run left there is there.
+SOCKET_DIRECTORY = [
+    'ExecStartPre=+/usr/bin/install -d -o vllm -g vllm-kimi-api -m 2750 /run/vllm-kimi-api',
+    'ExecStartPre=+/usr/bin/find /run/vllm-kimi-api -mindepth 1 -delete',
+]
+# And emptied at each stop, after the run's last process.
+EMPTY_SOCKET_DIRECTORY = '+/usr/bin/find /run/vllm-kimi-api -mindepth 1 -delete'
 # The seeding of the per-run HOME from the sealed caches, as the service user: one line, its store named by hashes.
 SEED = 'ExecStartPre=<seed>'
 SANDBOX_VARS = os.path.join(REPO, 'inventories', 'sandbox', 'group_vars', 'vllm.yml')
@@ -431,7 +437,8 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
     # The marker first, then a second for what the door passed on just before it to reach vLLM's engine, which the
     # drain then finishes; only then systemd's SIGTERM.
     assert service['ExecStop'] == ['+-/usr/bin/touch ' + marker, '/usr/bin/sleep 1']
-    assert service['ExecStopPost'] == ['+/bin/rm -f ' + marker]
+    # After the socket's directory, which each run's stop empties.
+    assert service['ExecStopPost'] == [EMPTY_SOCKET_DIRECTORY, '+/bin/rm -f ' + marker]
     front = (out / 'front.nginx.conf').read_text()
     assert 'if (-f %s) {\n            return 503;' % marker in front
     assert 'error_page 502 503 = @vllm_down;' in front
@@ -444,6 +451,21 @@ def test_the_front_door_answers_503_while_vllm_drains(gpu_render, tmp_path):
     (tmp_path / 'no-grace').mkdir()
     without_grace = unit_settings(render(tmp_path / 'no-grace', GPU_VARS, vllm_kimi_front_stop_grace=0)[0], 'Service')
     assert without_grace['ExecStop'] == ['+-/usr/bin/touch ' + marker]
+
+
+def test_the_front_door_answers_503_until_the_gates_passed(gpu_render):
+    """The closed marker, which tasks/deploy.yml makes before the restart and removes once the gates passed, is tested
+    in the server's rewrite phase, before any location and before the key: every path, /health (a balancer's check)
+    included, gets the 503 with Retry-After that a vLLM that is down gets."""
+    out = gpu_render[0]
+    front = (out / 'front.nginx.conf').read_text()
+    server = front[front.index('    server {') :]
+    closed = 'if (-f /run/vllm-kimi-front/vllm-gating) {\n            return 503;\n        }'
+    assert closed in server
+    assert server.index(closed) < server.index('location ')
+    assert server.index('error_page 502 503 = @vllm_down;') < server.index(closed)
+    down = server[server.index('location @vllm_down {') :]
+    assert 'add_header Retry-After 30 always;' in down and 'return 503 ' in down
 
 
 # What the smoke's unit may differ in: what it runs, how it runs once, and where its runtime copy of the
@@ -616,7 +638,7 @@ def test_code_and_caches_stay_out_of_what_the_service_user_keeps(gpu_unit):
     for name in ('HOME', 'XDG_CACHE_HOME', 'HF_HOME', 'VLLM_CACHE_ROOT', 'TRITON_CACHE_DIR'):
         assert env[name].startswith('/run/vllm-kimi/home'), (name, env[name])
     service = unit_settings(unit, 'Service')
-    assert service['ReadWritePaths'] == ['/run/vllm-kimi-api']
+    assert service['ReadWritePaths'] == ['-/run/vllm-kimi-api']
     # Each start first seeds HOME, as the service user (no "+"), from root's store of this release and command line.
     release = re.search(r'/opt/vllm-kimi/([0-9a-f]{12})/bin/', unit).group(1)
     [seed] = [line for line in service['ExecStartPre'] if '"seed"' in line]
@@ -672,8 +694,10 @@ def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_rende
     assert argv[argv.index('--uds') + 1] == '/run/vllm-kimi-api/vllm.sock'
     assert '--host' not in argv and '--port' not in argv
     assert service['PrivateNetwork'] == ['yes'] and service['UMask'] == ['0007']
-    # The one path vLLM may write besides its runtime directory (systemd-tmpfiles keeps it, tasks/user.yml).
-    assert service['ReadWritePaths'] == ['/run/vllm-kimi-api']
+    # The one path vLLM may write besides its runtime directory, emptied at each start and at each stop, after the
+    # stop's last process (the draining marker's removal follows it).
+    assert service['ReadWritePaths'] == ['-/run/vllm-kimi-api']
+    assert service['ExecStopPost'] == [EMPTY_SOCKET_DIRECTORY, '+/bin/rm -f /run/vllm-kimi-front/vllm-draining']
     assert 'GLOO_SOCKET_IFNAME=lo' in environment.splitlines() and 'NCCL_SOCKET_IFNAME=lo' in environment.splitlines()
     front = (out / 'front.nginx.conf').read_text()
     assert 'server unix:/run/vllm-kimi-api/vllm.sock;' in front
@@ -820,9 +844,12 @@ def test_each_client_key_opens_the_door_and_vllm_gets_its_own_key(tmp_path):
     assert 'geo $llmserve_dollar {\n    default "$";\n}' in auth
     front = (tmp_path / 'front.nginx.conf').read_text()
     assert front.count('proxy_set_header Authorization $llmserve_upstream_authorization;') == 1
-    # Without client keys, vLLM gets the client's own header.
+    # Without client keys, vLLM gets the client's own header; the key file still names the header the door would send,
+    # so that a door configured for client keys takes the file that revokes them all before the restart.
     render(tmp_path, GPU_VARS, vllm_kimi_api_key=key)
-    assert 'llmserve_upstream_authorization' not in (tmp_path / 'front.auth.conf').read_text()
+    auth = (tmp_path / 'front.auth.conf').read_text()
+    assert 'map $http_authorization $llmserve_upstream_authorization {\n    default $http_authorization;\n}' in auth
+    assert 'llmserve_dollar' not in auth
     assert 'proxy_set_header Authorization' not in (tmp_path / 'front.nginx.conf').read_text()
 
 

@@ -16,7 +16,8 @@
    comes back coherent: none of the three failed changes so far removed anything
    the unit uses (one restart for the three, as a removal would stay). An engine that hangs
    after its first line fails the gate once it made no progress for
-   vllm_kimi_stall_timeout, quoting that line, and is rolled back too.
+   vllm_kimi_stall_timeout, quoting that line, and is rolled back too. That change also rotates the API key and
+   revokes a client's: the front door holds both after the rollback (its keys are applied before the restart).
 4. A model revision that answers exactly as the served one but does several times the work
    (tools/make_tiny_models.py's tiny-kimi-heavy), served by tensor parallel 2 (two CPU workers over Gloo inside
    the unit's own network, as a multi-GPU host's start): the coherence gate passes, the performance gate
@@ -24,7 +25,9 @@
    (molecule's scenario) shows the failed gates and one more rollback.
 5. A good change: it costs no speed and passes the performance gate against the last good figure;
    recorded as the new last good deployment, the previous one kept, older deployments and unused
-   releases pruned; Prometheus shows the gates passed again.
+   releases pruned; Prometheus shows the gates passed again. A client asking through the front door all along
+   gets 503 with Retry-After from the restart until the gates passed, never the new release's answer, and an
+   answer again once the door opened by itself.
 6. A failed change (an argument vLLM rejects) with no good deployment to go back to (as on a first
    deploy): the failed unit is stopped and disabled instead of crash-looping or starting at the next boot.
 
@@ -33,10 +36,13 @@ The tests run in file order; each leaves the host serving the converged deployme
 
 import base64
 import hashlib
+import http.client
 import io
 import json
 import os
 import re
+import ssl
+import threading
 import time
 import zipfile
 
@@ -44,6 +50,7 @@ import packaging
 import pytest
 from sandbox_helpers import (
     BIN,
+    CA,
     DEPLOYMENTS,
     REPO,
     first_failure,
@@ -411,6 +418,8 @@ def stalled_start(sandbox):
             'vllm_kimi_stall_timeout': STALL_TIMEOUT,
             'vllm_kimi_preload_smoke': False,
             'vllm_kimi_api_key': ROTATED_KEY,
+            # And revokes the sandbox's client key: the door's keys are applied before the restart.
+            'vllm_kimi_front_client_keys': [],
         }
     )
     rc, output, report = sandbox.deploy('-e', extra)
@@ -455,6 +464,18 @@ def test_the_key_the_failed_change_rotated_is_the_one_served_after_the_rollback(
     refused = sandbox.gate(api_key=old_key, timeout=30)
     assert refused.get('failed') and 'the api_key is wrong' in refused['msg'], refused
     assert ROTATED_KEY not in output and old_key not in output
+
+
+def test_the_front_door_holds_the_keys_the_failed_change_named(sandbox, stalled_start):
+    """The door's keys are applied before the restart, so the failed change's keys hold after its rollback: the client
+    key it revoked is gone from the door's key file and refused, and the rotated key is answered through the door (the
+    door sends vLLM the key it serves with)."""
+    client_key = sandbox.vars['vllm_kimi_front_client_keys'][0]
+    keys = '/etc/%s/front.auth.conf' % sandbox.unit
+    assert sandbox.sh('grep -c -F -e %s %s || true', client_key, keys).strip() == '0'
+    assert ask_with_key(sandbox, client_key)[0] == 401
+    status, retry_after, body = ask_with_key(sandbox, ROTATED_KEY)
+    assert status == 200 and json.loads(body)['choices'][0]['message']['content'] == RIGHT_ANSWER, (status, body)
 
 
 # The heavy revision of the staged repository (inventories/sandbox): same answers, several times the work.
@@ -562,6 +583,77 @@ def test_prometheus_shows_the_failed_gate_and_one_more_rollback(sandbox, prometh
 
 
 PLANTED_RELEASE = '0123456789ab'
+# How often the door watch asks (a question and /health each time): within the door's rate for one address.
+DOOR_WATCH_INTERVAL = 0.5
+CLOSE_TASK = 'Close the front door until the change passed its gates'
+RECORD_TASK = 'Record the deployment as the last good one and prune what no kept deployment uses'
+OPEN_TASK = 'Open the front door to the deployment that passed its gates'
+
+
+def ask_the_door(sandbox, method, path, body=None, headers=None):
+    """One request through the front door, trusting the sandbox's CA: (status, Retry-After, body)."""
+    connection = http.client.HTTPSConnection(
+        '127.0.0.1',
+        int(sandbox.vars['vllm_kimi_front_port']),
+        context=ssl.create_default_context(cafile=CA),
+        timeout=30,
+    )
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.getheader('Retry-After'), response.read().decode(errors='replace')
+    except OSError as exc:
+        return type(exc).__name__, None, ''
+    finally:
+        connection.close()
+
+
+def coherence_question(sandbox):
+    return json.dumps(
+        {
+            'model': sandbox.vars['vllm_kimi_served_model_name'],
+            'messages': [{'role': 'user', 'content': sandbox.vars['vllm_kimi_coherence_prompt']}],
+            'max_tokens': 32,
+            'temperature': 0,
+            'chat_template_kwargs': {'thinking': False},
+        }
+    )
+
+
+def ask_with_key(sandbox, key):
+    """The coherence question through the front door with that key: (status, Retry-After, body)."""
+    headers = {'Authorization': 'Bearer ' + key, 'Content-Type': 'application/json'}
+    return ask_the_door(sandbox, 'POST', '/v1/chat/completions', coherence_question(sandbox), headers)
+
+
+class DoorWatch:
+    """A client of the front door through a change: every DOOR_WATCH_INTERVAL it asks the coherence question with the
+    key, and /health as a balancer's check does. Each ask: {'sent', 'status', 'retry_after', 'health', 'answer'}."""
+
+    def __init__(self, sandbox):
+        self.sandbox = sandbox
+        self.asks = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self.stopped.is_set():
+            sent = time.time()
+            status, retry_after, body = ask_with_key(self.sandbox, self.sandbox.vars['vllm_kimi_api_key'])
+            health = ask_the_door(self.sandbox, 'GET', '/health')[0]
+            answer = json.loads(body)['choices'][0]['message']['content'] if status == 200 else None
+            self.asks.append(
+                {'sent': sent, 'status': status, 'retry_after': retry_after, 'health': health, 'answer': answer}
+            )
+            self.stopped.wait(max(0.0, sent + DOOR_WATCH_INTERVAL - time.time()))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.thread.join(60)
 
 
 @pytest.fixture(scope='module')
@@ -573,8 +665,12 @@ def good_change(sandbox):
     sandbox.sh("mkdir -p %s/bin && echo '{}' > %s/.llmserve-release.json" % (planted, planted))
     before = deployments(sandbox)
     replaced = last_good_record(sandbox)
-    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_max_model_len=2048')
+    with DoorWatch(sandbox) as door:
+        rc, output, report = sandbox.deploy('-e', 'vllm_kimi_max_model_len=2048')
+        # Asks after the play too: the door answers without another step.
+        time.sleep(3 * DOOR_WATCH_INTERVAL)
     changed = {
+        'door': door.asks,
         'replaced': replaced,
         'rc': rc,
         'output': output,
@@ -620,6 +716,44 @@ def test_good_change_costs_no_speed_and_passes_against_the_last_good_figure(sand
     assert perf['baseline_tokens_per_second'] == pytest.approx(changed['replaced']['perf']['output_tokens_per_second'])
     assert perf['regression_percent'] <= sandbox.vars['vllm_kimi_perf_max_regression_percent']
     assert changed['record']['perf']['output_tokens_per_second'] == pytest.approx(perf['output_tokens_per_second'])
+
+
+def ended_at(report, sandbox, task):
+    [ended] = [
+        entry['ended_at'] for entry in report['tasks'] if entry['host'] == sandbox.name and entry['task'] == task
+    ]
+    return ended
+
+
+def test_good_change_serves_no_client_before_its_gates_passed(sandbox, good_change):
+    """From the restart until the deployment is recorded the door answers 503 with Retry-After, /health included (a
+    balancer's check), while vLLM already answers the gates on its socket: the performance gate's seconds are all
+    closed. The door opens by itself once the gates passed, and the client gets the right answer again."""
+    before, changed = good_change
+    assert changed['rc'] == 0, changed['output'][-3000:]
+    report, asks = changed['report'], changed['door']
+    closed, recorded = ended_at(report, sandbox, CLOSE_TASK), ended_at(report, sandbox, RECORD_TASK)
+    coherent = ended_at(report, sandbox, GATE_TASK)
+    opened = ended_at(report, sandbox, OPEN_TASK)
+    # The door was open before: what answered was vLLM's (an earlier test may have left it another key).
+    opened_before = [ask for ask in asks if ask['sent'] < closed - 2]
+    assert opened_before and all(ask['status'] in (200, 401) for ask in opened_before), opened_before[:5]
+    during = [ask for ask in asks if closed <= ask['sent'] <= recorded]
+    # Asked while vLLM answered the gates and the load: the door would have passed these on.
+    assert len([ask for ask in during if ask['sent'] > coherent]) >= 4, (coherent, recorded, during[-5:])
+    retry_after = str(sandbox.vars['vllm_kimi_front_retry_after'])
+    assert [(ask['status'], ask['retry_after'], ask['health']) for ask in during] == [(503, retry_after, 503)] * len(
+        during
+    ), [ask for ask in during if ask['status'] != 503]
+    after = [ask for ask in asks if ask['sent'] > opened]
+    assert after and all(ask['status'] == 200 and ask['answer'] == RIGHT_ANSWER for ask in after), after
+    first_503 = min(ask['sent'] for ask in asks if ask['status'] == 503)
+    first_answer = min(ask['sent'] for ask in asks if ask['sent'] > first_503 and ask['status'] == 200)
+    # The closed window as a client sees it, for docs/operations.md.
+    print(
+        'the front door answered 503 for %.1f s of the change: %.1f s until vLLM passed its coherence gate, %.1f s for '
+        'the other gates, the seal and the record' % (first_answer - first_503, coherent - first_503, opened - coherent)
+    )
 
 
 def test_prometheus_shows_the_gates_passed_again(sandbox, prometheus, good_change):
