@@ -41,20 +41,24 @@ options:
       - The runtime API socket of HAProxy, a Unix socket of a C(stats socket) line at C(level admin).
       - A path that is missing, that is no socket, or whose socket refuses the connection fails the module with a
         message that names the path and the cause.
+      - A path with a control character (a NUL, a line break, an escape) is refused by the argument check, before
+        Ansible logs the module's arguments.
     type: path
     default: /run/haproxy/admin.sock
   backend:
     description:
       - The backend the server belongs to.
       - A backend HAProxy does not have fails the module with a message that lists the backends it has.
-      - An HAProxy name, letters, digits and C(._:-).
+      - An HAProxy name, letters, digits and C(._:-); any other character is refused by the argument check, before
+        Ansible logs the module's arguments.
     type: str
     required: true
   server:
     description:
       - The server within O(backend).
       - A server the backend does not have fails the module with a message that lists the servers it has.
-      - An HAProxy name, letters, digits and C(._:-).
+      - An HAProxy name, letters, digits and C(._:-); any other character is refused by the argument check, before
+        Ansible logs the module's arguments.
     type: str
     required: true
   state:
@@ -82,8 +86,11 @@ options:
     default: true
   timeout:
     description:
-      - Seconds the wait may last. Once they passed, the module fails with what it waited for and the last figures
-        it saw, the sessions still open or the status and the last check.
+      - Seconds the module may take, its reads, its C(set) and its wait together. Once they passed, the module fails
+        with what it waited for and the last figures it saw, the sessions still open or the status and the last
+        check; or, where the runtime API had not answered by then, with the command it sent.
+      - Each command to the runtime API may take at most 10 seconds from the connect to the reply's end, less where
+        less of O(timeout) is left.
       - More than 0, at most 86400.
     type: float
     default: 600
@@ -96,6 +103,11 @@ options:
 notes:
   - A reply of the runtime API that is an error (C(No such server.), C(Permission denied), an unknown command) fails
     the module, quoting the reply and the command that got it.
+  - Only what HAProxy said counts. A C(show stat) row without its C(scur), C(qcur) or C(status), with them empty or
+    cut short, and a C(show servers state) row without its C(srv_admin_state), fail the module quoting the row;
+    sessions that were not read are unknown, never 0. A reply line over 64 KiB, or one that is no CSV, fails it too.
+  - After a C(set server) the module reads the server again, and fails, naming the admin state it read, where the
+    state did not follow (C(changed=false)).
   - Only the admin state that C(set server) forces is compared with O(state); a server that is in maintenance only
     because the server it tracks is, or that the configuration disabled and the runtime API made ready since, reads
     as V(ready).
@@ -208,7 +220,9 @@ server:
     check_description: Layer7 check passed
     check_detail: null
 elapsed:
-  description: Seconds the wait took; 0 where there was no wait.
+  description:
+    - Seconds the wait took, up to the read that saw the server where O(state) leads (0 where the first read did);
+      on a wait that ran out, until it ran out. 0 where there was no wait.
   returned: when the server was read
   type: float
   sample: 2.804
@@ -227,14 +241,15 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.balancer._haproxy im
     RuntimeApi,
     ServerControl,
     apply,
-    name_problem,
+    haproxy_name,
+    runtime_api_path,
     state_diff,
 )
 
 ARGUMENT_SPEC = dict(
-    socket=dict(type='path', default=DEFAULT_SOCKET),
-    backend=dict(type='str', required=True),
-    server=dict(type='str', required=True),
+    socket=dict(type=runtime_api_path, default=DEFAULT_SOCKET),
+    backend=dict(type=haproxy_name, required=True),
+    server=dict(type=haproxy_name, required=True),
     state=dict(type='str', required=True, choices=list(STATES)),
     wait=dict(type='bool', default=True),
     timeout=dict(type='float', default=DEFAULT_TIMEOUT),
@@ -244,11 +259,8 @@ ARGUMENT_SPEC = dict(
 
 def validate(params):
     """What argument_spec cannot express; the first problem or None."""
-    return (
-        name_problem('backend', params['backend'])
-        or name_problem('server', params['server'])
-        or range_problem('timeout', params['timeout'], 0, MAX_WAIT_SECONDS, ' seconds', above=True)
-        or range_problem('sleep', params['sleep'], 0, MAX_SLEEP, ' seconds', above=True)
+    return range_problem('timeout', params['timeout'], 0, MAX_WAIT_SECONDS, ' seconds', above=True) or range_problem(
+        'sleep', params['sleep'], 0, MAX_SLEEP, ' seconds', above=True
     )
 
 

@@ -301,7 +301,8 @@ def test_ready_on_a_replica_whose_health_check_fails_fails_at_the_timeout(haprox
         'timed out after 3 s waiting for vllm/b to be UP: status DOWN, last check L7STS (Layer7 wrong status: '
         'Service Unavailable)'
     )
-    assert 3 <= result['elapsed'] < 5
+    # The timeout bounds the whole run: the wait has what the reads and the set before it left.
+    assert 2.5 <= result['elapsed'] <= 3
     assert result['server']['check_code'] == 503
 
 

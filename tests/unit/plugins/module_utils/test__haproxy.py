@@ -22,7 +22,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.balancer._haproxy im
     admin_state,
     apply,
     describe_check,
-    name_problem,
+    haproxy_name,
     parse_servers_state,
     parse_stat,
     server_figures,
@@ -169,23 +169,25 @@ def test_a_check_code_without_words_is_named():
     assert describe_check(figures('ready', 'DOWN', check='L7STS', code=503)) == 'L7STS (code 503)'
 
 
+@pytest.mark.parametrize('value, name', [('vllm', 'vllm'), ('be_vllm-2.k8s:8000', 'be_vllm-2.k8s:8000'), (7, '7')])
+def test_names_that_haproxy_can_have_pass(value, name):
+    assert haproxy_name(value) == name
+
+
 @pytest.mark.parametrize(
     'value, problem',
     [
-        ('vllm', None),
-        ('be_vllm-2.k8s:8000', None),
-        ('', 'backend must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'\''),
+        ('', 'must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'\''),
         # `;` ends a runtime API command: the rest would run as another one.
-        (
-            'vllm;shutdown',
-            'backend must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'vllm;shutdown\'',
-        ),
-        ('vllm a', 'backend must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'vllm a\''),
-        ('vllm\n', 'backend must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'vllm\\n\''),
+        ('vllm;shutdown', 'must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'vllm;shutdown\''),
+        ('vllm a', 'must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'vllm a\''),
+        ('vllm\n', 'must be an HAProxy name (letters, digits, ".", "_", ":" and "-"), got \'vllm\\n\''),
     ],
 )
 def test_names_that_haproxy_cannot_have_are_refused(value, problem):
-    assert name_problem('backend', value) == problem
+    with pytest.raises(ValueError) as refused:
+        haproxy_name(value)
+    assert str(refused.value) == problem
 
 
 def test_the_diff_shows_the_admin_state():
@@ -210,11 +212,13 @@ class World:
         self.step = None
         self.replies = dict({'show backend': RECORDED['show backend']}, **(replies or {}))
         self.sent = []
+        self.bounds = []
         self.sleeps = []
         self.now = 100.0
 
-    def exchange(self, command):
+    def exchange(self, command, seconds):
         self.sent.append(command)
+        self.bounds.append(seconds)
         if command.startswith('show servers state '):
             self.step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
         if command in self.replies:
@@ -352,6 +356,37 @@ def test_without_wait_the_server_is_read_once_after_the_set():
     assert result['msg'] == 'vllm/a set from ready to drain; not waited for'
 
 
+def test_each_exchange_gets_what_is_left_of_the_timeout_and_the_wait_ends_with_it():
+    world = World(['ready', 'draining'])
+    with pytest.raises(HAProxyFailed) as failed:
+        apply(world.control(), 'drain', wait=True, timeout=12, interval=4, check_mode=False)
+    # The first read, the set and its read-back at most 10 s each; the wait's reads what is left of the 12 s; none
+    # once nothing is.
+    assert world.bounds == [10, 10, 10, 10, 10, 8, 8, 4, 4]
+    assert world.sleeps == [4, 4, 4]
+    assert failed.value.msg == (
+        'timed out after 12 s waiting for the sessions on vllm/a to end: 1 session still open, 0 requests queued '
+        '(status DRAIN)'
+    )
+    assert (failed.value.details['elapsed'], failed.value.details['changed']) == (12.0, True)
+
+
+@pytest.mark.parametrize('wait', [True, False])
+def test_a_set_that_does_not_take_hold_fails_with_the_state_read_back(wait):
+    world = World(['ready'])
+    with pytest.raises(HAProxyFailed) as failed:
+        apply(world.control(), 'drain', wait=wait, timeout=60, interval=1, check_mode=False)
+    assert failed.value.msg == (
+        "HAProxy did not take 'set server vllm/a state drain': vllm/a is in admin state ready (status UP) after it"
+    )
+    assert failed.value.details == {
+        'changed': False,
+        'previous': figures('ready', 'UP', **PASSED),
+        'server': figures('ready', 'UP', **PASSED),
+    }
+    assert world.sleeps == []
+
+
 @pytest.mark.parametrize(
     'backend, server, msg',
     [
@@ -432,7 +467,7 @@ def serve_once(path, reply, answer=True):
 def test_a_command_goes_out_on_its_line_and_the_reply_is_read_to_the_close(tmp_path):
     path = tmp_path / 'admin.sock'
     received, thread = serve_once(path, RECORDED['show backend'].encode())
-    assert RuntimeApi(str(path))('show backend') == '# name\nvllm\nother\n\n'
+    assert RuntimeApi(str(path))('show backend', 5) == '# name\nvllm\nother\n\n'
     thread.join(5)
     assert received == [b'show backend\n']
 
@@ -441,7 +476,7 @@ def test_a_reply_that_does_not_end_fails_at_the_exchange_timeout(tmp_path):
     path = tmp_path / 'admin.sock'
     serve_once(path, b'', answer=False)
     with pytest.raises(HAProxyFailed) as failed:
-        RuntimeApi(str(path), timeout=0.2)('show backend')
+        RuntimeApi(str(path))('show backend', 0.2)
     assert failed.value.msg == (
         "cannot use the HAProxy runtime API socket %s: no complete answer to 'show backend' within 0.2 s" % path
     )
@@ -452,7 +487,7 @@ def test_a_reply_too_long_is_refused(tmp_path, monkeypatch):
     path = tmp_path / 'admin.sock'
     serve_once(path, b'x' * 11)
     with pytest.raises(HAProxyFailed) as failed:
-        RuntimeApi(str(path))('show backend')
+        RuntimeApi(str(path))('show backend', 5)
     assert failed.value.msg == (
         "cannot use the HAProxy runtime API socket %s: the answer to 'show backend' is longer than 10 bytes" % path
     )
@@ -480,5 +515,5 @@ def test_a_socket_that_cannot_be_used_is_named_with_the_cause(tmp_path, make, ca
     path = tmp_path / 'admin.sock'
     make(path)
     with pytest.raises(HAProxyFailed) as failed:
-        RuntimeApi(str(path))('show backend')
+        RuntimeApi(str(path))('show backend', 5)
     assert failed.value.msg == 'cannot use the HAProxy runtime API socket %s: %s' % (path, cause)
