@@ -501,7 +501,11 @@ class ServerControl:
 
     def set_state(self, state: str) -> dict[str, Any]:
         """`set server <backend>/<server> state <state>`, which answers nothing when it worked; the server as read
-        back after it. HAProxyFailed (changed false) where HAProxy refused it or the admin state did not follow."""
+        back after it. HAProxyFailed (changed false) where HAProxy refused it or the admin state did not follow.
+
+        Neither failure carries the server's figures: roles/vllm_haproxy's drain tells a wait that ran out (which
+        does) from a drain that could not begin by them.
+        """
         command = 'set server %s state %s' % (self.name, state)
         reply = self._exchange(command)
         if reply.strip():
@@ -512,7 +516,6 @@ class ServerControl:
                 'HAProxy did not take %r: %s is in admin state %s (status %s) after it'
                 % (command, self.name, after['admin_state'], after['status']),
                 changed=False,
-                server=after,
             )
         return after
 

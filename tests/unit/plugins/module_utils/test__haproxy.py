@@ -379,11 +379,8 @@ def test_a_set_that_does_not_take_hold_fails_with_the_state_read_back(wait):
     assert failed.value.msg == (
         "HAProxy did not take 'set server vllm/a state drain': vllm/a is in admin state ready (status UP) after it"
     )
-    assert failed.value.details == {
-        'changed': False,
-        'previous': figures('ready', 'UP', **PASSED),
-        'server': figures('ready', 'UP', **PASSED),
-    }
+    # No server figures: the role's drain takes a failure that has them for a wait that ran out, and goes on.
+    assert failed.value.details == {'changed': False, 'previous': figures('ready', 'UP', **PASSED)}
     assert world.sleeps == []
 
 
