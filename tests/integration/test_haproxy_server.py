@@ -302,7 +302,7 @@ def test_ready_on_a_replica_whose_health_check_fails_fails_at_the_timeout(haprox
         'Service Unavailable)'
     )
     # The timeout bounds the whole run: the wait has what the reads and the set before it left.
-    assert 2.5 <= result['elapsed'] <= 3
+    assert 2.5 <= result['elapsed'] < 5
     assert result['server']['check_code'] == 503
 
 
