@@ -10,6 +10,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.slow
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 BIN = os.path.join(REPO, '.venv', 'bin')
 QUICK_START = os.path.join(REPO, 'docs', 'quickstart.md')
+# ansible-builder comes with galaxy-importer into the ecosystem venv (make ecosystem).
+ECOSYSTEM_BIN = os.path.join(REPO, '.build', 'ecosystem', 'venv', 'bin')
 # Every file the built tarball holds, one per line, sorted.
 SHIPPED = os.path.join(REPO, 'tests', 'integration', 'collection-files.txt')
 # Where ansible-galaxy installs the collection for a user who names no path, relative to the test's work directory.
@@ -89,6 +92,11 @@ def free_port():
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
+
+
+def galaxy_version():
+    with open(os.path.join(REPO, 'galaxy.yml')) as handle:
+        return yaml.safe_load(handle)['version']
 
 
 def quick_start_commands():
@@ -343,3 +351,35 @@ def test_the_quick_start_plans_the_real_case_from_the_installed_collection(insta
     assert 'Attempting to decrypt but no vault secrets found' in result.stdout + result.stderr, (
         result.stdout + result.stderr
     )
+
+
+def test_an_execution_environment_builds_with_the_collection_and_its_system_packages(installed, tmp_path):
+    """docs/quickstart.md's execution environment: ansible-builder create writes its context, naming the collection,
+    and ansible-builder's introspection of the installed collection finds bindep.txt through
+    meta/execution-environment.yml."""
+    builder = shutil.which('ansible-builder', path=ECOSYSTEM_BIN + os.pathsep + os.environ['PATH'])
+    assert builder, 'ansible-builder is missing: make ecosystem installs it into %s' % ECOSYSTEM_BIN
+    with open(QUICK_START) as handle:
+        definition = re.search(r'## In an execution environment\n.*?```yaml\n(.*?)```', handle.read(), flags=re.DOTALL)
+    (tmp_path / 'execution-environment.yml').write_text(definition.group(1))
+    created = subprocess.run(
+        [builder, 'create', '-f', 'execution-environment.yml', '--context', 'context'],
+        cwd=str(tmp_path), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stdout + created.stderr
+    with open(str(tmp_path / 'context' / '_build' / 'requirements.yml')) as handle:
+        assert yaml.safe_load(handle) == {'collections': [{'name': 'llmserve.vllm', 'version': galaxy_version()}]}
+    # ansible-builder reads meta/execution-environment.yml, which ships; without it, it would fall back to bindep.txt.
+    with open(str(installed[0] / INSTALLED / 'meta' / 'execution-environment.yml')) as handle:
+        assert yaml.safe_load(handle) == {'version': 1, 'dependencies': {'system': 'bindep.txt'}}
+    found = subprocess.run(
+        [builder, 'introspect', str(installed[0] / COLLECTIONS)], capture_output=True, text=True, check=False
+    )
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert yaml.safe_load(found.stdout) == {
+        'python': [],
+        'system': [
+            'openssh-client [platform:dpkg]  # from collection llmserve.vllm',
+            'openssh-clients [platform:rpm]  # from collection llmserve.vllm',
+        ],
+    }
