@@ -14,7 +14,7 @@ import pytest
 
 from ansible_collections.llmserve.vllm.tests.support import REPO
 
-INVENTORY = {
+INVENTORY: dict = {
     'vllm': {'hosts': {'gpu-1': {}}},
     'inference': {'hosts': {'kimi-a': {}, 'kimi-b': {}}},
     'vllm_haproxy': {'hosts': {'lb-1': {}}},
