@@ -146,7 +146,9 @@ def run_example(sandbox, code):
     )
     # The sandbox's context is 1,024 tokens, and its tiny model answers what it learnt greedily: the examples' budget
     # is the real case's, and they leave sampling at the model's defaults.
-    code = re.sub(r'(max_(?:output_)?tokens)=4096,', r'\1=256, temperature=0,', code)
+    # (anthropic's client takes no temperature argument for the Messages API: it goes in the body.)
+    greedy = "extra_body={'temperature': 0}," if 'anthropic.Anthropic(' in code else 'temperature=0,'
+    code = re.sub(r'(max_(?:output_)?tokens)=4096,', r'\1=256, ' + greedy, code)
     code = code.replace('"max_tokens": 4096,', '"max_tokens": 256, "temperature": 0,')
     assert 'temperature' in code and '4096' not in code, code
     argv = ['bash', '-c', code] if code.startswith('curl') else [sys.executable, '-c', code]
