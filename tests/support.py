@@ -13,6 +13,7 @@ import contextlib
 import http.server
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -341,6 +342,21 @@ def kimi_index_names():
         names.extend(p + n for n in ('norm0.weight', 'norm1.weight'))
     names.extend(('mm_projector.proj.0.weight', 'mm_projector.proj.2.weight'))
     return names
+
+
+def make_kimi(d):
+    """Kimi-K2.5-NVFP4 before the download: its config and hf_quant_config.json, an index naming its tensors."""
+    d.mkdir()
+    for name in ('config.json', 'hf_quant_config.json'):
+        shutil.copy(fixture_path('checkpoints', 'kimi-k2.5-nvfp4', name), str(d / name))
+    (d / 'model.safetensors.index.json').write_text(
+        json.dumps(
+            {
+                'metadata': {'total_size': 540 * 10**9},
+                'weight_map': dict.fromkeys(kimi_index_names(), 'model-00001-of-00119.safetensors'),
+            }
+        )
+    )
 
 
 def startup_logs():

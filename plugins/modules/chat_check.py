@@ -178,6 +178,7 @@ options:
         choices: [subset, exact, pattern]
         default: subset
   long_prompt:
+    version_added: 0.2.0
     description:
       - Make the check's request long, to judge what only a long prompt runs, prefill in several chunks (past
         vLLM's C(--max-num-batched-tokens)), the KV cache of many blocks, positions far from the start.

@@ -189,6 +189,7 @@ options:
         C(EngineArgs.get_batch_defaults) in C(engine/arg_utils.py)).
     type: int
   gpu_sm_count:
+    version_added: 0.2.0
     description:
       - The streaming multiprocessors of one GPU, for the split count of TRITON_MLA's decode workspace, which vLLM caps
         at twice the SM count (C(_compute_num_kv_splits) in C(v1/attention/backends/mla/triton_mla.py)).
@@ -336,6 +337,7 @@ options:
     type: path
     default: /dev
   setting_names:
+    version_added: 0.2.0
     description:
       - How the module's own messages name its options, for a caller that sets them under names of its own. Each
         key is an option of this module, each value the name the caller's user sets. The vllm_kimi role maps each

@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 ---
 module: progress
 short_description: Wait a while for an async job and report how far a download or a vLLM start has come
-version_added: 0.4.0
+version_added: 0.1.0
 description:
   - Waits up to O(wait) seconds for an async job (a task run with C(async) and C(poll=0)) to end, then reports
     whether it ended and, while it runs, how far it has come, in one line (RV(msg)) that a loop's label can show.

@@ -11,33 +11,17 @@ build. The plan of each host is printed, and hosts whose start would fail fail.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from ansible_collections.llmserve.vllm.tests.certificates import DAY, NOW, make_key, write_pair
-from ansible_collections.llmserve.vllm.tests.support import fixture_path, kimi_index_names
+from ansible_collections.llmserve.vllm.tests.support import make_kimi
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 PLAYBOOK = os.path.join(ROOT, 'playbooks', 'preflight.yml')
 RTX = {'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}
-
-
-def make_kimi(d):
-    """Kimi-K2.5-NVFP4 before the download: its config and hf_quant_config.json, an index naming its tensors."""
-    d.mkdir()
-    for name in ('config.json', 'hf_quant_config.json'):
-        shutil.copy(fixture_path('checkpoints', 'kimi-k2.5-nvfp4', name), str(d / name))
-    (d / 'model.safetensors.index.json').write_text(
-        json.dumps(
-            {
-                'metadata': {'total_size': 540 * 10**9},
-                'weight_map': dict.fromkeys(kimi_index_names(), 'model-00001-of-00119.safetensors'),
-            }
-        )
-    )
 
 
 def make_tiny(d):

@@ -106,3 +106,20 @@ def test_galaxy_the_changelog_and_the_readme_name_the_same_release():
     assert max(releases, key=lambda release: tuple(int(part) for part in release.split('.'))) == version
     assert 'this is release %s.' % version in read(os.path.join(REPO, 'README.md'))
     assert '\nv%s\n' % version in read(os.path.join(REPO, 'CHANGELOG.rst'))
+
+
+def test_every_vllm_release_the_docs_and_playbooks_name_is_one_the_project_read():
+    """A `vllm==X` in a user's command or default is a release whose wheel tests/fixtures/vllm_serve_options records
+    (read from PyPI), not one that does not exist."""
+    recorded = {
+        name[: -len('.txt')] for name in os.listdir(os.path.join(REPO, 'tests', 'fixtures', 'vllm_serve_options'))
+    }
+    texts = PROSE + sorted(glob.glob(os.path.join(REPO, 'playbooks', '**', '*.yml'), recursive=True))
+    texts += sorted(glob.glob(os.path.join(REPO, 'roles', '*', 'defaults', 'main.yml')))
+    texts += sorted(glob.glob(os.path.join(REPO, 'inventories', '**', '*.yml'), recursive=True))
+    named = {
+        (os.path.relpath(path, REPO), release)
+        for path in texts
+        for release in re.findall(r'\bvllm==([\w.]+)', read(path))
+    }
+    assert named and sorted((path, release) for path, release in named if release not in recorded) == []

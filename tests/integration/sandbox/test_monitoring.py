@@ -48,9 +48,10 @@ def record(sandbox):
 
 def test_prometheus_scrapes_the_endpoint_and_its_node_exporter(prometheus):
     up = prometheus.wait('both targets up', 'up', lambda r: len(r) == 2 and all(v == 1 for v in r.values()))
-    assert {dict(labels)['job'] for labels in up} == {'vllm', 'node'}
+    # The sandbox runs the CPU build: no GPU targets, so llmserve_gpu has none to be up.
+    assert {dict(labels)['job'] for labels in up} == {'llmserve_vllm', 'llmserve_node'}
     running = prometheus.query('vllm:num_requests_running')
-    assert running and all(dict(labels)['job'] == 'vllm' for labels in running)
+    assert running and all(dict(labels)['job'] == 'llmserve_vllm' for labels in running)
     assert prometheus.query('vllm:kv_cache_usage_perc')
 
 
@@ -78,7 +79,7 @@ def test_prometheus_has_the_deployments_gate_release_and_load_figures(sandbox, p
     assert (labels['vllm_version'], labels['model_revision'], labels['job']) == (
         now['vllm_version'],
         now['model_revision'],
-        'node',
+        'llmserve_node',
     )
     assert prometheus.value(ours('llmserve_gate_success', sandbox)) == 1
     assert prometheus.value(ours('llmserve_gate_output_tokens_per_second', sandbox)) == pytest.approx(

@@ -47,3 +47,12 @@ def test_variables_table_shows_the_default_of_defaults_main(role):
     cells = {row['name']: row['default'].replace('\\|', '|') for row in _rows(role)}
     wrong = {name: cell for name, cell in cells.items() if yaml.safe_load(cell) != defaults[name]}
     assert wrong == {}
+
+
+# The releases each role supports (docs/gpu-host.md): Debian's stable and its LTS predecessor, Ubuntu's two LTS.
+PLATFORMS = [{'name': 'Debian', 'versions': ['bookworm', 'trixie']}, {'name': 'Ubuntu', 'versions': ['jammy', 'noble']}]
+
+
+@pytest.mark.parametrize('role', ROLES)
+def test_every_role_lists_the_supported_platforms(role):
+    assert yaml.safe_load(_read(role, os.path.join('meta', 'main.yml')))['galaxy_info']['platforms'] == PLATFORMS
