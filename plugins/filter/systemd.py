@@ -78,7 +78,7 @@ def systemd_env_quote(value):
 def systemd_env_name(name):
     # Names are no secrets, but a refusal shows the name's faulty character only: the line it would start is the
     # operator's input, which may run on into a value.
-    problem = environment_name_problem(name) if isinstance(name, str) else 'it is a %s' % type(name).__name__
+    problem = environment_name_problem(name) if isinstance(name, str) else 'it is no text (%s)' % type(name).__name__
     if problem:
         raise AnsibleFilterError(
             'systemd_env_name: an environment variable name must match %s, and %s' % (ENVIRONMENT_NAME_PATTERN, problem)
@@ -93,7 +93,9 @@ def systemd_env_name_problems(environment):
         )
     problems = []
     for position, name in enumerate(environment, start=1):
-        problem = environment_name_problem(name) if isinstance(name, str) else 'it is a %s' % type(name).__name__
+        problem = (
+            environment_name_problem(name) if isinstance(name, str) else 'it is no text (%s)' % type(name).__name__
+        )
         if problem:
             problems.append('name %d (counted from 1 as given): %s' % (position, problem))
     return problems

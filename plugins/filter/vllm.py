@@ -298,7 +298,8 @@ def _rendering_variants(settings):
 def vllm_rendered_flags(settings):
     if not isinstance(settings, dict):
         raise AnsibleFilterError(
-            'vllm_rendered_flags expects the mapping of settings vllm_serve_argv takes, got %s' % type(settings).__name__
+            'vllm_rendered_flags expects the mapping of settings vllm_serve_argv takes, got %s'
+            % type(settings).__name__
         )
     skip = len(_words(settings, 'entrypoint', required=True)) + 1
     flags = set()

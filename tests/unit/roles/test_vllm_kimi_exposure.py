@@ -269,7 +269,11 @@ def test_extra_arguments_that_hand_clients_more_are_refused(tmp_path):
 @pytest.mark.parametrize(
     'environment, refused_at',
     [
-        pytest.param({'NCCL_PROTO': 'LL', 'X\nLD_PRELOAD': '/tmp/x.so'}, 'name 2 (counted from 1 as given): character 2 is "\\n"', id='newline'),
+        pytest.param(
+            {'NCCL_PROTO': 'LL', 'X\nLD_PRELOAD': '/tmp/x.so'},
+            'name 2 (counted from 1 as given): character 2 is "\\n"',
+            id='newline',
+        ),
         pytest.param({'nccl_proto': 'LL'}, 'name 1 (counted from 1 as given): character 1 is "n"', id='lower-case'),
         pytest.param({'1X': '1'}, 'name 1 (counted from 1 as given): character 1 is "1"', id='digit-first'),
         pytest.param({'A=B': '1'}, 'name 1 (counted from 1 as given): character 2 is "="', id='equals'),
@@ -360,7 +364,9 @@ def test_client_keys_are_refused_by_position_without_showing_them(tmp_path):
     output = refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': [CLIENT_KEY, 'ck bad', '']})
     assert 'vllm_kimi_front_client_keys must be a list of keys of letters, digits and punctuation only' in output
     assert 'the entries counted from 1 that are not: 2, 3.' in output and 'ck bad' not in output, output
-    output = refusal(tmp_path, {'vllm_kimi_front_client_keys': [CLIENT_KEY], 'vllm_kimi_allow_anonymous_endpoint': True})
+    output = refusal(
+        tmp_path, {'vllm_kimi_front_client_keys': [CLIENT_KEY], 'vllm_kimi_allow_anonymous_endpoint': True}
+    )
     assert 'which hands vLLM its own key for them: set vllm_kimi_api_key as well' in output, output
     assert 'ck-good' not in output
     assert refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': [CLIENT_KEY]}) is None
@@ -425,7 +431,11 @@ EACH_REFUSAL = {
         {'vllm_kimi_front_client_keys': [CLIENT_KEY]},
     ),
     'Refuse front door paths that vLLM serves on its TCP port without the key': (
-        dict(WITH_KEY, vllm_kimi_listen='tcp', vllm_kimi_front_paths=['/v1/models', '/invocations', '/health', '/tokenize']),
+        dict(
+            WITH_KEY,
+            vllm_kimi_listen='tcp',
+            vllm_kimi_front_paths=['/v1/models', '/invocations', '/health', '/tokenize'],
+        ),
         'vllm_kimi_front_paths lists /invocations, /tokenize, which vLLM serves on its TCP port without checking the key'
         ' (its --api-key guards only paths under /v1, /v2, /inference and /cohere), so any user of this host could'
         ' call it at 127.0.0.1:8000: set vllm_kimi_listen to unix',
