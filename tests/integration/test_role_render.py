@@ -756,7 +756,19 @@ def test_the_front_door_checks_the_key_on_every_path_but_health_after_the_limits
             if check in body:
                 assert body.index(check) < body.index('proxy_pass'), body
     key_check = locations['/@llmserve-key']
-    assert key_check.split() == 'internal; if ($llmserve_authorized = 0) { return 401; } return 204;'.split()
+    assert key_check.split() == [
+        'internal;',
+        'if',
+        '($llmserve_authorized',
+        '=',
+        '0)',
+        '{',
+        'return',
+        '401;',
+        '}',
+        'return',
+        '204;',
+    ]
     assert 'error_page 401 = @llmserve_unauthorized;' in front
     assert 'location @llmserve_unauthorized {' in front and 'return 401 \'{"error": "Unauthorized"}\';' in front
     # The limits are the server's, which every location takes.
@@ -883,11 +895,20 @@ def test_behind_a_load_balancer_the_limits_count_its_clients(tmp_path):
     # /metrics by the connection's own address: a client behind the balancer cannot name itself a source. allow and
     # deny would judge the address X-Forwarded-For names.
     geo = re.search(r'geo \$realip_remote_addr \$llmserve_metrics_source \{\n(.*?)\n    \}', http, re.S).group(1)
-    assert geo.split() == 'default 0; 10.0.0.5 1; 0.0.0.0/0 1; ::/0 1;'.split()
+    assert geo.split() == ['default', '0;', '10.0.0.5', '1;', '0.0.0.0/0', '1;', '::/0', '1;']
     metrics = re.search(r'location = /metrics \{\n(.*?)\n        \}', front, re.S).group(1)
-    assert (
-        metrics.split() == 'if ($llmserve_metrics_source = 0) { return 403; } proxy_pass http://vllm/metrics;'.split()
-    )
+    assert metrics.split() == [
+        'if',
+        '($llmserve_metrics_source',
+        '=',
+        '0)',
+        '{',
+        'return',
+        '403;',
+        '}',
+        'proxy_pass',
+        'http://vllm/metrics;',
+    ]
     assert not re.search(r'^ *(allow|deny) ', front, re.M)
     (tmp_path / 'alone').mkdir()
     render(tmp_path / 'alone', GPU_VARS)

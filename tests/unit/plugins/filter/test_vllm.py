@@ -8,8 +8,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llmserve.vllm.plugins.filter.vllm import (
     pinned_version,
-    vllm_flag_value,
     vllm_cluster_args,
+    vllm_flag_value,
     vllm_flags_named,
     vllm_rendered_flags,
     vllm_serve_argv,
