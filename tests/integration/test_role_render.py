@@ -885,7 +885,7 @@ def test_behind_a_load_balancer_the_limits_count_its_clients(tmp_path):
         tmp_path,
         GPU_VARS,
         vllm_kimi_front_trusted_proxies=['10.0.0.5', '10.0.1.0/24'],
-        vllm_kimi_front_metrics_sources=['10.0.0.5', 'all'],
+        vllm_kimi_front_metrics_sources=['10.0.0.5', '10.0.2.0/24'],
     )
     front = (tmp_path / 'front.nginx.conf').read_text()
     http = front[: front.index('    server {')]
@@ -895,7 +895,7 @@ def test_behind_a_load_balancer_the_limits_count_its_clients(tmp_path):
     # /metrics by the connection's own address: a client behind the balancer cannot name itself a source. allow and
     # deny would judge the address X-Forwarded-For names.
     geo = re.search(r'geo \$realip_remote_addr \$llmserve_metrics_source \{\n(.*?)\n    \}', http, re.S).group(1)
-    assert geo.split() == ['default', '0;', '10.0.0.5', '1;', '0.0.0.0/0', '1;', '::/0', '1;']
+    assert geo.split() == ['default', '0;', '10.0.0.5', '1;', '10.0.2.0/24', '1;']
     metrics = re.search(r'location = /metrics \{\n(.*?)\n        \}', front, re.S).group(1)
     assert metrics.split() == [
         'if',
