@@ -3,11 +3,15 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 
+from collections.abc import Mapping
+
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
 from ansible_collections.llmserve.vllm.plugins.module_utils._shown import is_word, shown
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._systemd import (
+    ENVIRONMENT_NAME_PATTERN,
+    environment_name_problem,
     environment_value_problem,
     systemd_environment_value,
 )
@@ -70,9 +74,37 @@ def systemd_env_quote(value):
     return systemd_environment_value(text)
 
 
+def systemd_env_name(name):
+    # Names are no secrets, but a refusal shows the name's faulty character only: the line it would start is the
+    # operator's input, which may run on into a value.
+    problem = environment_name_problem(name) if isinstance(name, str) else 'it is no text (%s)' % type(name).__name__
+    if problem:
+        raise AnsibleFilterError(
+            'systemd_env_name: an environment variable name must match %s, and %s' % (ENVIRONMENT_NAME_PATTERN, problem)
+        )
+    return name
+
+
+def systemd_env_name_problems(environment):
+    if not isinstance(environment, Mapping):
+        raise AnsibleFilterError(
+            'systemd_env_name_problems expects a mapping of names to values, got %s' % type(environment).__name__
+        )
+    problems = []
+    for position, name in enumerate(environment, start=1):
+        problem = (
+            environment_name_problem(name) if isinstance(name, str) else 'it is no text (%s)' % type(name).__name__
+        )
+        if problem:
+            problems.append('name %d (counted from 1 as given): %s' % (position, problem))
+    return problems
+
+
 class FilterModule:
     def filters(self):
         return {
             'systemd_exec_quote': systemd_exec_quote,
             'systemd_env_quote': systemd_env_quote,
+            'systemd_env_name': systemd_env_name,
+            'systemd_env_name_problems': systemd_env_name_problems,
         }

@@ -199,6 +199,25 @@ def _flags(settings):
     return argv
 
 
+def _cluster_args(nnodes, node_rank, master_addr, master_port):
+    """vLLM's multi-node launcher: every node names the node count, its rank and the head's store; the others run
+    --headless workers that join the head. Nothing for a single node."""
+    if nnodes <= 1:
+        return []
+    argv = ['--nnodes', to_text(nnodes), '--node-rank', to_text(node_rank)]
+    argv += ['--master-addr', master_addr, '--master-port', to_text(master_port)]
+    return argv + ([] if node_rank == 0 else ['--headless'])
+
+
+def vllm_cluster_args(nnodes, node_rank, master_addr, master_port):
+    given = {'nnodes': nnodes, 'node_rank': node_rank, 'master_addr': master_addr, 'master_port': master_port}
+    numbers = {key: _whole_number(given, key) for key in ('nnodes', 'node_rank', 'master_port')}
+    if numbers['nnodes'] > 1 and numbers['node_rank'] >= numbers['nnodes']:
+        raise _refusal('node_rank', 'below nnodes (%d)' % numbers['nnodes'], node_rank)
+    address = _text(given, 'master_addr', optional=numbers['nnodes'] <= 1)
+    return _cluster_args(numbers['nnodes'], numbers['node_rank'], address, numbers['master_port'])
+
+
 def vllm_serve_argv(settings):
     if not isinstance(settings, dict):
         raise AnsibleFilterError(
@@ -251,6 +270,92 @@ def vllm_serve_argv(settings):
     return argv + _flags(s) + _words(s, 'cluster_args') + _words(s, 'extra_args')
 
 
+# A setting's value that makes the renderer give each option it gives only under some setting (vllm_serve_argv):
+# with these, every variant of the command line together names every option the role renders, on one node or many
+# (head and workers), on a Unix socket or TCP, with each multimodal mode, with tools and without.
+_EVERY_OPTION = {
+    'kv_cache_memory_bytes': 1,
+    'kv_cache_dtype': 'fp8',
+    'tool_call_parser': 'any',
+    'trust_remote_code': True,
+    'limit_mm_per_prompt': {'image': 1},
+}
+_OPTION_WORD = re.compile(r'-{1,2}[A-Za-z]')
+
+
+def _rendering_variants(settings):
+    base = dict(settings, extra_args=[])
+    base.setdefault('max_model_len', 1)
+    flags = base['flags']
+    every_option = dict(base, multimodal='', **_EVERY_OPTION)
+    if isinstance(flags, Mapping):
+        every_option['flags'] = dict.fromkeys(flags, True)
+    yield base
+    for uds, node_rank in (('', 0), ('/any.sock', 1)):
+        yield dict(every_option, uds=uds, cluster_args=_cluster_args(2, node_rank, 'any', 1))
+    for mode in _MULTIMODAL_FLAGS:
+        yield dict(base, multimodal=mode)
+
+
+def vllm_rendered_flags(settings):
+    if not isinstance(settings, dict):
+        raise AnsibleFilterError(
+            'vllm_rendered_flags expects the mapping of settings vllm_serve_argv takes, got %s'
+            % type(settings).__name__
+        )
+    skip = len(_words(settings, 'entrypoint', required=True)) + 1
+    flags = set()
+    for variant in _rendering_variants(settings):
+        # The options: a value that begins with a dash and a letter (which vLLM's parser would take for an option
+        # too) counts as one, which refuses more, never less.
+        words = vllm_serve_argv(variant)[skip:]
+        flags.update(word for word in words if _OPTION_WORD.match(word))
+    return sorted(flags)
+
+
+# vLLM 0.33's short spellings of its long options (vllm/engine/arg_utils.py; -O in vllm/utils/argparse_utils.py): the
+# extra arguments may name an option the role renders by its short spelling (-tp 2, -r 1).
+_SHORT_OPTIONS = {
+    '-ac': '--attention-config',
+    '-cc': '--compilation-config',
+    '-dc': '--diffusion-config',
+    '-dcp': '--decode-context-parallel-size',
+    '-dp': '--data-parallel-size',
+    '-dpa': '--data-parallel-address',
+    '-dpb': '--data-parallel-backend',
+    '-dpe': '--data-parallel-external-lb',
+    '-dph': '--data-parallel-hybrid-lb',
+    '-dpl': '--data-parallel-size-local',
+    '-dpm': '--data-parallel-multi-port-external-lb',
+    '-dpn': '--data-parallel-rank',
+    '-dpp': '--data-parallel-rpc-port',
+    '-dpr': '--data-parallel-start-rank',
+    '-ep': '--enable-expert-parallel',
+    '-n': '--nnodes',
+    '-O': '--optimization-level',
+    '-pcp': '--prefill-context-parallel-size',
+    '-pp': '--pipeline-parallel-size',
+    '-q': '--quantization',
+    '-r': '--node-rank',
+    '-sc': '--speculative-config',
+    '-tp': '--tensor-parallel-size',
+}
+
+
+def _names(word, long_flag):
+    """Whether vLLM's parser may read the word as the long option: in "_" for "-" and in any case, up to "=" or "."
+    (--limit-mm-per-prompt.image 2 sets a key of --limit-mm-per-prompt), abbreviated (argparse takes any beginning:
+    --hos for --host), or by its short spelling, abbreviated too (-t for -tp) or with its value attached (-r1)."""
+    name = re.split('[=.]', word, maxsplit=1)[0]
+    if name.startswith('--'):
+        name = '--' + name[2:].lower().replace('_', '-')
+        return len(name) > 2 and long_flag.startswith(name)
+    return len(name) > 1 and any(
+        long_name == long_flag and (short.startswith(name) or (len(short) == 2 and name.startswith(short)))
+        for short, long_name in _SHORT_OPTIONS.items()
+    )
+
+
 def vllm_flags_named(argv, flags):
     if not isinstance(argv, (list, tuple)) or not isinstance(flags, (list, tuple)):
         raise AnsibleFilterError(
@@ -260,17 +365,10 @@ def vllm_flags_named(argv, flags):
     for word in list(argv) + list(flags):
         if not is_word(word):
             raise AnsibleFilterError('vllm_flags_named expects texts or numbers, got %s' % shown(word))
-    named = set()
-    for word in (to_text(word) for word in argv):
-        name = word.split('=', 1)[0]
-        if name.startswith('--'):
-            # As vLLM's parser reads a long option: "_" for "-" in any case, and any unambiguous beginning of it
-            # (argparse's abbreviations).
-            name = '--' + name[2:].lower().replace('_', '-')
-            named.update(flag for flag in flags if len(name) > 2 and to_text(flag).startswith(name))
-        elif name.startswith('-'):
-            named.update(flag for flag in flags if to_text(flag) == name)
-    return [to_text(flag) for flag in flags if flag in named]
+    words = [to_text(word) for word in argv if to_text(word).startswith('-')]
+    # A short option among flags stands for its long one.
+    wanted = [to_text(flag) for flag in flags]
+    return [flag for flag in wanted if any(_names(word, _SHORT_OPTIONS.get(flag, flag)) for word in words)]
 
 
 def pinned_version(spec):
@@ -294,5 +392,7 @@ class FilterModule:
             'vllm_flags_named': vllm_flags_named,
             'pinned_version': pinned_version,
             'vllm_serve_argv': vllm_serve_argv,
+            'vllm_rendered_flags': vllm_rendered_flags,
+            'vllm_cluster_args': vllm_cluster_args,
             'preload_smoke_report': preload_smoke_report,
         }

@@ -340,7 +340,7 @@ def test_two_nodes_serve_one_model_and_a_lost_node_takes_it_down(cluster, tmp_pa
         # HOME and the caches are per run, in the unit's runtime directory, which systemd makes for each node.
         assert env['HOME'] == '/run/vllm-kimi/home', env
     api_key = envs['node-a']['VLLM_API_KEY']
-    assert api_key == 'sandbox-$HOME-%i-3f9c1e0b'
+    assert api_key == 'sandbox-$HOME-%i-3f9c1e0b7a5d2c84e6'
 
     procs, logs = {}, {}
     # The worker first: start order does not matter, and this way the head has to wait for it.

@@ -15,12 +15,16 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from ansible_collections.llmserve.vllm.tests.certificates import DAY, NOW, make_key, write_pair
 from ansible_collections.llmserve.vllm.tests.support import make_kimi
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 PLAYBOOK = os.path.join(ROOT, 'playbooks', 'preflight.yml')
+# 32 characters, the shortest key the preflight takes.
+KEY = 'preflight-test-key-0123456789abc'
+GPU_VARS = os.path.join(ROOT, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
 RTX = {'name': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'memory_total_mib': 97887, 'compute_capability': '12.0'}
 
 
@@ -151,7 +155,7 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, dcp
                 'vllm_kimi_decode_context_parallel_size': dcp,
                 'vllm_kimi_preflight_gpus': [RTX] * 8,
                 'vllm_kimi_port': 18431,
-                'vllm_kimi_api_key': 'preflight-test-key',
+                'vllm_kimi_api_key': KEY,
             },
             'tiny': {
                 'vllm_kimi_model_path': str(tmp_path / 'tiny'),
@@ -160,7 +164,7 @@ def test_preflight_playbook_plans_kimi(tmp_path, utilization, max_model_len, dcp
                 'vllm_kimi_kv_cache_memory_bytes': 1048576,
                 'vllm_kimi_max_model_len': 1024,
                 'vllm_kimi_port': 18432,
-                'vllm_kimi_api_key': 'preflight-test-key',
+                'vllm_kimi_api_key': KEY,
             },
         },
     )
@@ -190,7 +194,7 @@ def tiny_cpu_host(tmp_path):
         'vllm_kimi_tensor_parallel_size': 1,
         'vllm_kimi_kv_cache_memory_bytes': 1048576,
         'vllm_kimi_max_model_len': 1024,
-        'vllm_kimi_api_key': 'preflight-test-key',
+        'vllm_kimi_api_key': KEY,
     }
 
 
@@ -263,3 +267,61 @@ def test_the_front_doors_certificate_is_judged_before_anything_changes(tmp_path)
         assert re.search(r'%s : ok=\d+ changed=0 unreachable=0 failed=0' % host, out), (host, out)
     assert 'vllm_kimi_front_tls_certificate %s expires on %s, in 9 days' % (
         pairs['expiring'][0], (NOW + 9 * DAY + DAY / 2).strftime('%Y-%m-%d %H:%M:%S UTC')) in out, out  # fmt: skip
+
+
+# What the operator adds, each refused on a host of the gpu inventory before anything changes: (settings, message).
+OPERATOR_INPUT_REFUSED = {
+    'one-character-key': (
+        {'vault_vllm_kimi_api_key': 'k'},
+        'vllm_kimi_api_key is shorter than 32 characters, short enough to be guessed',
+    ),
+    'newline-in-a-name': (
+        {'vllm_kimi_environment': {'NCCL_PROTO': 'LL', 'X\nLD_PRELOAD': '/tmp/x.so'}},
+        "vllm_kimi_environment's names must match ^[A-Z_][A-Z0-9_]*$, which the environment file carries as one "
+        'variable each: name 2 (counted from 1 as given): character 2 is "\\n".',
+    ),
+    'config-file': (
+        {'vllm_kimi_extra_args': ['--config', 'x.yaml']},
+        'vllm_kimi_extra_args passes --config: vLLM would read options from that file before the command line',
+    ),
+    'node-rank': ({'vllm_kimi_extra_args': ['--node-rank', '0']}, 'vllm_kimi_extra_args sets --node-rank,'),
+    'encoder-mode': (
+        {'vllm_kimi_extra_args': ['--mm-encoder-tp-mode=weights']},
+        'vllm_kimi_extra_args sets --mm-encoder-tp-mode,',
+    ),
+    'remote-code': (
+        {'vllm_kimi_extra_args': ['--trust-remote-code']},
+        'vllm_kimi_extra_args sets --trust-remote-code,',
+    ),
+    'tool-choice': (
+        {'vllm_kimi_extra_args': ['--enable-auto-tool-choice']},
+        'vllm_kimi_extra_args sets --enable-auto-tool-choice,',
+    ),
+}
+
+
+def test_what_the_operator_adds_is_refused_on_the_gpu_inventory_before_anything_changes(tmp_path):
+    """The gpu inventory's settings, a host each with one thing added that would undo a guarantee: each fails the
+    preflight with its own message and no change; the same settings with an harmless extra argument plan."""
+    with open(GPU_VARS) as handle:
+        gpu = yaml.safe_load(handle)
+    # The test's own certificate (run_playbook's), and the checkpoint's files.
+    for name in ('vllm_kimi_front_tls_certificate', 'vllm_kimi_front_tls_key'):
+        del gpu[name]
+    make_kimi(tmp_path / 'kimi')
+    host = dict(
+        gpu,
+        vault_vllm_kimi_api_key=KEY,
+        vllm_kimi_model_path=str(tmp_path / 'kimi'),
+        vllm_kimi_preflight_gpus=[RTX] * 8,
+    )
+    hosts = {name: dict(host, **settings) for name, (settings, _message) in OPERATOR_INPUT_REFUSED.items()}
+    hosts['harmless'] = dict(host, vllm_kimi_extra_args=['--enforce-eager'])
+    code, out = run_playbook(tmp_path, hosts)
+    assert code == 2, out
+    for name, (_settings, message) in OPERATOR_INPUT_REFUSED.items():
+        assert 'The preflight could not answer: ' + message in answers(out, name), (name, out)
+        assert re.search(r'%s : ok=\d+ changed=0 unreachable=0 failed=1' % re.escape(name), out), (name, out)
+    assert 'Verdict: FITS with max_model_len 131072' in answers(out, 'harmless'), out
+    assert re.search(r'harmless : ok=\d+ changed=0 unreachable=0 failed=0', out), out
+    assert KEY not in out and '/tmp/x.so' not in out

@@ -315,8 +315,24 @@ def test_api_key_lives_only_in_the_environment_file(gpu_unit):
     assert 'NCCL_PROTO="LL"' in environment.splitlines()
     assert 'NCCL_P2P_LEVEL="SYS"' in environment.splitlines()
     assert 'VLLM_ENGINE_READY_TIMEOUT_S="3600"' in environment.splitlines()
-    # One request asks for 16 completions at most, not vLLM's 16384.
+    # One request makes 8 sequences at most, its prompts times its n, not vLLM's 1024 times 16384.
+    assert 'VLLM_MAX_COMPLETION_PROMPTS=1' in environment.splitlines()
     assert 'VLLM_MAX_N_SEQUENCES=8' in environment.splitlines()
+
+
+def test_the_sequences_of_one_request_stay_within_the_bound_however_many_prompts_it_lists(tmp_path):
+    environment = render(tmp_path, GPU_VARS, vllm_kimi_max_completion_prompts=3)[1].splitlines()
+    assert 'VLLM_MAX_COMPLETION_PROMPTS=3' in environment and 'VLLM_MAX_N_SEQUENCES=2' in environment
+
+
+def test_an_environment_name_no_environment_file_carries_is_never_rendered(tmp_path):
+    """The preflight refuses it by position; the template refuses it too, where a later phase runs on its own."""
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        render(tmp_path, GPU_VARS, vllm_kimi_environment={'X\nLD_PRELOAD': '/tmp/x.so'})
+    assert 'an environment variable name must match ^[A-Z_][A-Z0-9_]*$, and character 2 is "\\n"' in (
+        err.value.stdout
+    ), err.value.stdout
+    assert not (tmp_path / 'environment').exists() or 'LD_PRELOAD' not in (tmp_path / 'environment').read_text()
 
 
 def test_an_nvlink_node_leaves_nccl_its_own_choices(tmp_path):
@@ -739,19 +755,49 @@ def nginx_single_quoted(text):
     return re.sub(r"\\(['\"\\])", r'\1', text[1:-1])
 
 
-def test_the_front_door_checks_the_key_before_it_reads_a_body(gpu_render):
-    """A request to /v1 without the key gets 401 from nginx in its rewrite phase, before the body is read: nothing
-    of it is buffered. The key is in a root-only file of its own, matched case-sensitively, as vLLM compares it."""
+def test_the_front_door_checks_the_key_on_every_path_but_health_after_the_limits(gpu_render, tmp_path):
+    """Every path but /health asks for the key through auth_request, in nginx's access phase: after limit_req and
+    limit_conn (preaccess) counted the request, so that wrong keys meet the client's limits, and before the body is
+    read (content). The key is in a root-only file of its own, matched case-sensitively, as vLLM compares it."""
     out = gpu_render[0]
     front = (out / 'front.nginx.conf').read_text()
     assert 'include /etc/vllm-kimi/front.auth.conf;' in front
-    guarded = re.findall(r'location = (\S+) \{\n(.*?)\n        \}', front, re.S)
-    for path, body in guarded:
-        check = 'if ($llmserve_authorized = 0) {\n                return 401 \'{"error": "Unauthorized"}\';'
-        assert (check in body) is path.startswith('/v1/'), (path, body)
-        if path.startswith('/v1/'):
-            assert body.index(check) < body.index('proxy_pass'), body
-    assert {path for path, body in guarded} >= {'/v1/chat/completions', '/health'}
+    check = 'auth_request /@llmserve-key;'
+    (tmp_path / 'paths').mkdir()
+    paths = ['/v1/chat/completions', '/health', '/invocations', '/tokenize', '/v1/models', '/version']
+    render(tmp_path / 'paths', GPU_VARS, vllm_kimi_api_key='sk-$ecret%key', vllm_kimi_front_paths=paths)
+    for rendered, expected in (
+        (front, {'/v1/chat/completions', '/health'}),
+        (tmp_path / 'paths' / 'front.nginx.conf', set(paths)),
+    ):
+        text = rendered if isinstance(rendered, str) else rendered.read_text()
+        locations = dict(re.findall(r'location = (\S+) \{\n(.*?)\n        \}', text, re.S))
+        assert set(locations) >= expected | {'/metrics', '/@llmserve-key'}, locations
+        for path in set(locations) - {'/@llmserve-key'}:
+            body = locations[path]
+            assert (check in body) is (path not in ('/health', '/metrics')), (path, body)
+            assert 'return 401' not in body, body
+            if check in body:
+                assert body.index(check) < body.index('proxy_pass'), body
+    key_check = locations['/@llmserve-key']
+    assert key_check.split() == [
+        'internal;',
+        'if',
+        '($llmserve_authorized',
+        '=',
+        '0)',
+        '{',
+        'return',
+        '401;',
+        '}',
+        'return',
+        '204;',
+    ]
+    assert 'error_page 401 = @llmserve_unauthorized;' in front
+    assert 'location @llmserve_unauthorized {' in front and 'return 401 \'{"error": "Unauthorized"}\';' in front
+    # The limits are the server's, which every location takes.
+    server = front[front.index('    server {') :]
+    assert server.index('limit_req zone=llmserve_requests') < server.index('location')
     assert 'client_body_timeout 60s;' in front
     auth = (out / 'front.auth.conf').read_text()
     source = re.search(r'^    (\'.*\') 1;$', auth, re.M).group(1)
@@ -761,6 +807,10 @@ def test_the_front_door_checks_the_key_before_it_reads_a_body(gpu_render):
     assert re.fullmatch(pattern[1:], 'Bearer ' + key)
     assert not re.search(pattern[1:], 'bearer ' + key) and not re.search(pattern[1:], 'Bearer ' + key + 'x')
     assert not re.search(pattern[1:], 'Bearer sk-XecretXkey')
+    # No key, no check.
+    (tmp_path / 'open').mkdir()
+    render(tmp_path / 'open', GPU_VARS, vllm_kimi_api_key='')
+    assert 'auth_request' not in (tmp_path / 'open' / 'front.nginx.conf').read_text()
 
 
 def upstream_block(front):
@@ -811,6 +861,8 @@ def test_the_front_door_bounds_each_client_and_buffers_in_memory_only(gpu_render
         )
     service = unit_settings((out / 'front.service').read_text(), 'Service')
     assert service['LimitNOFILE'] == ['8192']
+    # The master holds the keys: no core dump of it on disk.
+    assert service['LimitCORE'] == ['0']
     assert service['TemporaryFileSystem'] == ['/var/cache/vllm-kimi-front:size=1g,mode=0755']
     assert 'CacheDirectory' not in service
     assert 'client_body_temp_path /var/cache/vllm-kimi-front/body;' in front
@@ -856,12 +908,35 @@ def test_each_client_key_opens_the_door_and_vllm_gets_its_own_key(tmp_path):
 def test_behind_a_load_balancer_the_limits_count_its_clients(tmp_path):
     """From a trusted balancer the client is X-Forwarded-For's last untrusted address: the limits per client, the
     metrics sources and the log see the clients, not the balancer. Without one, nothing of the header is believed."""
-    render(tmp_path, GPU_VARS, vllm_kimi_front_trusted_proxies=['10.0.0.5', '10.0.1.0/24'])
+    render(
+        tmp_path,
+        GPU_VARS,
+        vllm_kimi_front_trusted_proxies=['10.0.0.5', '10.0.1.0/24'],
+        vllm_kimi_front_metrics_sources=['10.0.0.5', '10.0.2.0/24'],
+    )
     front = (tmp_path / 'front.nginx.conf').read_text()
     http = front[: front.index('    server {')]
     assert 'set_real_ip_from 10.0.0.5;\n    set_real_ip_from 10.0.1.0/24;\n' in http
     assert 'real_ip_header X-Forwarded-For;' in http and 'real_ip_recursive on;' in http
     assert http.index('real_ip_recursive on;') < http.index('limit_conn_zone $binary_remote_addr')
+    # /metrics by the connection's own address: a client behind the balancer cannot name itself a source. allow and
+    # deny would judge the address X-Forwarded-For names.
+    geo = re.search(r'geo \$realip_remote_addr \$llmserve_metrics_source \{\n(.*?)\n    \}', http, re.S).group(1)
+    assert geo.split() == ['default', '0;', '10.0.0.5', '1;', '10.0.2.0/24', '1;']
+    metrics = re.search(r'location = /metrics \{\n(.*?)\n        \}', front, re.S).group(1)
+    assert metrics.split() == [
+        'if',
+        '($llmserve_metrics_source',
+        '=',
+        '0)',
+        '{',
+        'return',
+        '403;',
+        '}',
+        'proxy_pass',
+        'http://vllm/metrics;',
+    ]
+    assert not re.search(r'^ *(allow|deny) ', front, re.M)
     (tmp_path / 'alone').mkdir()
     render(tmp_path / 'alone', GPU_VARS)
     assert 'real_ip' not in (tmp_path / 'alone' / 'front.nginx.conf').read_text()

@@ -7,6 +7,8 @@
 PRIVATE to the collection: this is not a public API; it may change without notice.
 """
 
+import json
+import string
 from typing import Any, Callable, Optional
 
 from ansible.module_utils.common.text.converters import to_text
@@ -37,6 +39,24 @@ def environment_value_problem(text: str) -> Optional[str]:
         return 'a line break'
     if '\0' in text:
         return 'a NUL'
+    return None
+
+
+# The names an environment file carries as one variable, and every program reads as one (POSIX's portable names): a
+# name with a line break would start a line of its own (LD_PRELOAD=, HOME=) in the file root's ExecStartPre=+
+# commands read.
+ENVIRONMENT_NAME_PATTERN = '^[A-Z_][A-Z0-9_]*$'
+_NAME_START = frozenset(string.ascii_uppercase + '_')
+_NAME_REST = _NAME_START | frozenset(string.digits)
+
+
+def environment_name_problem(name: str) -> Optional[str]:
+    """Why name is no environment variable's name ('character 4 is "\\n"', 'it is empty'), or None."""
+    if not name:
+        return 'it is empty'
+    for position, character in enumerate(name):
+        if character not in (_NAME_REST if position else _NAME_START):
+            return 'character %d is %s' % (position + 1, json.dumps(character))
     return None
 
 

@@ -7,7 +7,8 @@
    without the CA is refused, and so is one without the API key (401). A client's own key (vllm_kimi_front_client_keys)
    is answered, and revoked by a reload of the front door alone.
 2. Paths vLLM serves to anyone who reaches its port (/invocations runs chat completions without the key) are
-   answered 404 by the front door, however the path is spelled; /metrics only for the Prometheus sources.
+   answered 404 by the front door, however the path is spelled; added to vllm_kimi_front_paths, they need the key;
+   /metrics only for the Prometheus sources, by the connection's own address.
 3. vLLM's own port listens on loopback only; the unit's IP fences are set.
 4. An image_url at a loopback canary is refused, and the canary is never reached.
 5. The front door logs the client's address and the path, never a body or the key.
@@ -15,7 +16,8 @@
 7. Through a restart: a stream in flight ends with its last token (the stop drains it), and a request that arrives
    while vLLM is down gets 503 with Retry-After at once, never a refused connection or a 502.
 8. Per client address: the requests in progress (503 past them) and the rate (429 past the burst); per path, the
-   methods vLLM serves there (405); request bodies buffered in a tmpfs of the door's unit only. A keyless upload gets
+   methods vLLM serves there (405); request bodies buffered in a tmpfs of the door's unit only; wrong keys count
+   against those limits (429); a completions request's prompts times n stays within the sequence bound. A keyless upload gets
    401 before its body is read; a body that stops after one byte is let go at the body timeout (sent as the file
    begins, judged at its end: the minute runs beside the other tests).
 """
@@ -610,6 +612,86 @@ def test_the_33rd_request_in_progress_from_one_address_is_refused(sandbox):
     finally:
         for connection in held:
             connection.close()
+
+
+WRONG_KEY_SOURCE = '127.0.0.12'
+WRONG_KEYS = 300
+
+
+def test_wrong_keys_count_against_the_clients_limits(sandbox):
+    """The key is checked in nginx's access phase, after limit_req: 300 wrong keys from one address, as fast as one
+    connection sends them, meet 429 past the burst, where a check before the limits answered each 401. Another
+    address is still answered."""
+    connection = front_connection(sandbox, WRONG_KEY_SOURCE)
+    statuses = []
+    try:
+        for attempt in range(WRONG_KEYS):
+            connection.request('GET', '/v1/models', headers={'Authorization': 'Bearer wrong-%064d' % attempt})
+            reply = connection.getresponse()
+            reply.read()
+            statuses.append(reply.status)
+    finally:
+        connection.close()
+    assert set(statuses) == {401, 429}, statuses
+    assert statuses.index(429) >= REQUEST_BURST + 1 and statuses.count(429) >= WRONG_KEYS // 2, statuses
+    assert status(sandbox, '/v1/models') == 401
+
+
+def test_a_completions_prompt_list_cannot_multiply_the_sequence_bound(sandbox, front):
+    """64 prompts of n 8 would be 512 sequences from one request; vLLM bounds the prompts apart from n, and the role
+    sets VLLM_MAX_COMPLETION_PROMPTS so that prompts times n stays within vllm_kimi_max_n_sequences."""
+    prompts = sandbox.vars.get('vllm_kimi_max_completion_prompts', 1)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(front, sandbox.vars['vllm_kimi_api_key']).completions.create(
+            model=sandbox.vars['vllm_kimi_served_model_name'], prompt=[QUESTION] * 64, n=8, max_tokens=1
+        )
+    assert refused.value.status_code == 400
+    assert 'prompt list length 64 exceeds the maximum allowed count of %d' % prompts in str(refused.value)
+
+
+BALANCER = '127.0.0.13'
+
+
+def test_an_added_path_needs_the_key_and_metrics_never_believes_a_forwarded_address(sandbox, front):
+    """vllm_kimi_front_paths with /invocations (which vLLM serves without its key) and a trusted balancer, taken up
+    by the front door's reload alone: /invocations answers 401 without the key and answers with it; a client behind
+    the balancer that names a metrics source in X-Forwarded-For is refused /metrics."""
+    paths = sandbox.vars['vllm_kimi_front_paths'] + ['/invocations']
+    settings = {'vllm_kimi_front_paths': paths, 'vllm_kimi_front_trusted_proxies': [BALANCER]}
+    body = json.dumps({'messages': [{'role': 'user', 'content': QUESTION}], 'max_tokens': 64, 'temperature': 0})
+    try:
+        rc, output, report = sandbox.deploy('--tags', 'vllm_kimi_front', '-e', json.dumps(settings))
+        assert rc == 0, output[-3000:]
+        assert status(sandbox, '/invocations', 'POST', body=body) == 401
+        connection = front_connection(sandbox)
+        try:
+            connection.request(
+                'POST',
+                '/invocations',
+                body=body,
+                headers={
+                    'Content-Type': 'application/json',
+                    'Authorization': 'Bearer ' + sandbox.vars['vllm_kimi_api_key'],
+                },
+            )
+            reply = connection.getresponse()
+            answered = reply.status, reply.read()
+        finally:
+            connection.close()
+        assert answered[0] == 200 and b'Paris' in answered[1], answered
+        connection = front_connection(sandbox, BALANCER)
+        try:
+            connection.request('GET', '/metrics', headers={'X-Forwarded-For': '127.0.0.1'})
+            reply = connection.getresponse()
+            reply.read()
+            assert reply.status == 403
+        finally:
+            connection.close()
+        assert status(sandbox, '/metrics') == 200
+    finally:
+        restore_rc, restore_output, restore_report = sandbox.deploy('--tags', 'vllm_kimi_front')
+    assert restore_rc == 0, restore_output[-3000:]
+    assert status(sandbox, '/invocations', 'POST', body=body) == 404
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,9 @@ from ansible_collections.llmserve.vllm.tests.support import LOAD_VLLM_KIMI_VARS,
 
 GPU_VARS = os.path.join(REPO, 'inventories', 'gpu', 'group_vars', 'vllm.yml')
 REFUSAL_TASK = 'Refuse settings that open the service beyond its front door'
-KEY = 'sk-t3st-key'
+# 32 characters: the shortest key the preflight takes.
+KEY = 'sk-t3st-key-0123456789abcdef0123'
+CLIENT_KEY = 'ck-good-0123456789abcdef012345678'
 
 
 def preflight_refusal():
@@ -90,7 +92,7 @@ KEY_REFUSED = 'vllm_kimi_api_key holds a space, a control character or a charact
 @pytest.mark.parametrize(
     'key, refused',
     [
-        pytest.param('sk-A1_b2.c3~d4+e5/f6=', False, id='token-punctuation'),
+        pytest.param('sk-A1_b2.c3~d4+e5/f6=g7!h8#i9@j0%k', False, id='token-punctuation'),
         pytest.param('sk-key\nreturn 200;', True, id='newline'),
         pytest.param('sk key', True, id='space'),
         pytest.param('sk-\u00e9t\u00e9', True, id='beyond-ascii'),
@@ -191,39 +193,102 @@ def test_the_inventories_override_nothing_of_the_roles_and_open_nothing(tmp_path
     assert refusal(tmp_path, {'vault_vllm_kimi_api_key': KEY}, [inventory]) is None
 
 
-def test_extra_arguments_that_would_override_the_roles_own_are_refused_by_name(tmp_path):
-    """vLLM keeps an option's last value, and the extra arguments come last: each spelling vLLM's parser takes."""
-    output = override_refusal(
-        tmp_path,
-        {
-            'vllm_kimi_extra_args': [
-                '--enforce-eager',
-                '--API_KEY=sk-sneaky',
-                '-tp',
-                '2',
-                '--hos',
-                '0.0.0.0',
-                '--shutdown_timeout=5',
-            ]
-        },
-    )
-    assert 'vllm_kimi_extra_args sets --api-key, which the role renders from vllm_kimi_api_key' in output, output
-    assert 'vllm_kimi_extra_args sets -tp, which the role renders from vllm_kimi_tensor_parallel_size' in output
-    assert 'vllm_kimi_extra_args sets --host, which the role renders from vllm_kimi_listen and vllm_kimi_host' in output
-    # An option of _vllm_kimi_serve_flags is the role's as much as one it renders by a rule of its own.
-    assert (
-        'vllm_kimi_extra_args sets --shutdown-timeout, which the role renders from vllm_kimi_shutdown_timeout' in output
-    )
-    assert '--enforce-eager' not in output and 'sk-sneaky' not in output
+# Options the role renders only in some of its variants (several nodes, a worker, TCP, a multimodal mode, tools,
+# remote code): on a single node on its Unix socket, with none of them, each is still the role's.
+OTHER_VARIANTS_OPTIONS = [
+    (['--node-rank', '0'], '--node-rank'),
+    (['--nnodes=2'], '--nnodes'),
+    (['--master_addr', '10.0.0.1'], '--master-addr'),
+    (['--master-port', '29501'], '--master-port'),
+    (['--headless'], '--headless'),
+    (['--mm-encoder-tp-mode=weights'], '--mm-encoder-tp-mode'),
+    (['--language-model-only'], '--language-model-only'),
+    (['--enable-auto-tool-choice'], '--enable-auto-tool-choice'),
+    (['--tool-call-parser', 'hermes'], '--tool-call-parser'),
+    (['--trust-remote-code'], '--trust-remote-code'),
+    (['--kv-cache-memory-bytes', '1'], '--kv-cache-memory-bytes'),
+    (['--port', '9000'], '--port'),
+    # vLLM's parser: an abbreviation, a short spelling with its value attached, a key of a JSON option.
+    (['--hos', '0.0.0.0'], '--host'),
+    (['-r1'], '--node-rank'),
+    (['-tp', '2'], '--tensor-parallel-size'),
+    (['--limit-mm-per-prompt.image', '64'], '--limit-mm-per-prompt'),
+]
+
+
+def test_every_option_the_role_renders_in_any_variant_is_refused_in_the_extra_arguments(tmp_path):
+    """vLLM keeps an option's last value, and the extra arguments come last: the options refused are read off the
+    role's own command line in each of its variants, never listed by hand."""
+    extra_args = ['--enforce-eager', '--compilation-config', '{"custom_ops": ["all"]}']
+    for words, _flag in OTHER_VARIANTS_OPTIONS:
+        extra_args += words
+    output = override_refusal(tmp_path, {'vllm_kimi_extra_args': extra_args})
+    assert refused_by(output) == 'Refuse extra arguments that set an option the role renders', output
+    for _words, flag in OTHER_VARIANTS_OPTIONS:
+        assert 'vllm_kimi_extra_args sets %s, which the role renders. ' % flag in output, (flag, output)
+    # An option of _vllm_kimi_serve_flags names its variable.
+    output = override_refusal(tmp_path, {'vllm_kimi_extra_args': ['--shutdown_timeout=5']})
+    assert 'vllm_kimi_extra_args sets --shutdown-timeout, which the role renders from vllm_kimi_shutdown_timeout. ' in (
+        output
+    ), output
+    assert "vLLM keeps an option's last value, so the extra argument would override the role's silently" in output
+    assert '--enforce-eager' not in output and '--compilation-config' not in output
+    assert override_refusal(tmp_path, {'vllm_kimi_extra_args': extra_args[:3]}) is None
 
 
 def test_extra_arguments_that_hand_clients_more_are_refused(tmp_path):
     output = override_refusal(
         tmp_path,
-        {'vllm_kimi_extra_args': ['--allowed-local', '/', '--trust-request-chat-template', '--enable_prompt_embeds']},
+        {
+            'vllm_kimi_extra_args': [
+                '--allowed-local',
+                '/',
+                '--trust-request-chat-template',
+                '--enable_prompt_embeds',
+                '--config',
+                'x.yaml',
+                '--API_KEY=sk-sneaky',
+                '--model=/srv/other',
+            ]
+        },
     )
-    for flag in ('--allowed-local-media-path', '--trust-request-chat-template', '--enable-prompt-embeds'):
+    assert refused_by(output) == 'Refuse extra arguments that undo what the role keeps from clients', output
+    for flag in (
+        '--allowed-local-media-path',
+        '--trust-request-chat-template',
+        '--enable-prompt-embeds',
+        '--config',
+        '--api-key',
+        '--model',
+    ):
         assert 'vllm_kimi_extra_args passes %s:' % flag in output, output
+    assert 'vLLM would read options from that file before the command line, none of them checked here' in output
+    assert 'sk-sneaky' not in output
+
+
+@pytest.mark.parametrize(
+    'environment, refused_at',
+    [
+        pytest.param(
+            {'NCCL_PROTO': 'LL', 'X\nLD_PRELOAD': '/tmp/x.so'},
+            'name 2 (counted from 1 as given): character 2 is "\\n"',
+            id='newline',
+        ),
+        pytest.param({'nccl_proto': 'LL'}, 'name 1 (counted from 1 as given): character 1 is "n"', id='lower-case'),
+        pytest.param({'1X': '1'}, 'name 1 (counted from 1 as given): character 1 is "1"', id='digit-first'),
+        pytest.param({'A=B': '1'}, 'name 1 (counted from 1 as given): character 2 is "="', id='equals'),
+        pytest.param({'': '1'}, 'name 1 (counted from 1 as given): it is empty', id='empty'),
+        pytest.param({'NCCL_PROTO': 'LL', '_X1': '1'}, None, id='names'),
+    ],
+)
+def test_environment_names_that_are_no_variables_name_are_refused_by_position(tmp_path, environment, refused_at):
+    output = override_refusal(tmp_path, {'vllm_kimi_environment': environment})
+    if refused_at is None:
+        assert output is None, output
+        return
+    assert refused_by(output) == "Refuse environment names that are no variable's name", output
+    assert "vllm_kimi_environment's names must match ^[A-Z_][A-Z0-9_]*$" in output and refused_at in output, output
+    assert 'LD_PRELOAD' not in output and '/tmp/x.so' not in output
 
 
 def test_environment_that_would_override_the_roles_own_or_reach_root_is_refused(tmp_path):
@@ -296,13 +361,15 @@ def test_a_buffer_space_that_is_no_size_is_refused_by_name(tmp_path):
 
 
 def test_client_keys_are_refused_by_position_without_showing_them(tmp_path):
-    output = refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': ['ck-good', 'ck bad', '']})
+    output = refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': [CLIENT_KEY, 'ck bad', '']})
     assert 'vllm_kimi_front_client_keys must be a list of keys of letters, digits and punctuation only' in output
     assert 'the entries counted from 1 that are not: 2, 3.' in output and 'ck bad' not in output, output
-    output = refusal(tmp_path, {'vllm_kimi_front_client_keys': ['ck-good'], 'vllm_kimi_allow_anonymous_endpoint': True})
+    output = refusal(
+        tmp_path, {'vllm_kimi_front_client_keys': [CLIENT_KEY], 'vllm_kimi_allow_anonymous_endpoint': True}
+    )
     assert 'which hands vLLM its own key for them: set vllm_kimi_api_key as well' in output, output
     assert 'ck-good' not in output
-    assert refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': ['ck-good']}) is None
+    assert refusal(tmp_path, {'vllm_kimi_api_key': KEY, 'vllm_kimi_front_client_keys': [CLIENT_KEY]}) is None
 
 
 # Each exposure refusal: (settings it refuses, a part of its message, settings beside them that it lets through).
@@ -351,15 +418,41 @@ EACH_REFUSAL = {
     'Refuse a key clients cannot send': (
         {'vllm_kimi_api_key': 'sk key'},
         KEY_REFUSED,
-        {'vllm_kimi_api_key': 'sk-key'},
+        {'vllm_kimi_api_key': KEY},
+    ),
+    'Refuse a key shorter than 32 characters': (
+        {'vllm_kimi_api_key': 'k'},
+        'vllm_kimi_api_key is shorter than 32 characters, short enough to be guessed',
+        {'vllm_kimi_api_key': KEY},
+    ),
+    'Refuse client keys shorter than 32 characters, by position': (
+        dict(WITH_KEY, vllm_kimi_front_client_keys=[CLIENT_KEY, KEY[:31], 'c']),
+        'the entries counted from 1 that are shorter: 2, 3.',
+        {'vllm_kimi_front_client_keys': [CLIENT_KEY]},
+    ),
+    'Refuse front door paths that vLLM serves on its TCP port without the key': (
+        dict(
+            WITH_KEY,
+            vllm_kimi_listen='tcp',
+            vllm_kimi_front_paths=['/v1/models', '/invocations', '/health', '/tokenize'],
+        ),
+        'vllm_kimi_front_paths lists /invocations, /tokenize, which vLLM serves on its TCP port without checking the key'
+        ' (its --api-key guards only paths under /v1, /v2, /inference and /cohere), so any user of this host could'
+        ' call it at 127.0.0.1:8000: set vllm_kimi_listen to unix',
+        {'vllm_kimi_listen': 'unix'},
+    ),
+    'Refuse more completion prompts than sequences a request may make': (
+        dict(WITH_KEY, vllm_kimi_max_completion_prompts=16),
+        'vllm_kimi_max_completion_prompts 16 must be 1 or more and at most vllm_kimi_max_n_sequences (8)',
+        {'vllm_kimi_max_n_sequences': 16},
     ),
     'Refuse client keys clients cannot send, by position': (
-        dict(WITH_KEY, vllm_kimi_front_client_keys=['ck bad']),
+        dict(WITH_KEY, vllm_kimi_front_client_keys=['ck bad' + KEY]),
         'the entries counted from 1 that are not: 1.',
-        {'vllm_kimi_front_client_keys': ['ck-good']},
+        {'vllm_kimi_front_client_keys': [CLIENT_KEY]},
     ),
     "Refuse client keys without vLLM's key and the front door": (
-        {'vllm_kimi_front_client_keys': ['ck-good'], 'vllm_kimi_allow_anonymous_endpoint': True},
+        {'vllm_kimi_front_client_keys': [CLIENT_KEY], 'vllm_kimi_allow_anonymous_endpoint': True},
         'which hands vLLM its own key for them: set vllm_kimi_api_key as well',
         {'vllm_kimi_api_key': KEY},
     ),

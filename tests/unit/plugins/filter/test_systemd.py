@@ -6,7 +6,12 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmserve.vllm.plugins.filter.systemd import systemd_env_quote, systemd_exec_quote
+from ansible_collections.llmserve.vllm.plugins.filter.systemd import (
+    systemd_env_name,
+    systemd_env_name_problems,
+    systemd_env_quote,
+    systemd_exec_quote,
+)
 
 
 @pytest.mark.parametrize(
@@ -63,3 +68,42 @@ def test_env_quote_refuses_line_breaks():
     assert (
         str(error.value) == 'systemd_env_quote: a value contains a line break, which an environment file cannot carry'
     )
+
+
+NAME_RULE = 'systemd_env_name: an environment variable name must match ^[A-Z_][A-Z0-9_]*$, and '
+
+
+@pytest.mark.parametrize(
+    'name, problem',
+    [
+        ('NCCL_PROTO', None),
+        ('_X9', None),
+        # A line break would write a line of its own into the environment file root's commands read.
+        ('X\nLD_PRELOAD', 'character 2 is "\\n"'),
+        ('HOME\r', 'character 5 is "\\r"'),
+        ('A=B', 'character 2 is "="'),
+        ('nccl', 'character 1 is "n"'),
+        ('9X', 'character 1 is "9"'),
+        ('X\u00c9', 'character 2 is "\\u00c9"'),
+        ('', 'it is empty'),
+        (7, 'it is no text (int)'),
+    ],
+)
+def test_env_name(name, problem):
+    if problem is None:
+        assert systemd_env_name(name) == name
+        return
+    with pytest.raises(AnsibleFilterError) as err:
+        systemd_env_name(name)
+    assert str(err.value) == NAME_RULE + problem
+
+
+def test_env_name_problems_by_position():
+    environment = {'NCCL_PROTO': 'LL', 'X\nLD_PRELOAD': '/tmp/x.so', 'OK': '1', 'a': '2'}
+    assert systemd_env_name_problems(environment) == [
+        'name 2 (counted from 1 as given): character 2 is "\\n"',
+        'name 4 (counted from 1 as given): character 1 is "a"',
+    ]
+    assert systemd_env_name_problems({}) == []
+    with pytest.raises(AnsibleFilterError, match='expects a mapping of names to values, got list'):
+        systemd_env_name_problems(['A'])

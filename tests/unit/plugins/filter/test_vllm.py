@@ -8,8 +8,10 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.llmserve.vllm.plugins.filter.vllm import (
     pinned_version,
+    vllm_cluster_args,
     vllm_flag_value,
     vllm_flags_named,
+    vllm_rendered_flags,
     vllm_serve_argv,
 )
 
@@ -232,13 +234,121 @@ def test_vllm_serve_argv_refuses(settings, message):
         # argparse's abbreviations, as vLLM's parser takes them.
         (['--allowed-local', '/'], ['--allowed-local-media-path']),
         (['-tp', '2'], ['-tp']),
-        # A short option counts only as written; a value is not an option.
-        (['-t', '2', 'api-key'], []),
+        # A short option abbreviated as argparse takes it too (-t is only -tp's beginning); a value is not an option.
+        (['-t', '2', 'api-key'], ['-tp']),
+        (['--tensor_parallel_size=2'], ['-tp']),
         (['--max-model-len', '4096', '--api-key', 'k'], ['--api-key', '--max-model-len']),
     ],
 )
 def test_vllm_flags_named(argv, named):
     assert vllm_flags_named(argv, ['--api-key', '--allowed-local-media-path', '-tp', '--max-model-len']) == named
+
+
+@pytest.mark.parametrize(
+    'argv, named',
+    [
+        # A short spelling with its value attached, as argparse reads a two-letter option (-r1 is --node-rank 1).
+        (['-r1'], ['--node-rank']),
+        (['-n', '2'], ['--nnodes']),
+        (['-rotary'], ['--node-rank']),
+        # vLLM's parser merges --option.key value into --option's JSON, after the command line's own.
+        (['--limit-mm-per-prompt.image', '64'], ['--limit-mm-per-prompt']),
+        (['--limit_mm_per_prompt.image=64'], ['--limit-mm-per-prompt']),
+        (['--master_addr', 'x'], ['--master-addr']),
+        (['--config', 'x.yaml'], ['--config']),
+        (['--conf=x.yaml'], ['--config']),
+        (['--config.max_model_len', '1'], ['--config']),
+        (['--compilation-config', '{"level": 0}', '-O3', '-1'], []),
+        (['--', '-', 'x'], []),
+    ],
+)
+def test_vllm_flags_named_reads_every_spelling_of_vllms_parser(argv, named):
+    flags = ['--node-rank', '--nnodes', '--limit-mm-per-prompt', '--master-addr', '--config']
+    assert vllm_flags_named(argv, flags) == named
+
+
+# The role's command line in each variant: one node and two (head and worker), TCP and a Unix socket, each multimodal
+# mode, tools and remote code on, the flags' options on.
+EVERY_RENDERED_FLAG = [
+    '--allowed-media-domains',
+    '--enable-auto-tool-choice',
+    '--gpu-memory-utilization',
+    '--headless',
+    '--host',
+    '--kv-cache-dtype',
+    '--kv-cache-memory-bytes',
+    '--language-model-only',
+    '--limit-mm-per-prompt',
+    '--master-addr',
+    '--master-port',
+    '--max-model-len',
+    '--mm-encoder-tp-mode',
+    '--nnodes',
+    '--node-rank',
+    '--pipeline-parallel-size',
+    '--port',
+    '--reasoning-parser',
+    '--served-model-name',
+    '--shutdown-timeout',
+    '--tensor-parallel-size',
+    '--tool-call-parser',
+    '--trust-remote-code',
+    '--uds',
+]
+
+
+@pytest.mark.parametrize(
+    'changes',
+    [
+        pytest.param({}, id='the-real-case'),
+        # None of the variant options in the plan: each is still the role's.
+        pytest.param(
+            {
+                'tool_call_parser': '',
+                'trust_remote_code': False,
+                'multimodal': 'text_only',
+                'uds': '/run/vllm-kimi-api/vllm.sock',
+                'flags': {'--reasoning-parser': '', '--shutdown-timeout': None},
+                'limit_mm_per_prompt': {},
+            },
+            id='a-single-text-node-on-its-socket',
+        ),
+        pytest.param({'cluster_args': vllm_cluster_args(2, 1, '10.0.0.1', 29501)}, id='a-worker'),
+    ],
+)
+def test_vllm_rendered_flags_are_every_option_of_every_variant(changes):
+    settings = dict(SERVE_SETTINGS, **changes)
+    del settings['max_model_len']  # the preflight sizes it after the refusals
+    assert vllm_rendered_flags(settings) == EVERY_RENDERED_FLAG
+
+
+def test_vllm_rendered_flags_follow_the_flags_the_role_passes():
+    """An option added to the role's flags (vars/main.yml's _vllm_kimi_serve_flags) is refused with no other edit; an
+    extra argument is none of the role's."""
+    settings = dict(SERVE_SETTINGS, flags={'--max-num-seqs': None}, extra_args=['--enforce-eager'])
+    rendered = vllm_rendered_flags(settings)
+    assert '--max-num-seqs' in rendered and '--reasoning-parser' not in rendered and '--enforce-eager' not in rendered
+
+
+@pytest.mark.parametrize(
+    'nnodes, node_rank, expected',
+    [
+        (1, 0, []),
+        (2, 0, ['--nnodes', '2', '--node-rank', '0', '--master-addr', '10.0.0.1', '--master-port', '29501']),
+        (
+            '3',
+            '2',
+            ['--nnodes', '3', '--node-rank', '2', '--master-addr', '10.0.0.1', '--master-port', '29501', '--headless'],
+        ),
+    ],
+)
+def test_vllm_cluster_args(nnodes, node_rank, expected):
+    assert vllm_cluster_args(nnodes, node_rank, '10.0.0.1', 29501) == expected
+
+
+def test_vllm_cluster_args_refuses_a_rank_beyond_the_nodes():
+    with pytest.raises(AnsibleFilterError, match=r'vllm_serve_argv: node_rank must be below nnodes \(2\), got 2'):
+        vllm_cluster_args(2, 2, '10.0.0.1', 29501)
 
 
 def test_vllm_flags_named_refuses_what_is_no_list():
