@@ -24,18 +24,15 @@ pytestmark = pytest.mark.skipif(
 
 # A replica reached at its IP address, one whose front door has a URL with a host name, one without a front door, and
 # a model across two nodes whose worker serves no API.
-INVENTORY = {
-    'vllm': {
-        'hosts': {
-            'gpu-a': {'ansible_host': '10.0.0.1'},
-            'gpu-b': {'vllm_kimi_front_url': 'https://localhost:9443'},
-            'gpu-c': {'ansible_host': '10.0.0.3', 'vllm_kimi_front_door': False, 'vllm_kimi_port': 8001},
-            'mn-head': {'ansible_host': '10.0.1.1'},
-            'mn-worker': {'ansible_host': '10.0.1.2'},
-        }
-    },
-    'kimi_mn': {'hosts': {'mn-head': {}, 'mn-worker': {}}, 'vars': {'vllm_kimi_cluster_group': 'kimi_mn'}},
+REPLICAS = {
+    'gpu-a': {'ansible_host': '10.0.0.1'},
+    'gpu-b': {'vllm_kimi_front_url': 'https://localhost:9443'},
+    'gpu-c': {'ansible_host': '10.0.0.3', 'vllm_kimi_front_door': False, 'vllm_kimi_port': 8001},
+    'mn-head': {'ansible_host': '10.0.1.1'},
+    'mn-worker': {'ansible_host': '10.0.1.2'},
 }
+MULTI_NODE = {'hosts': {'mn-head': {}, 'mn-worker': {}}, 'vars': {'vllm_kimi_cluster_group': 'kimi_mn'}}
+INVENTORY = {'vllm': {'hosts': REPLICAS}, 'kimi_mn': MULTI_NODE}
 
 PLAY = """
 - hosts: localhost
@@ -170,7 +167,7 @@ NO_CA = (
 @pytest.mark.parametrize(
     'replicas, ca, refused',
     [
-        pytest.param(INVENTORY['vllm']['hosts'], '', 'gpu-a, mn-head (10.0.0.1:8443, 10.0.1.1:8443)', id='ipv4-no-ca'),
+        pytest.param(REPLICAS, '', 'gpu-a, mn-head (10.0.0.1:8443, 10.0.1.1:8443)', id='ipv4-no-ca'),
         pytest.param({'v6': {'ansible_host': 'fd00::5'}}, '', 'v6 ([fd00::5]:8443)', id='ipv6-no-ca'),
         pytest.param(
             {'by-url': {'vllm_kimi_front_url': 'https://10.0.0.9:9443'}},
@@ -178,7 +175,7 @@ NO_CA = (
             'by-url (10.0.0.9:9443)',
             id='url-ip-no-ca',
         ),
-        pytest.param(INVENTORY['vllm']['hosts'], '/etc/site-ca.pem', None, id='ipv4-with-ca'),
+        pytest.param(REPLICAS, '/etc/site-ca.pem', None, id='ipv4-with-ca'),
         pytest.param({'gpu-b': {'vllm_kimi_front_url': 'https://gpu-b.example:9443'}}, '', None, id='name-no-ca'),
         pytest.param(
             {'gpu-c': {'ansible_host': '10.0.0.3', 'vllm_kimi_front_door': False}}, '', None, id='plain-http-no-ca'
@@ -188,7 +185,7 @@ NO_CA = (
 def test_a_replica_reached_by_ip_address_needs_a_ca_the_operator_names(tmp_path, replicas, ca, refused):
     inventory = {'vllm': {'hosts': replicas}}
     if 'mn-head' in replicas:
-        inventory['kimi_mn'] = INVENTORY['kimi_mn']
+        inventory['kimi_mn'] = MULTI_NODE
     rc, output = run_play(tmp_path, inventory, ca_refusal(), {'vllm_haproxy_replicas_ca': ca})
     if refused is None:
         assert rc == 0, output
