@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
 ROLE = os.path.join(ROOT, 'roles', 'vllm_haproxy')
@@ -23,18 +24,15 @@ pytestmark = pytest.mark.skipif(
 
 # A replica reached at its IP address, one whose front door has a URL with a host name, one without a front door, and
 # a model across two nodes whose worker serves no API.
-INVENTORY = {
-    'vllm': {
-        'hosts': {
-            'gpu-a': {'ansible_host': '10.0.0.1'},
-            'gpu-b': {'vllm_kimi_front_url': 'https://localhost:9443'},
-            'gpu-c': {'ansible_host': '10.0.0.3', 'vllm_kimi_front_door': False, 'vllm_kimi_port': 8001},
-            'mn-head': {'ansible_host': '10.0.1.1'},
-            'mn-worker': {'ansible_host': '10.0.1.2'},
-        }
-    },
-    'kimi_mn': {'hosts': {'mn-head': {}, 'mn-worker': {}}, 'vars': {'vllm_kimi_cluster_group': 'kimi_mn'}},
+REPLICAS = {
+    'gpu-a': {'ansible_host': '10.0.0.1'},
+    'gpu-b': {'vllm_kimi_front_url': 'https://localhost:9443'},
+    'gpu-c': {'ansible_host': '10.0.0.3', 'vllm_kimi_front_door': False, 'vllm_kimi_port': 8001},
+    'mn-head': {'ansible_host': '10.0.1.1'},
+    'mn-worker': {'ansible_host': '10.0.1.2'},
 }
+MULTI_NODE = {'hosts': {'mn-head': {}, 'mn-worker': {}}, 'vars': {'vllm_kimi_cluster_group': 'kimi_mn'}}
+INVENTORY = {'vllm': {'hosts': REPLICAS}, 'kimi_mn': MULTI_NODE}
 
 PLAY = """
 - hosts: localhost
@@ -44,23 +42,46 @@ PLAY = """
   vars_files:
     - {role}/defaults/main.yml
     - {role}/vars/main.yml
-  tasks:
-    - ansible.builtin.template:
-        src: {role}/templates/haproxy.cfg.j2
-        dest: "{{{{ out }}}}/haproxy.cfg"
-        mode: "0644"
+  tasks: {tasks}
 """
+RENDER = [
+    {
+        'ansible.builtin.template': {
+            'src': os.path.join(ROLE, 'templates', 'haproxy.cfg.j2'),
+            'dest': '{{ out }}/haproxy.cfg',
+            'mode': '0644',
+        }
+    }
+]
+
+
+def run_play(out, inventory, tasks, extra):
+    """ansible-playbook on localhost with the role's defaults and vars and this inventory of replicas:
+    (rc, stdout + stderr)."""
+    inventory = json.loads(json.dumps(inventory))
+    inventory['all'] = {
+        'hosts': {'localhost': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable}}
+    }
+    (out / 'hosts.json').write_text(json.dumps(inventory))
+    (out / 'play.yml').write_text(PLAY.format(role=ROLE, tasks=json.dumps(tasks)))
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', str(out / 'hosts.json'),
+         str(out / 'play.yml'), '-e', json.dumps(extra)],
+        capture_output=True, text=True, check=False, cwd=ROOT, env=dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT='json'),
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def failure(output):
+    """The message of the task that failed the play (the default callback's result, as JSON)."""
+    failed = output[output.index('fatal: [localhost]: FAILED! => ') :]
+    result, _end = json.JSONDecoder().raw_decode(failed[failed.index('{') :])
+    return result['msg']
 
 
 @pytest.fixture(scope='module')
 def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp('haproxy')
-    inventory = json.loads(json.dumps(INVENTORY))
-    inventory['all'] = {
-        'hosts': {'localhost': {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable}}
-    }
-    (out / 'hosts.json').write_text(json.dumps(inventory))
-    (out / 'play.yml').write_text(PLAY.format(role=ROLE))
     tls = out / 'tls'
     tls.mkdir()
     subprocess.run(
@@ -75,11 +96,8 @@ def rendered(tmp_path_factory):
         'vllm_haproxy_replicas_ca': str(out / 'ca.pem'),
         'vllm_haproxy_socket': str(out / 'admin.sock'),
     }
-    subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', str(out / 'hosts.json'),
-         str(out / 'play.yml'), '-e', json.dumps(extra)],
-        check=True, capture_output=True, cwd=ROOT,
-    )  # fmt: skip
+    rc, output = run_play(out, INVENTORY, RENDER, extra)
+    assert rc == 0, output
     return out / 'haproxy.cfg'
 
 
@@ -109,3 +127,68 @@ def test_the_frontend_takes_clients_over_tls_and_the_statistics_stay_on_loopback
     assert 'bind 127.0.0.1:8404\n' in text and 'stats admin' not in text
     assert 'stats socket %s/admin.sock mode 660 level admin\n' % rendered.parent in text
     assert 'retry-on conn-failure empty-response 503\n' in text and 'option httpchk GET /health\n' in text
+
+
+def test_a_client_gives_its_slot_back_within_seconds_and_one_address_holds_a_share(rendered):
+    """The bounds that hold without a key, at the role's defaults; tests/integration/fleet/test_balancer_limits.py
+    shows what they hold against a real HAProxy."""
+    text = rendered.read_text()
+    defaults = re.search(r'^defaults\n(.*?)\n\n', text, re.S | re.M).group(1)
+    assert re.findall(r'^    (timeout (?:client|client-fin|http-request|server) .*)$', defaults, re.M) == [
+        'timeout client 10s',
+        'timeout client-fin 5s',
+        'timeout http-request 10s',
+        'timeout server 3600s',
+    ]
+    frontend = re.search(r'^frontend vllm_api\n(.*?)\n\n', text, re.S | re.M).group(1)
+    assert re.findall(r'^    ((?:stick-table|tcp-request) .*)$', frontend, re.M) == [
+        'stick-table type ipv6 size 100k expire 30s store conn_cur,conn_rate(10s)',
+        'tcp-request connection track-sc0 src,ipmask(32,64)',
+        'tcp-request connection reject if { sc0_conn_cur gt 128 }',
+        'tcp-request connection reject if { sc0_conn_rate gt 500 }',
+    ]
+
+
+def ca_refusal():
+    """The role's refusal of a replica reached by IP address without a CA, as tasks/main.yml has it."""
+    with open(os.path.join(ROLE, 'tasks', 'main.yml')) as handle:
+        tasks = yaml.safe_load(handle)
+    return [task for task in tasks if task['name'].startswith('Check that each replica reached by IP address')]
+
+
+NO_CA = (
+    ": HAProxy matches a replica's certificate against a host name, never an IP address, so the CA is the whole check "
+    "and the host's CA bundle would accept any public certificate. Set vllm_haproxy_replicas_ca to the CA that signed "
+    "the replicas' front-door certificates (their vllm_kimi_front_tls_ca), or reach each by a host name its "
+    'certificate holds (vllm_kimi_front_url).'
+)
+
+
+@pytest.mark.parametrize(
+    'replicas, ca, refused',
+    [
+        pytest.param(REPLICAS, '', 'gpu-a, mn-head (10.0.0.1:8443, 10.0.1.1:8443)', id='ipv4-no-ca'),
+        pytest.param({'v6': {'ansible_host': 'fd00::5'}}, '', 'v6 ([fd00::5]:8443)', id='ipv6-no-ca'),
+        pytest.param(
+            {'by-url': {'vllm_kimi_front_url': 'https://10.0.0.9:9443'}},
+            '',
+            'by-url (10.0.0.9:9443)',
+            id='url-ip-no-ca',
+        ),
+        pytest.param(REPLICAS, '/etc/site-ca.pem', None, id='ipv4-with-ca'),
+        pytest.param({'gpu-b': {'vllm_kimi_front_url': 'https://gpu-b.example:9443'}}, '', None, id='name-no-ca'),
+        pytest.param(
+            {'gpu-c': {'ansible_host': '10.0.0.3', 'vllm_kimi_front_door': False}}, '', None, id='plain-http-no-ca'
+        ),
+    ],
+)
+def test_a_replica_reached_by_ip_address_needs_a_ca_the_operator_names(tmp_path, replicas, ca, refused):
+    inventory = {'vllm': {'hosts': replicas}}
+    if 'mn-head' in replicas:
+        inventory['kimi_mn'] = MULTI_NODE
+    rc, output = run_play(tmp_path, inventory, ca_refusal(), {'vllm_haproxy_replicas_ca': ca})
+    if refused is None:
+        assert rc == 0, output
+    else:
+        assert rc == 2, output
+        assert failure(output) == refused + NO_CA
