@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 ---
 module: checkpoint_sealed
 short_description: Say whether a user other than root could change a model checkpoint, and how
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - vLLM loads a checkpoint's weights and, with C(--trust-remote-code), runs its Python files as the service; a
     checkpoint a user other than root could change is code that user may run as the service. This module names
