@@ -185,6 +185,16 @@ options:
       - The user message is O(long_prompt.fact) and a space, then O(long_prompt.filler) O(long_prompt.repeats)
         times, then O(prompt), the question whose answer must repeat the fact; O(expect) judges it. A server that
         loses the start of a long prompt answers without the fact.
+      - With O(long_prompt.target_tokens) instead of O(long_prompt.repeats), the filler is repeated as often as fits
+        that many prompt tokens, counted by the server's own C(/tokenize) (its chat template included, with the
+        C(chat_template_kwargs) of O(extra_body)), so a needle question can be asked at a share of the served
+        context whatever the tokenizer. C(/tokenize) also says the C(max_model_len) served, and a target that leaves no
+        room for O(max_tokens) in it fails the check before the long request.
+      - With O(long_prompt.greedy_prompt), the greedy-equivalence probe follows a passing answer, that short prompt
+        alone then after the long prompt's fact and filler, each at temperature 0 and cut at
+        O(long_prompt.greedy_tokens) tokens; the two must begin with the same tokens, or the check fails quoting both.
+        A decode that misreads a long context (vllm#41623 reports Kimi drifting under decode context parallelism)
+        answers the same question otherwise once the context is long.
       - Without O(long_prompt.fact), the answer to O(prompt) after the filler is judged, the prompt's end at far
         positions, not what its start holds.
       - Not with O(tool_call).
@@ -202,8 +212,26 @@ options:
       repeats:
         description:
           - How many times O(long_prompt.filler) is repeated; from 0 to 1,000,000.
+          - Exactly one of O(long_prompt.repeats) and O(long_prompt.target_tokens) is required.
         type: int
-        required: true
+      target_tokens:
+        description:
+          - The prompt tokens to fill to, at least 1; the filler is repeated as often as keeps the prompt at or below
+            it, within one filler (a few requests to C(/tokenize), which counts without running the model).
+          - The sum of it and O(max_tokens) must fit the C(max_model_len) the server reports; a prompt without
+            filler over it, or a filler that adds no tokens, fails the check, naming the counts.
+        type: int
+      greedy_prompt:
+        description:
+          - The greedy-equivalence probe's short prompt, whose answer the long prefix must not change (the coherence
+            question, not the fact's, since a question the fact answers begins otherwise without it). Not set, no probe.
+        type: str
+      greedy_tokens:
+        description:
+          - How many first tokens of the greedy-equivalence probe's two answers must be the same (their C(max_tokens)),
+            at least 1.
+        type: int
+        default: 8
       min_tokens:
         description:
           - The fewest prompt tokens the server must count (its C(usage.prompt_tokens)) for the check to pass, so
@@ -486,6 +514,52 @@ tool_call:
       description: How many events the streamed call came in; null when O(stream) is off.
       type: int
       sample: 9
+long_prompt:
+  description: How the O(long_prompt) request was made.
+  returned: when O(long_prompt) is set and its answer was judged
+  type: dict
+  contains:
+    repeats:
+      description: How many times the filler was repeated, as given or as sized to O(long_prompt.target_tokens).
+      type: int
+      sample: 135
+    target_tokens:
+      description: O(long_prompt.target_tokens); null when O(long_prompt.repeats) was given.
+      type: int
+      sample: 921
+    tokenized:
+      description: The prompt's tokens as C(/tokenize) counted them when it was sized; null when it was not.
+      type: int
+      sample: 918
+greedy:
+  description: The greedy-equivalence probe's two answers (O(long_prompt.greedy_prompt)).
+  returned: when O(long_prompt.greedy_prompt) is set and both its requests were answered
+  type: dict
+  contains:
+    prompt:
+      description: The short prompt asked.
+      type: str
+      sample: What is the capital of France?
+    tokens:
+      description: The first tokens compared (O(long_prompt.greedy_tokens), the requests' C(max_tokens)).
+      type: int
+      sample: 8
+    alone:
+      description: The answer to the short prompt alone, its C(content) and C(reasoning) (null where none came).
+      type: dict
+      sample:
+        content: The capital of France is Paris.
+        reasoning: null
+    after:
+      description: The answer to the short prompt after the long prompt's fact and filler, as RV(greedy.alone).
+      type: dict
+      sample:
+        content: The capital of France is Paris.
+        reasoning: null
+    prompt_tokens:
+      description: The prompt tokens of the long request, from its C(usage); null when the server reported none.
+      type: int
+      sample: 918
 startup:
   description:
     - vLLM's own figures of the unit's current run, read from the same journal lines (M(llmserve.vllm.gpu_preflight)
@@ -660,7 +734,6 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._chat_check
     MAX_INTERVAL,
     ChatCheck,
     CheckFailed,
-    long_prompt_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     DEFAULT_URL,
@@ -672,6 +745,10 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http impor
     url_problem,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal import DEFAULT_JOURNAL_LINES
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._long_prompt import (
+    DEFAULT_GREEDY_TOKENS,
+    long_prompt_problem,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import (
     ARGUMENTS_MATCHES,
     DEFAULT_FORBIDDEN_MARKUP,
@@ -737,7 +814,10 @@ ARGUMENT_SPEC = dict(
         options=dict(
             fact=dict(type='str'),
             filler=dict(type='str', required=True),
-            repeats=dict(type='int', required=True),
+            repeats=dict(type='int'),
+            target_tokens=dict(type='int', no_log=False),
+            greedy_prompt=dict(type='str'),
+            greedy_tokens=dict(type='int', default=DEFAULT_GREEDY_TOKENS, no_log=False),
             min_tokens=dict(type='int', default=0, no_log=False),
         ),
     ),

@@ -16,9 +16,13 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._chat_check import ChatCheck, CheckFailed
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import Unreachable
 from ansible_collections.llmserve.vllm.tests.support import REPO, tiny_models
 
 openai = pytest.importorskip('openai')
@@ -46,6 +50,9 @@ WEATHER_TOOL = {
 THINKING_OFF = {'chat_template_kwargs': {'thinking': False}}
 # The long-prompt probe as tools/make_tiny_models.py teaches it and the sandbox inventory asks it.
 LONG_FILLER = 'The sky is blue. '
+# The role's long-context gate on the sandbox inventory: 90 % of the 1024 tokens served, the answer in what is left.
+LONG_CONTEXT_TOKENS = 921
+LONG_CONTEXT_MAX_TOKENS = 103
 # The production flags of the gpu inventory that the CPU build accepts, plus what the CPU needs:
 # --language-model-only (the checkpoint is KimiK25ForConditionalGeneration without its vision tower) and
 # --enforce-eager (no C++ compiler for torch.compile), and vLLM's own forward_native for rotary embeddings (the
@@ -139,6 +146,45 @@ def ask(client, content, **kwargs):
     ).choices[0]
 
 
+def bearer_http(url):
+    """chat_check's Http with the test's key, unmasked: the module's own transport masks any run of 8 characters of
+    a key in what it reads, and this key holds the served name, tiny-kimi."""
+
+    def http(method, path, payload, timeout, limit):
+        request = urllib.request.Request(
+            url + path,
+            data=json.dumps(payload).encode(),
+            headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + API_KEY},
+            method=method,
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return answer.status, answer.read(limit).decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read(limit).decode()
+        except OSError as exc:
+            raise Unreachable(str(exc)) from exc
+
+    return http
+
+
+def gate(client, prompt=QUESTION, expect=r'\bParis\b', **long_prompt):
+    """The role's long-prompt gate (llmserve.vllm.chat_check's logic) against this vLLM, thinking off."""
+    url = str(client.base_url).rstrip('/')[: -len('/v1')]
+    return ChatCheck(
+        bearer_http(url),
+        url=url,
+        model=SERVED,
+        prompt=prompt,
+        expect=expect,
+        max_tokens=LONG_CONTEXT_MAX_TOKENS,
+        api_key_set=True,
+        extra_body=THINKING_OFF,
+        long_prompt=dict({'fact': None, 'filler': LONG_FILLER, 'min_tokens': 0}, **long_prompt),
+        timeout=300,
+    ).run()
+
+
 def ask_weather(client, **kwargs):
     return ask(client, WEATHER, tools=[WEATHER_TOOL], max_tokens=128, **kwargs)
 
@@ -172,6 +218,40 @@ class TestTinyKimi:
         assert completion.usage.prompt_tokens > 384
         choice = completion.choices[0]
         assert (choice.finish_reason, choice.message.content) == ('stop', PARIS)
+
+    def test_the_long_context_gate_at_90_percent_of_the_context_answers_and_begins_as_the_short_question(self, client):
+        result = gate(client, target_tokens=LONG_CONTEXT_TOKENS, greedy_prompt=QUESTION, greedy_tokens=8)
+        # vLLM's /tokenize: 37 tokens without filler, 6 a filler; 147 fillers come to 919, 148 would to 925.
+        assert result['long_prompt'] == {'repeats': 147, 'target_tokens': LONG_CONTEXT_TOKENS, 'tokenized': 919}
+        assert (result['prompt_tokens'], result['answer'], result['finish_reason']) == (919, PARIS, 'stop')
+        assert result['greedy']['alone'] == result['greedy']['after'] == {'content': PARIS, 'reasoning': None}
+
+    def test_the_long_context_gate_fails_where_the_miniature_cannot_retrieve_the_fact(self, client):
+        with pytest.raises(CheckFailed) as err:
+            gate(
+                client,
+                prompt='Which is the secret city?',
+                expect=r'(?i)\blima\b',
+                fact='Remember this: the secret city is Lima.',
+                target_tokens=LONG_CONTEXT_TOKENS,
+            )
+        assert err.value.msg == "The answer from %s at %s did not match '(?i)\\blima\\b': '%s'" % (
+            SERVED,
+            err.value.details['url'],
+            PARIS,
+        )
+
+    def test_the_greedy_probe_fails_where_the_long_prefix_changes_the_answer_the_needle_accepts(self, client):
+        # After 60 times 'What is 2 + 2? ' the miniature still names Paris, which the needle's expect accepts, but
+        # its sentence is not the one it answers alone: the probe quotes both.
+        with pytest.raises(CheckFailed) as err:
+            gate(client, filler='What is 2 + 2? ', repeats=60, greedy_prompt=QUESTION, greedy_tokens=8)
+        assert err.value.msg == (
+            "The greedy-equivalence probe of %s at %s drifted after the long prompt: at temperature 0, '%s' began '%s' "
+            "alone and 'The capital for France is Paris.' after the long prompt of 457 tokens; the first 8 tokens "
+            'must be the same (a decode that misreads a long context, as vllm#41623 reports of Kimi under decode '
+            'context parallelism)' % (SERVED, err.value.details['url'], QUESTION, PARIS)
+        )
 
     def test_thinking_on_the_thought_is_reasoning_and_the_answer_content(self, client):
         choice = ask(client, QUESTION, max_tokens=128)

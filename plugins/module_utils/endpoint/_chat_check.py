@@ -19,7 +19,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, NoReturn, Optional
 
-from ansible_collections.llmserve.vllm.plugins.module_utils._arguments import range_problem
 from ansible_collections.llmserve.vllm.plugins.module_utils._deadline import DeadlinePassed, deadline
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._http import (
     DEFAULT_URL,
@@ -37,6 +36,14 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._journal im
     progress_lines,
     timed_lines,
 )
+from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._long_prompt import (
+    SizingFailed,
+    compose,
+    fill_repeats,
+    greedy_problem,
+    greedy_tokens,
+    long_prompt_problem,
+)
 from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai import (
     DEFAULT_FORBIDDEN_MARKUP,
     answer_matches,
@@ -48,6 +55,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai imp
     markup_problem,
     parse_chat,
     parse_models,
+    parse_tokenize,
     stream_events,
     tool_call_problem,
 )
@@ -86,6 +94,8 @@ NOTHING_YET = 'nothing yet'
 MAX_HEALTH_BYTES = 64 * 1024
 MAX_MODELS_BYTES = 1024 * 1024
 MAX_CHAT_BYTES = 4 * 1024 * 1024
+# /tokenize lists every token's id: a prompt of a million tokens of up to seven digits each.
+MAX_TOKENIZE_BYTES = 16 * 1024 * 1024
 # Seconds `expect` may take on the answer; more means backtracking without end, as (a+)+$ does.
 MATCH_SECONDS = 5
 # Most of a reasoning text's end quoted in a message, where a thought that never ended stopped.
@@ -116,20 +126,8 @@ def unauthorized_message(what: str, status: int, url: str, api_key_set: bool) ->
     return '%s at %s answered %d: %s' % (what, url, status, cause)
 
 
-# The most times a long prompt's filler may be repeated: a filler of a few tokens makes millions of tokens, far past any
-# context, so more is a typing error.
-MAX_LONG_PROMPT_REPEATS = 1000000
-
-
-def long_prompt_problem(long_prompt: Optional[dict[str, Any]], tool_call: Optional[dict[str, Any]]) -> Optional[str]:
-    """Why long_prompt cannot be asked, or None."""
-    if long_prompt is None:
-        return None
-    if tool_call is not None:
-        return 'long_prompt and tool_call are asked by separate checks: set one of them'
-    return range_problem('long_prompt.repeats', long_prompt['repeats'], 0, MAX_LONG_PROMPT_REPEATS) or range_problem(
-        'long_prompt.min_tokens', long_prompt['min_tokens'], 0
-    )
+class _NotYet(Exception):
+    """The server asked to wait (502, 503, 504) while the long prompt was sized; last_state says so."""
 
 
 class ChatCheck:
@@ -225,6 +223,11 @@ class ChatCheck:
         self.stall_tail: Optional[list[str]] = None
         self.stall_read_at = 0.0
         self.progress_at = 0.0
+        # The long prompt's filler count: as given, or once sized to target_tokens by the server's own count; and that
+        # count, and what the chat phase asks, for the state a failed request leaves.
+        self.long_repeats: Optional[int] = self.long_prompt.get('repeats') if self.long_prompt else None
+        self.tokenized: Optional[int] = None
+        self.asking = '/v1/chat/completions'
 
     # -- helpers ---------------------------------------------------------
 
@@ -425,20 +428,20 @@ class ChatCheck:
             )
         return self.model
 
-    def _user_message(self) -> str:
-        """The prompt; with long_prompt, its filler repeated before it, and its fact and a space before that."""
+    def _user_message(self, question: str) -> str:
+        """The question; with long_prompt, its fact, then its filler, before it."""
         if self.long_prompt is None:
-            return self.prompt
-        filled = self.long_prompt['filler'] * self.long_prompt['repeats'] + self.prompt
-        if self.long_prompt.get('fact'):
-            return '%s %s' % (self.long_prompt['fact'], filled)
-        return filled
+            return question
+        return compose(self.long_prompt, self.long_repeats or 0, question)
 
     def _chat(self, model: str) -> Optional[dict[str, Any]]:
-        """The coherence request: the prompt, nothing else."""
+        """The coherence request: the prompt, nothing else (a long prompt sized first where it has a target)."""
+        if self.long_prompt is not None and self.long_repeats is None and not self._size(model, self.long_prompt):
+            return None
+        self.asking = '/v1/chat/completions'
         payload = {
             'model': model,
-            'messages': [{'role': 'user', 'content': self._user_message()}],
+            'messages': [{'role': 'user', 'content': self._user_message(self.prompt)}],
             'max_tokens': self.max_tokens,
             'temperature': 0,
         }
@@ -455,9 +458,79 @@ class ChatCheck:
         }
         return self._post(model, payload, 'tool-call')
 
-    def _post(self, model: str, payload: dict[str, Any], what: str) -> Optional[dict[str, Any]]:
-        """POST one chat completion (payload and extra_body); the parsed reply, or None to wait on."""
+    def _size(self, model: str, long_prompt: dict[str, Any]) -> bool:
+        """Fill the long prompt to its target_tokens by the server's own count (/tokenize); False to wait on."""
+        self.asking = '/tokenize'
+        try:
+            self.long_repeats, self.tokenized = fill_repeats(
+                long_prompt['target_tokens'],
+                lambda repeats: self._count_tokens(model, long_prompt, repeats),
+                long_prompt['filler'],
+            )
+        except _NotYet:
+            return False
+        except SizingFailed as exc:
+            self._fail('The long prompt to %s at %s cannot be sized: %s' % (model, self.url, exc))
+        return True
+
+    def _count_tokens(self, model: str, long_prompt: dict[str, Any], repeats: int) -> int:
+        """The prompt's tokens with the filler repeats times, as the server counts them (its chat template's
+        included, with extra_body's chat_template_kwargs); raises _NotYet where the server asks to wait."""
+        payload: dict[str, Any] = {
+            'model': model,
+            'messages': [{'role': 'user', 'content': compose(long_prompt, repeats, self.prompt)}],
+        }
+        if 'chat_template_kwargs' in self.extra_body:
+            payload['chat_template_kwargs'] = self.extra_body['chat_template_kwargs']
+        try:
+            status, text = self.http('POST', '/tokenize', payload, max(1.0, self._remaining()), MAX_TOKENIZE_BYTES)
+        except TooLarge as exc:
+            self._fail('/tokenize at %s got %s for the long prompt; a check reads no more' % (self.url, exc.reason))
+        if status in (401, 403):
+            self._fail(unauthorized_message('/tokenize', status, self.url, self.api_key_set))
+        if status in (502, 503, 504):
+            self.last_state = '/tokenize answered %d: %s' % (status, error_message(text))
+            raise _NotYet()
+        counted = parse_tokenize(text) if status == 200 else None
+        if counted is None:
+            self._fail(
+                '/tokenize at %s answered %d for %s without a count of tokens, so the long prompt cannot be sized '
+                'to long_prompt.target_tokens: %s' % (self.url, status, model, error_message(text))
+            )
+        count, served_len = counted
+        return self._fits(model, long_prompt['target_tokens'], count, served_len)
+
+    def _fits(self, model: str, target: int, count: int, served_len: int) -> int:
+        """count, once the target and the answer are known to fit the context the server serves."""
+        wanted = target + self.max_tokens
+        if wanted > served_len:
+            self._fail(
+                'long_prompt.target_tokens (%d) and max_tokens (%d) come to %d tokens, more than the max_model_len '
+                'that %s at %s serves (%d)' % (target, self.max_tokens, wanted, model, self.url, served_len)
+            )
+        return count
+
+    def _greedy_replies(self, model: str, long_prompt: dict[str, Any]) -> Optional[list[dict[str, Any]]]:
+        """The greedy-equivalence probe's replies, its short prompt alone and after the long prompt's fact and
+        filler, each cut at greedy_tokens at temperature 0 whatever extra_body says; None to wait on."""
+        question = long_prompt['greedy_prompt']
+        overrides = {'max_tokens': greedy_tokens(long_prompt), 'temperature': 0}
+        replies = []
+        for content in (question, compose(long_prompt, self.long_repeats or 0, question)):
+            self.asking = 'the greedy-equivalence request to /v1/chat/completions'
+            payload = {'model': model, 'messages': [{'role': 'user', 'content': content}]}
+            reply = self._post(model, payload, 'greedy-equivalence', overrides)
+            if reply is None:
+                return None
+            replies.append(reply)
+        return replies
+
+    def _post(
+        self, model: str, payload: dict[str, Any], what: str, overrides: Optional[dict[str, Any]] = None
+    ) -> Optional[dict[str, Any]]:
+        """POST one chat completion (payload, extra_body, then overrides); the parsed reply, or None to wait on."""
         payload.update(self.extra_body)
+        payload.update(overrides or {})
         if self.stream:
             # As agents ask: the answer in deltas, which vLLM's parsers make on a path of their own.
             payload.update(stream=True, stream_options={'include_usage': True})
@@ -509,7 +582,8 @@ class ChatCheck:
         self.progress_at = self.stall_read_at = self.start
         phase = 'health'
         model: Optional[str] = None
-        # The coherence verdict, once it passed: a tool request that gets no answer is asked again alone.
+        # The coherence verdict, once it passed: a tool or greedy-equivalence request that gets no answer is asked
+        # again alone.
         coherent: Optional[dict[str, Any]] = None
         while True:
             if self.unit:
@@ -527,20 +601,16 @@ class ChatCheck:
                         if reply is not None:
                             coherent = self._judge(model, reply)
                     if coherent is not None:
-                        if self.tool_call is None:
-                            return coherent
-                        tool_reply = self._tool_request(model, self.tool_call)
-                        if tool_reply is not None:
-                            return self._judge_tool(model, coherent, tool_reply, self.tool_call)
+                        verdict = self._after_coherent(model, coherent)
+                        if verdict is not None:
+                            return verdict
                     phase = 'health'
             except (Unreachable, TooLarge) as exc:
                 if getattr(exc, 'timed_out', False) and self._remaining() <= 0 and self.last_state != NOTHING_YET:
                     # The wait's own deadline cut this request short, which says nothing of the server: the
                     # message quotes what the server showed before.
                     self._timeout(phase)
-                where = {'health': '/health', 'models': '/v1/models', 'chat': '/v1/chat/completions'}[phase]
-                if phase == 'chat' and coherent is not None:
-                    where = 'the tool_call request to /v1/chat/completions'
+                where = {'health': '/health', 'models': '/v1/models', 'chat': self.asking}[phase]
                 self.last_state = '%s (%s)' % (exc.reason, where)
                 phase = 'health'
             if coherent is None:
@@ -549,6 +619,43 @@ class ChatCheck:
             if remaining <= 0:
                 self._timeout(phase)
             self.sleep(min(self.interval, remaining))
+
+    def _after_coherent(self, model: str, coherent: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """What follows a coherent answer: the tool gate, or the greedy-equivalence probe, or nothing; the verdict,
+        or None to wait on."""
+        if self.tool_call is not None:
+            self.asking = 'the tool_call request to /v1/chat/completions'
+            tool_reply = self._tool_request(model, self.tool_call)
+            if tool_reply is None:
+                return None
+            return self._judge_tool(model, coherent, tool_reply, self.tool_call)
+        if self.long_prompt is None or not self.long_prompt.get('greedy_prompt'):
+            return coherent
+        replies = self._greedy_replies(model, self.long_prompt)
+        if replies is None:
+            return None
+        return self._judge_greedy(model, self.long_prompt, coherent, replies)
+
+    def _judge_greedy(
+        self, model: str, long_prompt: dict[str, Any], coherent: dict[str, Any], replies: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The greedy-equivalence verdict on the replies alone and after the prefix; the coherence result with the
+        probe's, or CheckFailed."""
+        alone, after = replies
+        question, tokens = long_prompt['greedy_prompt'], greedy_tokens(long_prompt)
+        source = 'The greedy-equivalence probe of %s at %s' % (model, self.url)
+        msg = greedy_problem(source, question, tokens, alone, after, after['prompt_tokens'])
+        result = dict(coherent, elapsed=self._elapsed())
+        result['greedy'] = {
+            'prompt': question,
+            'tokens': tokens,
+            'alone': {'content': alone['content'], 'reasoning': alone['reasoning']},
+            'after': {'content': after['content'], 'reasoning': after['reasoning']},
+            'prompt_tokens': after['prompt_tokens'],
+        }
+        if msg:
+            raise CheckFailed(msg, **result)
+        return result
 
     def _timeout(self, phase: str) -> NoReturn:
         waited_for = {
@@ -592,6 +699,12 @@ class ChatCheck:
             }
         )
         result.pop('last_state', None)
+        if self.long_prompt is not None:
+            result['long_prompt'] = {
+                'repeats': self.long_repeats,
+                'target_tokens': self.long_prompt.get('target_tokens'),
+                'tokenized': self.tokenized,
+            }
         msg = msg or self._long_prompt_problem(model, reply)
         if msg:
             raise CheckFailed(msg, **result)
@@ -599,7 +712,7 @@ class ChatCheck:
 
     def _long_prompt_problem(self, model: str, reply: dict[str, Any]) -> Optional[str]:
         """Why a long prompt's answer does not prove its length (the server's own count of its tokens), or None."""
-        if self.long_prompt is None or not self.long_prompt['min_tokens']:
+        if self.long_prompt is None or not self.long_prompt.get('min_tokens'):
             return None
         counted = reply['prompt_tokens']
         if counted is None:
@@ -608,9 +721,10 @@ class ChatCheck:
                 'needs a server that reports usage' % (model, self.url)
             )
         if counted < self.long_prompt['min_tokens']:
+            raise_this = 'target_tokens' if self.long_prompt.get('target_tokens') is not None else 'repeats'
             return (
-                'The long prompt to %s at %s came to %d tokens, fewer than long_prompt.min_tokens (%d): raise '
-                'long_prompt.repeats' % (model, self.url, counted, self.long_prompt['min_tokens'])
+                'The long prompt to %s at %s came to %d tokens, fewer than long_prompt.min_tokens (%d): raise long_prompt.%s'
+                % (model, self.url, counted, self.long_prompt['min_tokens'], raise_this)
             )
         return None
 

@@ -167,6 +167,17 @@ def parse_models(text: str) -> list[str]:
     ]
 
 
+def parse_tokenize(text: str) -> Optional[tuple[int, int]]:
+    """vLLM's /tokenize answer: the prompt's count of tokens and the max_model_len it serves, or None without them."""
+    doc, error = parse_json(text)
+    if error or not isinstance(doc, dict):
+        return None
+    count, served_len = _count(doc.get('count')), _count(doc.get('max_model_len'))
+    if count is None or served_len is None:
+        return None
+    return count, served_len
+
+
 def error_message(text: str) -> str:
     """The message of an OpenAI-style error body, else the body itself (shortened)."""
     doc, error = parse_json(text)

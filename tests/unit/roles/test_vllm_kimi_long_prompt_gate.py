@@ -47,3 +47,38 @@ def test_each_inventorys_gate_passes_the_preflight(tmp_path, inventory):
     assert gate
     rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + refusal_task(), {'vllm_kimi_long_prompt_gate': gate})
     assert rc == 0, output
+
+
+SIZING = ['_vllm_kimi_long_context_sized', '_vllm_kimi_long_context_tokens', '_vllm_kimi_long_prompt_max_tokens']
+
+
+@pytest.mark.parametrize(
+    'extra, sized',
+    [
+        # The seed case at 131,072 under plain tensor parallelism: over the threshold.
+        ({'__vllm_kimi_plan': {'max_model_len': 131072, 'decode_context_parallel_size': 1}}, [True, 117964, 1024]),
+        # 262,144 with the dcp the preflight plans for it.
+        ({'__vllm_kimi_plan': {'max_model_len': 262144, 'decode_context_parallel_size': 2}}, [True, 235929, 1024]),
+        # A short context, but decode context parallelism: proven all the same.
+        ({'__vllm_kimi_plan': {'max_model_len': 32768, 'decode_context_parallel_size': 4}}, [True, 29491, 1024]),
+        ({'__vllm_kimi_plan': {'max_model_len': 65536, 'decode_context_parallel_size': 1}}, [False, 58982, 1024]),
+        # The sandbox inventory: every context counts as long; the answer gets what 90 % of 1024 leaves.
+        (
+            {
+                '__vllm_kimi_plan': {'max_model_len': 1024, 'decode_context_parallel_size': 1},
+                'vllm_kimi_long_context_threshold': 0,
+                'vllm_kimi_coherence_max_tokens': 256,
+            },
+            [True, 921, 103],
+        ),
+        # playbooks/gate.yml plans nothing: the variables, and auto keeps the repeats.
+        ({'vllm_kimi_max_model_len': 131072}, [True, 117964, 1024]),
+        ({'vllm_kimi_max_model_len': 'auto', 'vllm_kimi_decode_context_parallel_size': 8}, [False, 0, 1024]),
+    ],
+    ids=['seed-131072', 'seed-262144-dcp', 'short-with-dcp', 'at-threshold', 'sandbox', 'gate-play', 'gate-play-auto'],
+)
+def test_the_long_prompt_is_sized_where_the_plan_serves_a_long_or_split_context(tmp_path, extra, sized):
+    show = {'ansible.builtin.debug': {'msg': '{{ %s }}' % ' ~ "|" ~ '.join('(%s | string)' % name for name in SIZING)}}
+    rc, output = run_local_play(tmp_path, LOAD_VLLM_KIMI_VARS + [show], extra)
+    assert rc == 0, output
+    assert 'msg: %s\n' % '|'.join(str(value) for value in sized) in output, output

@@ -50,8 +50,14 @@ class World:
         journal='',
         chat_seconds=0.5,
         timed_journal='',
+        tokenize=((404, '{"detail": "Not Found"}'),),
     ):
-        self.scripts = {'/health': list(health), '/v1/models': list(models), '/v1/chat/completions': list(chat)}
+        self.scripts = {
+            '/health': list(health),
+            '/v1/models': list(models),
+            '/v1/chat/completions': list(chat),
+            '/tokenize': list(tokenize),
+        }
         self.units = list(units or [])
         self.journal = journal
         self.timed_journal = timed_journal
@@ -70,6 +76,10 @@ class World:
         self.limits[path] = limit
         script = self.scripts[path]
         answer = script.pop(0) if len(script) > 1 else script[0]
+        if path == '/tokenize':
+            self.payloads.append(payload)
+            if callable(answer):
+                return answer(payload)
         if path == '/v1/chat/completions':
             self.payloads.append(payload)
             self.now += self.chat_seconds
@@ -234,6 +244,126 @@ def test_a_long_prompt_without_a_fact_is_the_filler_then_the_prompt():
         'The sky is blue. The sky is blue. The sky is blue. What is the capital of France?'
     )
     assert result['answer'] == PARIS
+
+
+def tokenizer(max_model_len=1024, base=20, per_filler=5):
+    """A fake /tokenize: base tokens and per_filler a filler in the user message."""
+
+    def count(payload):
+        content = payload['messages'][0]['content']
+        tokens = base + per_filler * content.count('The sky is blue.')
+        return 200, json.dumps({'count': tokens, 'max_model_len': max_model_len, 'tokens': list(range(tokens))})
+
+    return count
+
+
+SIZED = {'fact': None, 'filler': 'The sky is blue. ', 'repeats': None, 'target_tokens': 921, 'min_tokens': 384}
+
+
+def test_a_long_prompt_with_a_target_is_filled_to_it_by_the_servers_count():
+    world = World(chat=[long_answer(920, PARIS)], tokenize=[tokenizer()])
+    result = world.check(
+        long_prompt=SIZED, max_tokens=103, extra_body={'chat_template_kwargs': {'thinking': False}}
+    ).run()
+    assert paths(world)[2:] == ['/tokenize'] * 3 + ['/v1/chat/completions']
+    # The count is asked as the chat is rendered: the same message, the same template switches.
+    assert world.payloads[0] == {
+        'model': 'tiny-chat',
+        'messages': [{'role': 'user', 'content': 'What is the capital of France?'}],
+        'chat_template_kwargs': {'thinking': False},
+    }
+    assert world.payloads[-1]['messages'][0]['content'] == 'The sky is blue. ' * 180 + 'What is the capital of France?'
+    assert result['long_prompt'] == {'repeats': 180, 'target_tokens': 921, 'tokenized': 920}
+    assert world.limits['/tokenize'] == 16 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    'tokenize, max_tokens, expected_msg',
+    [
+        (
+            [tokenizer(max_model_len=1000)],
+            103,
+            'long_prompt.target_tokens (921) and max_tokens (103) come to 1024 tokens, more than the max_model_len '
+            'that tiny-chat at http://127.0.0.1:8000 serves (1000)',
+        ),
+        (
+            [tokenizer(base=1000, max_model_len=4096)],
+            103,
+            'The long prompt to tiny-chat at http://127.0.0.1:8000 cannot be sized: the prompt without filler (the '
+            'fact, the question and the chat template) comes to 1000 tokens, more than long_prompt.target_tokens (921)',
+        ),
+        (
+            [(404, '{"detail": "Not Found"}')],
+            103,
+            '/tokenize at http://127.0.0.1:8000 answered 404 for tiny-chat without a count of tokens, so the long '
+            'prompt cannot be sized to long_prompt.target_tokens: Not Found',
+        ),
+        (
+            [(200, '{"count": -1, "max_model_len": 1024}')],
+            103,
+            '/tokenize at http://127.0.0.1:8000 answered 200 for tiny-chat without a count of tokens, so the long '
+            'prompt cannot be sized to long_prompt.target_tokens: {"count": -1, "max_model_len": 1024}',
+        ),
+        (
+            [(401, '{"error": "Unauthorized"}')],
+            103,
+            '/tokenize at http://127.0.0.1:8000 answered 401: the server requires an API key; set api_key',
+        ),
+    ],
+    ids=['no-room-for-the-answer', 'question-over-target', 'no-tokenize', 'count-not-a-count', 'unauthorized'],
+)
+def test_a_long_prompt_that_cannot_be_sized_fails_before_the_long_request(tokenize, max_tokens, expected_msg):
+    world = World(tokenize=tokenize)
+    with pytest.raises(CheckFailed) as err:
+        world.check(long_prompt=SIZED, max_tokens=max_tokens).run()
+    assert err.value.msg == expected_msg
+    assert '/v1/chat/completions' not in paths(world)
+
+
+def test_a_tokenize_that_asks_to_wait_is_waited_on():
+    world = World(tokenize=[(503, '{"error": {"message": "busy"}}'), tokenizer()], chat=[long_answer(920, PARIS)])
+    result = world.check(long_prompt=SIZED, max_tokens=103).run()
+    assert result['long_prompt']['repeats'] == 180
+    assert paths(world).count('/health') == 2
+
+
+GREEDY = dict(SIZED, greedy_prompt='What is the capital of France?', greedy_tokens=8)
+
+
+def test_the_greedy_probe_asks_the_short_prompt_alone_and_after_the_long_prefix_at_temperature_0():
+    world = World(
+        chat=[long_answer(920, PARIS), long_answer(9, PARIS), long_answer(920, PARIS)], tokenize=[tokenizer()]
+    )
+    result = world.check(long_prompt=GREEDY, max_tokens=103, extra_body={'temperature': 0.7}).run()
+    chats = [p for p in world.payloads if 'max_tokens' in p]
+    assert [(p['messages'][0]['content'][-40:], p['max_tokens'], p['temperature']) for p in chats] == [
+        ('blue. The sky is blue. What is the capital of France?'[-40:], 103, 0.7),
+        ('What is the capital of France?', 8, 0),
+        ('blue. The sky is blue. What is the capital of France?'[-40:], 8, 0),
+    ]
+    assert result['greedy'] == {
+        'prompt': 'What is the capital of France?',
+        'tokens': 8,
+        'alone': {'content': PARIS, 'reasoning': None},
+        'after': {'content': PARIS, 'reasoning': None},
+        'prompt_tokens': 920,
+    }
+
+
+def test_the_greedy_probe_fails_quoting_both_answers_where_the_long_prefix_changed_them():
+    world = World(
+        chat=[long_answer(920, PARIS), long_answer(9, PARIS), long_answer(920, 'The sky is blue.')],
+        tokenize=[tokenizer()],
+    )
+    with pytest.raises(CheckFailed) as err:
+        world.check(long_prompt=GREEDY, max_tokens=103).run()
+    assert err.value.msg == (
+        'The greedy-equivalence probe of tiny-chat at http://127.0.0.1:8000 drifted after the long prompt: at '
+        "temperature 0, 'What is the capital of France?' began 'The capital of France is Paris.' alone and 'The sky "
+        "is blue.' after the long prompt of 920 tokens; the first 8 tokens must be the same (a decode that misreads "
+        'a long context, as vllm#41623 reports of Kimi under decode context parallelism)'
+    )
+    assert err.value.details['greedy']['after'] == {'content': 'The sky is blue.', 'reasoning': None}
 
 
 def test_a_long_prompt_as_long_as_its_min_tokens_passes():
