@@ -146,12 +146,13 @@ def test_the_release_holds_the_lock_it_was_hashed_from_root_owned():
     assert (copy['owner'], copy['group'], copy['mode']) == ('root', 'root', '0644')
     assert COPY_LOCK['when'] == '_vllm_kimi_pip_locked | bool'
     assert BUILD['block'].index(COPY_LOCK) < BUILD['block'].index(INSTALL)
-    # The copy the release keeps is made once root sealed the release, from root's own file.
+    # The copy the release keeps is written once root sealed the release, from the same content as the install's
+    # input (not copied on the host, whose input check mode never writes).
     keep = KEEP_LOCK['ansible.builtin.copy']
-    assert (keep['src'], keep['dest'], keep['remote_src']) == (
-        '{{ _vllm_kimi_pip_lock_input }}',
+    assert (keep['content'], keep['dest'], 'remote_src' in keep) == (
+        '{{ _vllm_kimi_pip_lock }}',
         '{{ _vllm_kimi_pip_lock_path }}',
-        True,
+        False,
     )
     assert BUILD['block'].index(SEAL) < BUILD['block'].index(KEEP_LOCK)
 
