@@ -50,7 +50,7 @@ def _user_information(netloc: str, rest: str) -> tuple[str, str, str]:
     before, colon, after = netloc.partition(':')
     if netloc.startswith('[') or not colon or _PORT.fullmatch(after) or '@' not in rest:
         return '', netloc, rest
-    secret, _, after_secret = rest.partition('@')
+    secret, _at, after_secret = rest.partition('@')
     host_end = _HOST_END.search(after_secret)
     end = host_end.start() if host_end else len(after_secret)
     return netloc + secret, after_secret[:end], after_secret[end:]

@@ -401,7 +401,7 @@ RETURN = r"""
 decode_context_parallel_size:
   description:
     - The C(--decode-context-parallel-size) the plan is sized with (V(1) where it plans none). The role renders it where
-      it is over 1, with RV(decode_context_parallel.max_num_seqs) as C(--max-num-seqs).
+      it is over 1, with the C(max_num_seqs) of RV(decode_context_parallel) as C(--max-num-seqs).
   returned: always
   type: int
   sample: 2

@@ -139,7 +139,10 @@ def state_row(reply, server):
 def state_without(step, column):
     version, header, *rows = [line for line in SNAPSHOTS[step][STATE].split('\n') if line]
     index = header[2:].split().index(column)
-    drop = lambda line: ' '.join(line.split()[:index] + line.split()[index + 1 :])  # noqa: E731
+
+    def drop(line):
+        return ' '.join(line.split()[:index] + line.split()[index + 1 :])
+
     return '\n'.join([version, '# ' + drop(header[2:])] + [drop(row) for row in rows]) + '\n\n'
 
 

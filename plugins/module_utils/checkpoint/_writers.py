@@ -155,7 +155,7 @@ def _without_write_for_others(info: os.stat_result) -> os.stat_result:
 def tree_entries(top: str, shown: str) -> Iterator[tuple[str, str, os.stat_result]]:
     """(path on disk, path as the caller named it, lstat) of top and of everything under it, following no link."""
     yield top, shown, os.stat(top)
-    for folder, directories, files, _ in os.fwalk(top, follow_symlinks=False):
+    for folder, directories, files, _folder_fd in os.fwalk(top, follow_symlinks=False):
         for name in sorted(directories + files):
             real = os.path.join(folder, name)
             try:

@@ -54,7 +54,7 @@ def _callers_spans(text: str, callers_words: Iterable[str]) -> list[tuple[int, i
     """Where in text the caller's own words stand, as given and as repr() and ascii() quote them."""
     spans = []
     for words in callers_words:
-        for spelling in {words, repr(words)[1:-1], ascii(words)[1:-1]}:
+        for spelling in dict.fromkeys((words, repr(words)[1:-1], ascii(words)[1:-1])):
             at = text.find(spelling)
             while at >= 0:
                 spans.append((at, at + len(spelling)))

@@ -177,7 +177,7 @@ def _packaging_sources():
     depends on it): the canary's build needs no index."""
     top = os.path.dirname(os.path.dirname(packaging.__file__))
     sources = {}
-    for folder, _, names in os.walk(os.path.dirname(packaging.__file__)):
+    for folder, _subfolders, names in os.walk(os.path.dirname(packaging.__file__)):
         for name in names:
             if name.endswith('.py'):
                 with open(os.path.join(folder, name)) as handle:
