@@ -34,6 +34,12 @@ ALERTS = {
     'VllmRequestsQueueing',
     'VllmPreempting',
     'LlmserveMetricsUnreadable',
+    # NVIDIA's GPU exporter's (DCGM): loaded here too, with no GPU target to read.
+    'GpuXidError',
+    'GpuUncorrectableMemoryErrors',
+    'GpuThermalThrottling',
+    'GpuTemperatureHigh',
+    'GpuExporterDown',
 }
 
 
@@ -62,8 +68,8 @@ def test_the_scrape_jobs_are_the_roles_scrape_config_file(sandbox, prometheus):
     reply.raise_for_status()
     active = reply.json()['data']['activeTargets']
     assert sorted((target['scrapePool'], target['scrapeUrl'].split(':')[0]) for target in active) == [
-        ('node', 'http'),
-        ('vllm', 'https'),
+        ('llmserve_node', 'http'),
+        ('llmserve_vllm', 'https'),
     ]
 
 
@@ -102,8 +108,9 @@ def test_prometheus_loaded_the_alert_rules(prometheus):
     assert names == ALERTS
 
 
-# The series an alert's expression reads: vLLM's, the role's, node_exporter's and Prometheus's own.
-SERIES = re.compile(r'\b(?:vllm:[a-z_:]+|llmserve_[a-z_]+|node_[a-z_]+|process_start_time_seconds|up)\b')
+# The series an alert's expression reads: vLLM's, the role's, node_exporter's and Prometheus's own; not a quoted
+# label value such as the job "llmserve_vllm". The GPU exporter's DCGM series have no target here.
+SERIES = re.compile(r'(?<!")\b(?:vllm:[a-z_:]+|llmserve_[a-z_]+|node_[a-z_]+|process_start_time_seconds|up)\b')
 
 
 def test_every_series_an_alert_reads_is_scraped(prometheus):
