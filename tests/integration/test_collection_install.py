@@ -52,7 +52,7 @@ WIDER_PLAYBOOK = """---
         vllm_kimi_kv_cache_memory_bytes: 1048576
         vllm_kimi_max_model_len: auto
         vllm_kimi_port: {port}
-        vllm_kimi_api_key: wider-playbook-key
+        vllm_kimi_api_key: wider-playbook-key-of-at-least-32-characters
         vllm_kimi_front_tls_certificate: {certificate}
         vllm_kimi_front_tls_key: {key}
         # Checked mode builds no release: no lock file to name.
@@ -326,7 +326,7 @@ def test_the_quick_start_plans_the_real_case_from_the_installed_collection(insta
         result = run_as_user(quick_start_command(start), work, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
     # ansible-vault create's editor writes the one line the quick start says the file holds.
-    editor = 'sh -c \'echo "vault_vllm_kimi_api_key: quick-start-key" > "$0"\''
+    editor = 'sh -c \'echo "vault_vllm_kimi_api_key: quick-start-key-of-at-least-32-characters" > "$0"\''
     rc, shown = run_in_terminal(
         quick_start_command('ansible-vault create'), work, tmp_path, password, env={'EDITOR': editor}
     )
