@@ -62,6 +62,15 @@ options:
       - When not set, the first model that C(/v1/models) lists. When set and not listed, the module
         fails at once.
     type: str
+  max_model_len:
+    version_added: 0.3.0
+    description:
+      - The context the server must serve, as planned. Once C(/v1/models) lists the model, the C(max_model_len) it
+        reports for it must be this, else the module fails at once naming both (a server started with other
+        settings than the plan, or another server on the address).
+      - A server that reports no C(max_model_len) fails too. vLLM reports it for every model it serves.
+      - When not set, the reported context is returned (RV(max_model_len)) and not judged.
+    type: int
   prompt:
     description:
       - The user message of the check request.
@@ -416,6 +425,12 @@ model:
   returned: success, or when the answer did not match
   type: str
   sample: nvidia/Kimi-K2.5-NVFP4
+max_model_len:
+  description: The C(max_model_len) that C(/v1/models) reported for the model; null where it reported none.
+  returned: success, or when the answer did not match
+  type: int
+  sample: 131072
+  version_added: 0.3.0
 answer:
   description:
     - The answer that was judged, the content (the reasoning text when O(judge_reasoning) judged it).
@@ -778,12 +793,13 @@ def validate(module):
         ('timeout', 1, MAX_WAIT_SECONDS, '', False),
         ('request_timeout', 1, MAX_WAIT_SECONDS, '', False),
         ('max_tokens', 1, None, '', False),
+        ('max_model_len', 1, None, '', False),
         ('max_restarts', 0, None, '', False),
         ('journal_lines', 0, None, '', False),
         ('stall_timeout', 0, MAX_WAIT_SECONDS, '', False),
     )
     for name, low, high, unit, above in ranges:
-        problem = range_problem(name, p[name], low, high, unit, above)
+        problem = None if p[name] is None else range_problem(name, p[name], low, high, unit, above)
         if problem:
             return problem
     return None
@@ -792,6 +808,7 @@ def validate(module):
 ARGUMENT_SPEC = dict(
     url=dict(type='str', default=DEFAULT_URL),
     model=dict(type='str'),
+    max_model_len=dict(type='int', no_log=False),
     prompt=dict(type='str', default=DEFAULT_PROMPT),
     expect=dict(type='str', default=DEFAULT_EXPECT),
     max_tokens=dict(type='int', default=DEFAULT_MAX_TOKENS, no_log=False),
@@ -855,6 +872,7 @@ def main():
         ),
         url=p['url'],
         model=p['model'],
+        max_model_len=p['max_model_len'],
         prompt=p['prompt'],
         expect=p['expect'],
         max_tokens=p['max_tokens'],

@@ -56,6 +56,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai imp
     parse_chat,
     parse_models,
     parse_tokenize,
+    served_max_model_len,
     stream_events,
     tool_call_problem,
 )
@@ -153,6 +154,7 @@ class ChatCheck:
         http: Http,
         url: str = DEFAULT_URL,
         model: Optional[str] = None,
+        max_model_len: Optional[int] = None,
         prompt: str = DEFAULT_PROMPT,
         expect: str = DEFAULT_EXPECT,
         max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -180,6 +182,7 @@ class ChatCheck:
         self.http = http
         self.url = url.rstrip('/')
         self.model = model
+        self.max_model_len = max_model_len
         self.prompt = prompt
         self.long_prompt = long_prompt
         self.expect = expect
@@ -228,6 +231,8 @@ class ChatCheck:
         self.long_repeats: Optional[int] = self.long_prompt.get('repeats') if self.long_prompt else None
         self.tokenized: Optional[int] = None
         self.asking = '/v1/chat/completions'
+        # The context /v1/models reports for the model asked, once it listed it.
+        self.served_max_model_len: Optional[int] = None
 
     # -- helpers ---------------------------------------------------------
 
@@ -419,14 +424,20 @@ class ChatCheck:
         if not ids:
             self.last_state = 'the model list of /v1/models is empty'
             return None
-        if self.model is None:
-            return ids[0]
-        if self.model not in ids:
+        if self.model is not None and self.model not in ids:
             self._fail(
                 "The server at %s does not serve the model '%s'; /v1/models lists: %s"
                 % (self.url, self.model, ', '.join(ids))
             )
-        return self.model
+        model = self.model or ids[0]
+        self.served_max_model_len = served_max_model_len(text, model)
+        if self.max_model_len is not None and self.served_max_model_len != self.max_model_len:
+            served = 'no max_model_len' if self.served_max_model_len is None else self.served_max_model_len
+            self._fail(
+                "/v1/models at %s reports %s for '%s', where %d was planned: what serves was started with other "
+                'settings than the plan' % (self.url, served, model, self.max_model_len)
+            )
+        return model
 
     def _user_message(self, question: str) -> str:
         """The question; with long_prompt, its fact, then its filler, before it."""
@@ -687,6 +698,7 @@ class ChatCheck:
         result.update(
             {
                 'model': model,
+                'max_model_len': self.served_max_model_len,
                 'answer': answer,
                 'content': reply['content'],
                 'reasoning': reply['reasoning'],

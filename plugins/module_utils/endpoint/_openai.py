@@ -167,6 +167,16 @@ def parse_models(text: str) -> list[str]:
     ]
 
 
+def served_max_model_len(text: str, model: str) -> Optional[int]:
+    """The max_model_len that /v1/models reports for model (vLLM's entries carry it), or None where it reports none."""
+    doc, error = parse_json(text)
+    data = doc.get('data') if not error and isinstance(doc, dict) else None
+    for entry in data if isinstance(data, list) else []:
+        if isinstance(entry, dict) and entry.get('id') == model:
+            return _count(entry.get('max_model_len'))
+    return None
+
+
 def parse_tokenize(text: str) -> Optional[tuple[int, int]]:
     """vLLM's /tokenize answer: the prompt's count of tokens and the max_model_len it serves, or None without them."""
     doc, error = parse_json(text)

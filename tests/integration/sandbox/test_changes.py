@@ -356,8 +356,9 @@ def test_a_revision_that_forgets_a_long_prompt_fails_the_gate_asked_at_the_full_
 def test_a_revision_that_forgets_a_long_prompt_is_rolled_back(sandbox, forgets_long):
     before, after, rc, output, report = forgets_long
     final = dict(task_results(report, sandbox.name))[FINAL_TASK]
-    assert 'Rolled back: %s is back on deployment %s' % (sandbox.name, last_good_record(sandbox)['deployment']) in (
-        final['msg']
+    assert (
+        'Rolled back: %s is back on deployment %s' % (sandbox.name, last_good_record(sandbox)['deployment'])
+        in (final['msg'])
     )
     assert FORGOTTEN_ANSWER in final['msg'], final['msg']
     assert after['files'] == before['files']
@@ -742,8 +743,20 @@ def test_good_change_passes_and_is_recorded_as_last_good(sandbox, good_change):
     assert ledger['api_ready_seconds'] > ledger['engine_init_seconds'], ledger
     assert record['deployment'] == changed['deployments'][-1]
     # The gate streams, as agents do (vllm_kimi_gate_stream): its answer and its tool call were joined from deltas.
-    gate = dict(task_results(changed['report'], sandbox.name))[GATE_TASK]
+    results = dict(task_results(changed['report'], sandbox.name))
+    gate = results[GATE_TASK]
     assert gate['stream_events'] > 1 and gate['tool_call']['stream_events'] > 1, gate
+    # What serves is what was planned: /v1/models reported the new context, which the record keeps.
+    assert (record['gate']['model'], record['gate']['max_model_len']) == (
+        sandbox.vars['vllm_kimi_served_model_name'],
+        2048,
+    ), record['gate']
+    # The long-context gate filled 90 % of the new context (molecule's host_vars), and the short question began the
+    # same alone and after it.
+    long_prompt = results[LONG_PROMPT_TASK]
+    assert long_prompt['answer'] == RIGHT_ANSWER and long_prompt['long_prompt']['target_tokens'] == 1843, long_prompt
+    assert 0.85 * 2048 <= long_prompt['prompt_tokens'] <= 1843, long_prompt
+    assert long_prompt['greedy']['alone'] == long_prompt['greedy']['after'], long_prompt['greedy']
 
 
 def test_good_change_costs_no_speed_and_passes_against_the_last_good_figure(sandbox, good_change):

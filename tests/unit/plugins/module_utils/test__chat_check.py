@@ -135,6 +135,7 @@ def test_waits_through_refused_and_503_then_judges_the_answer():
         'progress': [],
         'startup': {},
         'model': 'tiny-chat',
+        'max_model_len': 1024,
         'answer': PARIS,
         'content': PARIS,
         'reasoning': None,
@@ -179,6 +180,32 @@ def test_asks_the_named_model_with_the_extra_body():
             'chat_template_kwargs': {'thinking': False},
         }
     ]
+
+
+def test_the_context_served_is_returned_and_passes_where_it_is_the_one_planned():
+    world = World()
+    # The recorded /v1/models of vLLM serving tiny-chat at --max-model-len 1024.
+    assert world.check().run()['max_model_len'] == 1024
+    assert world.check(max_model_len=1024).run()['max_model_len'] == 1024
+
+
+@pytest.mark.parametrize(
+    'models, expected',
+    [
+        (MODELS, "/v1/models at http://127.0.0.1:8000 reports 1024 for 'tiny-chat', where 2048 was planned"),
+        (
+            (200, '{"data": [{"id": "tiny-chat"}]}'),
+            "/v1/models at http://127.0.0.1:8000 reports no max_model_len for 'tiny-chat', where 2048 was planned",
+        ),
+    ],
+)
+def test_a_context_served_other_than_planned_fails_at_once_naming_both(models, expected):
+    world = World(models=(models,))
+    with pytest.raises(CheckFailed) as err:
+        world.check(max_model_len=2048).run()
+    assert err.value.msg == expected + ': what serves was started with other settings than the plan'
+    # Before any chat request: the answer of another start proves nothing.
+    assert world.payloads == [] and world.sleeps == []
 
 
 LONG = {'fact': 'Remember this: the secret city is Lima.', 'filler': 'The sky is blue. ', 'repeats': 3, 'min_tokens': 0}

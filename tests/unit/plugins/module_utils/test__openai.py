@@ -21,6 +21,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.endpoint._openai imp
     expect_problem,
     parse_chat,
     parse_models,
+    served_max_model_len,
     stream_events,
 )
 from ansible_collections.llmserve.vllm.tests.support import chat_completion_body, recorded, vllm_tool_calls
@@ -32,6 +33,25 @@ def fixture(name):
 
 
 # ---------------------------------------------------------------- HTTP bodies
+
+
+@pytest.mark.parametrize(
+    'text, model, expected',
+    [
+        (fixture('vllm-models.json'), 'tiny-chat', 1024),
+        (fixture('vllm-models.json'), 'kimi-k2.5', None),
+        ('{"data": [{"id": "a", "max_model_len": 8}, {"id": "b", "max_model_len": 4096}]}', 'b', 4096),
+        # A count or nothing: no text, no bool, no negative number is taken for one.
+        ('{"data": [{"id": "a", "max_model_len": "1024"}]}', 'a', None),
+        ('{"data": [{"id": "a", "max_model_len": true}]}', 'a', None),
+        ('{"data": [{"id": "a", "max_model_len": -1}]}', 'a', None),
+        ('{"data": [{"id": "a"}]}', 'a', None),
+        ('{"data": {"id": "a"}}', 'a', None),
+        ('not json', 'a', None),
+    ],
+)
+def test_served_max_model_len(text, model, expected):
+    assert served_max_model_len(text, model) == expected
 
 
 @pytest.mark.parametrize(

@@ -208,6 +208,7 @@ def test_timeout_on_a_port_that_never_opens(tmp_path, module_result, free_port):
         ({'interval': 5}, 'interval must be more than 0 and at most 2.0 seconds, got 5.0'),
         ({'timeout': 0}, 'timeout must be from 1 to 86400, got 0'),
         ({'max_tokens': 0}, 'max_tokens must be at least 1, got 0'),
+        ({'max_model_len': 0}, 'max_model_len must be at least 1, got 0'),
         ({'max_restarts': -1}, 'max_restarts must be at least 0, got -1'),
         ({'url': '127.0.0.1:8000'}, "url '127.0.0.1:8000' must start with http:// or https://"),
         (
