@@ -6,8 +6,10 @@
 `vllm serve MODEL` (the positional argument; through the CPU wheel's version shim, the role's own file) with the
 kimi_k2 reasoning and tool parsers and auto tool choice. What Kimi's users rely on: a tool request returns a
 parsed get_weather call for Paris; thinking on, the thought is in `reasoning` and the answer in `content`;
-thinking off, no reasoning; streamed, every reasoning delta comes before the first content delta. Each failing
-revision breaks the property it was made to break. One vLLM per model (a class-scoped fixture), one at a time.
+thinking off, no reasoning; streamed, every reasoning delta comes before the first content delta. The revisions
+made to fail a gate are served by vLLM where the role's gates meet them, each failing for the property it was made
+to break: `wrong` in tests/integration/sandbox/test_changes.py, `thinks-forever` and `ignores-tools` in
+tests/integration/fleet/test_failing_revisions.py, `forgets-long` in both scenarios.
 """
 
 import json
@@ -281,44 +283,3 @@ class TestTinyKimi:
         first_content = kinds.index('content')
         assert kinds[:first_content] == ['reasoning'] * first_content and 'reasoning' not in kinds[first_content:]
         assert first_content > 1  # the thought came in several deltas, not as one block at the end
-
-
-class TestWrong:
-    @pytest.fixture(scope='class')
-    def client(self, tmp_path_factory):
-        for client, _server in serve('tiny-kimi-wrong', tmp_path_factory):
-            yield client
-
-    def test_the_answer_in_content_is_not_paris(self, client):
-        choice = ask(client, QUESTION, max_tokens=128)
-        assert (choice.finish_reason, choice.message.content) == ('stop', 'The capital of France is Berlin.')
-        assert 'paris' not in choice.message.content.lower()
-
-
-class TestThinksForever:
-    @pytest.fixture(scope='class')
-    def client(self, tmp_path_factory):
-        for client, _server in serve('tiny-kimi-thinks-forever', tmp_path_factory):
-            yield client
-
-    def test_the_thinking_never_closes_before_max_tokens(self, client):
-        choice = ask(client, QUESTION, max_tokens=200)
-        assert (choice.finish_reason, choice.message.content or '') == ('length', '')
-        # vLLM's greedy loop is not transformers' to the word; what matters is that it never closes.
-        assert 'Let me think about it' in reasoning_of(choice.message)
-
-
-class TestIgnoresTools:
-    @pytest.fixture(scope='class')
-    def client(self, tmp_path_factory):
-        for client, _server in serve('tiny-kimi-ignores-tools', tmp_path_factory):
-            yield client
-
-    def test_a_tool_request_is_answered_in_text_without_a_call(self, client):
-        choice = ask_weather(client)
-        assert (choice.finish_reason, choice.message.tool_calls) == ('stop', None)
-        assert choice.message.content == 'Paris is often mild, but I cannot check the weather.'
-
-    def test_it_still_answers_the_coherence_question(self, client):
-        choice = ask(client, QUESTION, max_tokens=128)
-        assert (choice.finish_reason, choice.message.content) == ('stop', PARIS)
