@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Run make targets as timed stages, lane by lane, and end with a table of their wall times.
+"""Run make targets as timed stages, lane by lane, and end with a table of their wall and CPU times.
 
     python3 tools/stages.py --first "tools models" --lane "lint sanity units" --lane "molecule molecule-fleet"
 
@@ -19,6 +19,10 @@ lanes that are waited for (the models' training and the sandbox scenarios in mak
 After the table, the lines of each failed stage's log that name what failed (pytest's FAILED and ERROR lines and
 its E lines, Ansible's fatal lines, tracebacks), at most FAILURE_LINES of them, or the log's last lines where it has
 none of those (a linter's): CI shows a run's last lines, and these say which test or file to look at.
+
+A stage's CPU time is its own processes' (make and every process it waited for, by the kernel's rusage): beside its
+wall time it tells a stage that computes from one that waits. The sandboxes' services (vLLM in systemd-nspawn) are
+no children of a stage, so the scenarios' CPU time is their controller's.
 
 Under the table, how busy the machine's cores were, over the run and in each 5-minute slice (from /proc/stat, so the
 sandboxes' processes count too): where the cores are busy throughout, only less work shortens the run; where they
@@ -82,6 +86,9 @@ class Stage:
         self.started = None  # type: float | None
         self.ended = None  # type: float | None
         self.returncode = None  # type: int | None
+        # CPU seconds of the stage's own processes (make and all it waited for), from the kernel's rusage: the
+        # sandboxes' services are no children of it and are not counted.
+        self.cpu_seconds = None  # type: float | None
 
     @property
     def log_path(self) -> str:
@@ -116,7 +123,9 @@ def run_stage(stage: Stage, make: list) -> None:
         assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             log.write(b'[+%s] ' % minutes(time.time() - stage.started).encode() + line)
-        stage.returncode = proc.wait()
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = stage.returncode = os.waitstatus_to_exitcode(status)
+    stage.cpu_seconds = usage.ru_utime + usage.ru_stime
     stage.ended = time.time()
     with PRINT_LOCK, open(stage.log_path, 'rb') as log:
         sys.stdout.write(
@@ -181,12 +190,14 @@ def table(stages: list, started: float) -> str:
     now = time.time()
     rows = [
         '',
-        'Stage times (wall clock; lanes run side by side)',
-        '%-5s  %-24s  %8s  %s' % ('lane', 'stage', 'm:ss', 'verdict'),
+        "Stage times (wall clock; lanes run side by side) and CPU time (the stage's own processes, not the sandboxes')",
+        '%-5s  %-24s  %8s  %8s  %s' % ('lane', 'stage', 'm:ss', 'cpu m:ss', 'verdict'),
     ]
     for stage in stages:
+        cpu = '-' if stage.cpu_seconds is None else minutes(stage.cpu_seconds)
         rows.append(
-            '%-5s  %-24s  %8s  %s' % (lane_name(stage.lane), stage.target, minutes(stage.seconds(now)), stage.verdict())
+            '%-5s  %-24s  %8s  %8s  %s'
+            % (lane_name(stage.lane), stage.target, minutes(stage.seconds(now)), cpu, stage.verdict())
         )
     rows.append('%-5s  %-24s  %8s' % ('', 'total', minutes(now - started)))
     return '\n'.join(rows) + '\n'

@@ -78,3 +78,23 @@ def test_a_run_ends_with_what_failed_after_the_table(tmp_path):
         '\n== what failed in bad (.build/stages/bad.log) ==\nFAILED tests/t.py::test_b - assert 1 == 2\n'
     ), tail
     assert 'good' not in tail[tail.index('== what failed') :]
+
+
+def test_the_table_tells_a_stage_that_computes_from_one_that_waits(tmp_path):
+    fake_make = tmp_path / 'make'
+    burn = 'import time; t = time.process_time()\nwhile time.process_time() - t < 2: pass'
+    fake_make.write_text(
+        '#!/bin/sh\ncase "$2" in\n  computes) "%s" -c "%s" ;;\n  waits) sleep 2 ;;\nesac\n' % (sys.executable, burn)
+    )
+    fake_make.chmod(fake_make.stat().st_mode | stat.S_IXUSR)
+    proc = subprocess.run(
+        [sys.executable, STAGES, '--lane', 'computes', '--lane', 'waits', '--make', str(fake_make)],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = dict(line.split()[1:4:2] for line in proc.stdout.splitlines() if line.split()[-1:] == ['passed'])
+    # lane, stage, wall, CPU, verdict: the CPU column of each stage.
+    assert rows == {'computes': '0:02', 'waits': '0:00'}, proc.stdout
