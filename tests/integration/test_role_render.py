@@ -546,21 +546,28 @@ def test_service_settings_land_in_the_service_section(tmp_path):
 VLLM_PYTHON = os.path.join(REPO, '.venv-vllm', 'bin', 'python')
 # Run by .venv-vllm's python: vLLM's parser reads the media flags of the rendered command line, and its
 # MediaConnector (what a chat request's image_url goes through) fetches the URL; prints the outcome as JSON.
+# One process asks vLLM's own media fetch for every case of a test: vLLM's import is most of its time. Each case sets
+# the VLLM_MEDIA_* variables it names and clears the others; vllm.envs reads them at each access.
 FETCH_AS_VLLM = r"""
-import json, sys
+import json, os, sys
 from vllm.engine.arg_utils import EngineArgs
 from vllm.multimodal.media.connector import MediaConnector
 from vllm.multimodal.media.image import ImageMediaIO
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-flags, url = json.loads(sys.argv[1]), sys.argv[2]
-args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(flags)
-connector = MediaConnector(allowed_media_domains=args.allowed_media_domains)
-try:
-    connector.load_from_url(url, ImageMediaIO(), fetch_timeout=5)
-    print(json.dumps({'refused': None}))
-except Exception as exc:
-    print(json.dumps({'refused': '%s: %s' % (type(exc).__name__, exc)}))
+outcomes = []
+for case in json.loads(sys.argv[1]):
+    for name in [name for name in os.environ if name.startswith('VLLM_MEDIA')]:
+        del os.environ[name]
+    os.environ.update(case['environment'])
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(case['flags'])
+    connector = MediaConnector(allowed_media_domains=args.allowed_media_domains)
+    try:
+        connector.load_from_url(case['url'], ImageMediaIO(), fetch_timeout=5)
+        outcomes.append({'refused': None})
+    except Exception as exc:
+        outcomes.append({'refused': '%s: %s' % (type(exc).__name__, exc)})
+print(json.dumps(outcomes))
 """
 
 
@@ -571,10 +578,18 @@ def media_flags(argv):
     return argv[start:end]
 
 
-def fetch_as_vllm(flags, url, environment):
-    env = dict(os.environ, **{k: v for k, v in environment.items() if k.startswith('VLLM_MEDIA')})
+def fetch_as_vllm(*cases):
+    """vLLM's media fetch of each (flags, url, environment) in turn, in one process: [{'refused': reason or None}]."""
+    asked = [
+        {
+            'flags': flags,
+            'url': url,
+            'environment': {k: v for k, v in environment.items() if k.startswith('VLLM_MEDIA')},
+        }
+        for flags, url, environment in cases
+    ]
     proc = subprocess.run(
-        [VLLM_PYTHON, '-c', FETCH_AS_VLLM, json.dumps(flags), url], capture_output=True, text=True, env=env, check=False
+        [VLLM_PYTHON, '-c', FETCH_AS_VLLM, json.dumps(asked)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -595,12 +610,14 @@ def test_media_from_a_loopback_url_is_refused_before_any_fetch(gpu_unit):
     flags = media_flags(exec_start(unit))
     canary = Canary()
     try:
-        outcome = fetch_as_vllm(flags, canary.url, environment_of(environment))
-        assert outcome['refused'] and 'allowed domains' in outcome['refused'], outcome
-        assert canary.hits == []
-        # Without the role's flag, vLLM's own default, the same fetch reaches the canary: the check above can fail.
-        assert fetch_as_vllm([], canary.url, {})['refused'], 'the canary answers 404, which vLLM cannot decode'
-        assert canary.hits == ['/cat.png']
+        # Without the role's flag, vLLM's own default, the same fetch reaches the canary: the check can fail. Each
+        # case asks its own query, so the hits say which one reached it.
+        with_flags, without = fetch_as_vllm(
+            (flags, canary.url + '?with-flags', environment_of(environment)), ([], canary.url + '?without', {})
+        )
+        assert with_flags['refused'] and 'allowed domains' in with_flags['refused'], with_flags
+        assert without['refused'], 'the canary answers 404, which vLLM cannot decode'
+        assert canary.hits == ['/cat.png?without']
     finally:
         canary.close()
 
@@ -618,17 +635,21 @@ def test_an_allowed_media_host_cannot_redirect_vllm_elsewhere(tmp_path):
     env = environment_of(environment)
     assert env['VLLM_MEDIA_URL_ALLOW_REDIRECTS'] == '0'
     canary = Canary()
-    redirector = Canary(to=canary.url)
+    # A redirector per case, each to its own query of the canary: the hits say which case reached it.
+    redirectors = [Canary(to=canary.url + '?redirects-off'), Canary(to=canary.url + '?redirects-on')]
     try:
-        outcome = fetch_as_vllm(flags, redirector.url, env)
-        assert outcome['refused'], outcome
-        assert redirector.hits == ['/cat.png'] and canary.hits == []
         # With redirects on (vLLM's default) the canary is reached: the redirect setting is what kept it out.
-        fetch_as_vllm(flags, redirector.url, dict(env, VLLM_MEDIA_URL_ALLOW_REDIRECTS='1'))
-        assert canary.hits == ['/cat.png']
+        kept_out, _followed = fetch_as_vllm(
+            (flags, redirectors[0].url, env),
+            (flags, redirectors[1].url, dict(env, VLLM_MEDIA_URL_ALLOW_REDIRECTS='1')),
+        )
+        assert kept_out['refused'], kept_out
+        assert [r.hits for r in redirectors] == [['/cat.png'], ['/cat.png']]
+        assert canary.hits == ['/cat.png?redirects-on']
     finally:
         canary.close()
-        redirector.close()
+        for redirector in redirectors:
+            redirector.close()
 
 
 def test_the_unit_fences_vllm_to_loopback_and_the_cluster_network(gpu_unit, tmp_path):
