@@ -692,16 +692,21 @@ from vllm.config.multimodal import MultiModalConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
-config = MultiModalConfig(limit_per_prompt=args.limit_mm_per_prompt)
-print(json.dumps({modality: config.get_limit_per_prompt(modality) for modality in ('vision_chunk', 'image', 'video')}))
+limits = []
+for flags in json.loads(sys.argv[1]):
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(flags)
+    config = MultiModalConfig(limit_per_prompt=args.limit_mm_per_prompt)
+    limits.append({modality: config.get_limit_per_prompt(modality) for modality in ('vision_chunk', 'image', 'video')})
+print(json.dumps(limits))
 """
 
 
-def limits_as_vllm(argv):
-    start = argv.index('--limit-mm-per-prompt')
+def limits_as_vllm(*argvs):
+    """The per-prompt media limits vLLM takes from each command line's --limit-mm-per-prompt, in one process (vLLM's
+    import is most of its time)."""
+    flags = [argv[argv.index('--limit-mm-per-prompt') :][:2] for argv in argvs]
     proc = subprocess.run(
-        [VLLM_PYTHON, '-c', LIMITS_AS_VLLM, json.dumps(argv[start : start + 2])],
+        [VLLM_PYTHON, '-c', LIMITS_AS_VLLM, json.dumps(flags)],
         capture_output=True,
         text=True,
         check=False,
@@ -717,9 +722,10 @@ def limits_as_vllm(argv):
 def test_kimis_media_limit_binds_its_vision_chunks(tmp_path, gpu_unit):
     """Kimi-K2.5 takes images and videos as one modality, vision_chunk: vLLM holds a prompt to the inventory's 8
     media items only where the limit names it. Under the names the inventory uses, it would allow vLLM's 999."""
-    assert limits_as_vllm(exec_start(gpu_unit[0]))['vision_chunk'] == 8
     without_the_preflight = exec_start(render(tmp_path, GPU_VARS, __vllm_kimi_preflight={})[0])
-    assert limits_as_vllm(without_the_preflight) == {'vision_chunk': 999, 'image': 8, 'video': 0}
+    rendered, unnamed = limits_as_vllm(exec_start(gpu_unit[0]), without_the_preflight)
+    assert rendered['vision_chunk'] == 8
+    assert unnamed == {'vision_chunk': 999, 'image': 8, 'video': 0}
 
 
 def test_a_single_node_serves_on_a_unix_socket_in_a_network_of_its_own(gpu_render, tmp_path):
