@@ -148,9 +148,10 @@ class Sandbox:
             [os.path.join(BIN, 'ansible-playbook'), '-i', self.inventory, '--limit', self.name, PLAYBOOK] + list(extra)
         )
 
-    def gate(self, timeout=300, api_key=None):
+    def gate(self, timeout=300, api_key=None, max_model_len=None):
         """The role's coherence gate (llmserve.vllm.chat_check) run on its own, with the inventory's key unless another
-        is given; the module's result, with failed as the play saw it."""
+        is given, and the context a deploy's gate finds planned where one is given; the module's result, with failed
+        as the play saw it."""
         args = {
             'url': 'http://localhost' if self.unix_socket else 'http://127.0.0.1:%s' % self.vars['vllm_kimi_port'],
             'unix_socket': self.unix_socket,
@@ -161,6 +162,8 @@ class Sandbox:
             'timeout': timeout,
             'unit': self.unit + '.service',
         }
+        if max_model_len is not None:
+            args['max_model_len'] = max_model_len
         rc, output, report = self._ansible(
             [
                 os.path.join(BIN, 'ansible'),
