@@ -135,8 +135,11 @@ sanity: tools
 	cd $(SANITY_ROOT) && HOME=$(SANITY_HOME) $(SANITY_BIN)/ansible-test sanity --color no \
 	  --python $$($(SANITY_BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
+# The unit tests, the matrix's and the integration tests that run neither vLLM nor a sandbox host run on every core
+# (pytest-xdist, a file a worker): make test's static lane then takes whatever the scenarios leave idle of either.
+TEST_WORKERS := $(shell nproc)
 units: tools promtool vllm-venv
-	$(BIN)/pytest -m unit tests/unit
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m unit tests/unit
 
 # Bad input against every module (malformed values, non-regular files, hanging
 # commands, endless servers, secrets, concurrency, full disks): the totals of
@@ -149,21 +152,24 @@ adversarial: tools
 # The fault scenarios and chat_check's systemd tests need a deployed sandbox:
 # they run in molecule's verify step, on its sandbox.
 integration: tools vllm-venv
-	$(BIN)/pytest -m controller tests/integration
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'controller and not vllm and not sandbox' tests/integration
+	$(BIN)/pytest -m 'controller and (vllm or sandbox)' tests/integration
 
 # Every ansible-core release meta/runtime.yml promises, each its latest patch on the controller Python
 # it is tested with here (RELEASE:PYTHON): a venv each under .build/matrix, then sanity and the tests of what the
 # release can change (MATRIX_TESTS) through that release. The tool venv's release (tests/requirements.txt)
 # is the last: make sanity, units and integration already run it.
 # 2.22 joins when it is final (rc1 on PyPI in December 2026).
-# What ansible-core's release can change: the modules as Ansible runs them, the filters, the roles' templates and
-# argument specs, the HTTP layer over ansible.module_utils.urls, and kv_cache_quant's playbooks. The arithmetic of
-# the plans and checks is the same Python under every release; the tool venv's release runs all of it.
-MATRIX_TESTS := tests/unit/plugins/modules tests/unit/plugins/filter tests/unit/roles \
+# What ansible-core's release can change: the modules as Ansible runs them, the filters, the HTTP layer over
+# ansible.module_utils.urls, kv_cache_quant's playbooks, and each role run through Ansible once: vllm_kimi's unit and
+# environment rendered and its refusals of settings that would break them, vllm_haproxy's configuration, vllm_monitoring
+# in check, diff and real mode and again. The other role tests check the roles' own logic (refusals, plans, programs),
+# the same Jinja and Python under every release: the tool venv's release runs them (make units).
+MATRIX_TESTS := tests/unit/plugins/modules tests/unit/plugins/filter \
+  $(addprefix tests/unit/roles/,test_vllm_kimi_service_settings.py test_vllm_haproxy.py) \
+  tests/unit/roles/test_vllm_monitoring.py::test_check_diff_real_and_repeat \
   $(addprefix tests/unit/plugins/module_utils/,test__http.py test__hub_headers.py test__hub_manifest.py test__hub_checkpoint.py) \
   tests/integration/test_kv_cache_quant.py
-# The role's programs run under the release's Python, never under Ansible: their tests stay out of the matrix.
-MATRIX_IGNORE := $(addprefix --ignore=tests/unit/roles/,test_preload_smoke.py test_shm_clean.py)
 MATRIX := 2.20.10:3.12 2.21.5:3.13
 MATRIX_CORES := $(foreach entry,$(MATRIX),$(firstword $(subst :, ,$(entry))))
 matrix_python = $(lastword $(subst :, ,$(filter $(1):%,$(MATRIX))))
@@ -171,7 +177,7 @@ matrix: $(addprefix matrix-,$(MATRIX_CORES))
 matrix-%: .build/matrix/%/.installed collection-link promtool vllm-venv
 	$(if $(filter $*,$(lastword $(MATRIX_CORES))),,$(MAKE) --no-print-directory sanity \
 	  SANITY_BIN=$(abspath .build/matrix/$*/bin) SANITY_ROOT=.build/matrix/$*/sanity/ansible_collections/llmserve/vllm)
-	.build/matrix/$*/bin/pytest $(MATRIX_TESTS) $(MATRIX_IGNORE)
+	.build/matrix/$*/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(MATRIX_TESTS)
 .build/matrix/%/.installed: tests/requirements.txt
 	$(call need_python,$(call matrix_python,$*),$*)
 	rm -rf $(@D)
@@ -184,27 +190,24 @@ matrix-%: .build/matrix/%/.installed collection-link promtool vllm-venv
 # integration already run: make test adds only the older releases.
 MATRIX_OLDER := $(filter-out $(lastword $(MATRIX_CORES)),$(MATRIX_CORES))
 
-# make test: the tool venv first; then the static checks and the tests that run outside the sandboxes in one lane,
-# the vLLM venv and the tiny models' training in another, and the sandbox scenarios (which wait on vLLM start-ups and
-# SSH much of the time) in the third: the default scenario's sandbox is created and prepared while the vLLM venv is
-# built and the models train, and whatever needs them (the scenarios' fake Hub, the tests that run vLLM) waits on
-# their locks. The fleet's three sandboxes are booted and seeded in the models' lane, after the training: the
-# third lane's fleet stage then starts at its converge.
-# tools/stages.py ends with a table of each stage's wall time and how busy the cores were.
+# make test: the tool venv first; then three lanes side by side. The static checks and the tests that run outside
+# the sandboxes in one; the vLLM venv, the tiny models' training and the fleet scenario in another; the default
+# scenario in the third. The default scenario's sandbox is created and prepared while the vLLM venv is built and the
+# models train, and whatever needs them (the scenarios' fake Hub, the tests that run vLLM) waits on their locks. The
+# two scenarios wait on vLLM's starts, their gates' polls and SSH much of the time, so they run side by side on one
+# fake Hub: the fleet's replicas compute on the last core (molecule/fleet/host_vars), the default scenario's vLLM on
+# the first (its unit pins it there), where its performance gate measures.
+# tools/stages.py ends with a table of each stage's wall and CPU time and how busy the cores were.
 TEST_FIRST := tools promtool cache-report
 TEST_STATIC_LANE := lint sanity ecosystem units adversarial $(addprefix matrix-,$(MATRIX_OLDER)) integration
-TEST_MODELS_LANE := vllm-venv models molecule-fleet-create
-TEST_SANDBOX_LANE := molecule-create molecule-test molecule-fleet-test
-# The static lane keeps to the last core: the default scenario's vLLM runs on the first (vLLM's CPU build
-# binds its engine there; the sandbox host's unit pins the rest of it), where the performance gate's figures
-# would otherwise move with what the other lane runs.
-TEST_STATIC_LANE_CPUS := $(shell echo $$(( $$(nproc) - 1 )))
-# The static lane has time to spare (it ends well before the sandbox lane): it yields its core to the models'
-# training, which the sandbox scenarios wait for, and to the sandbox scenarios' controller and SSH.
+TEST_MODELS_LANE := vllm-venv models molecule-fleet-create molecule-fleet-test
+TEST_SANDBOX_LANE := molecule-create molecule-test
+# The static lane takes what the other two leave of both cores: it yields to the models' training, which the
+# scenarios wait for, and to the scenarios' vLLMs, controllers and SSH.
 TEST_STATIC_LANE_NICE := 10
 test: collection-link
 	$(PYTHON) tools/stages.py --first "$(TEST_FIRST)" --lane "$(TEST_STATIC_LANE)" --lane "$(TEST_MODELS_LANE)" \
-	  --lane "$(TEST_SANDBOX_LANE)" --pin 1:$(TEST_STATIC_LANE_CPUS) --nice 1:$(TEST_STATIC_LANE_NICE)
+	  --lane "$(TEST_SANDBOX_LANE)" --nice 1:$(TEST_STATIC_LANE_NICE)
 
 build: tools
 	$(BIN)/ansible-galaxy collection build --force --output-path .build

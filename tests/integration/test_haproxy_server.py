@@ -297,10 +297,13 @@ def test_ready_on_a_replica_whose_health_check_fails_fails_at_the_timeout(haprox
     haproxy.replicas['b'].sick = True
     result, _stdout = run(dict(args, state='ready', timeout=3))
     assert result['failed'] is True and result['changed'] is True
-    assert result['msg'] == (
-        'timed out after 3 s waiting for vllm/b to be UP: status DOWN, last check L7STS (Layer7 wrong status: '
-        'Service Unavailable)'
-    )
+    # HAProxy adds the reply's reason to the check's description only where its last check read one: which of its
+    # reads the timeout meets decides (on a loaded machine the shorter one came, 2026-12-07). The code is its own.
+    assert re.fullmatch(
+        r'timed out after 3 s waiting for vllm/b to be UP: status DOWN, last check L7STS '
+        r'\(Layer7 wrong status(: Service Unavailable)?\)',
+        result['msg'],
+    ), result['msg']
     # The timeout bounds the whole run: the wait has what the reads and the set before it left.
     assert 2.5 <= result['elapsed'] < 5
     assert result['server']['check_code'] == 503
