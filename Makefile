@@ -136,7 +136,8 @@ sanity: tools
 	  --python $$($(SANITY_BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 # The unit tests, the matrix's and the integration tests that run neither vLLM nor a sandbox host run on every core
-# (pytest-xdist, a file a worker): make test's static lane then takes whatever the scenarios leave idle of either.
+# (pytest-xdist: a file a worker; the integration tests a test a worker, but the files whose module fixtures build
+# something, marked xdist_group): make test's static lane then takes whatever the scenarios leave idle of either.
 TEST_WORKERS := $(shell nproc)
 units: tools promtool vllm-venv
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m unit tests/unit
@@ -152,7 +153,7 @@ adversarial: tools
 # The fault scenarios and chat_check's systemd tests need a deployed sandbox:
 # they run in molecule's verify step, on its sandbox.
 integration: tools vllm-venv
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'controller and not vllm and not sandbox' tests/integration
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m 'controller and not vllm and not sandbox' tests/integration
 	$(BIN)/pytest -m 'controller and (vllm or sandbox)' tests/integration
 
 # Every ansible-core release meta/runtime.yml promises, each its latest patch on the controller Python

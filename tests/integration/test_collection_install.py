@@ -24,7 +24,9 @@ from ansible_collections.llmserve.vllm.tests.certificates import write_pair
 from ansible_collections.llmserve.vllm.tests.support import make_kimi
 
 # Builds the tarball and installs it with ansible-galaxy, then runs each tag's phase: make test's, not make check's
-pytestmark = pytest.mark.slow
+# The built tarball and its installed tree are the module's fixtures: its tests run on one worker (make integration's
+# --dist loadgroup), which builds them once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('collection_install')]
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 BIN = os.path.join(REPO, '.venv', 'bin')

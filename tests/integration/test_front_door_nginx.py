@@ -25,6 +25,9 @@ import pytest
 from ansible_collections.llmserve.vllm.tests.certificates import write_pair
 from ansible_collections.llmserve.vllm.tests.integration.test_role_render import GPU_VARS, REPO, render
 
+# One nginx a module (its fixture): its tests run on one worker (make integration's --dist loadgroup).
+pytestmark = pytest.mark.xdist_group('front_door_nginx')
+
 KEY = 'sk-nginx-test-key-0123456789abcdef'
 BALANCER = '127.0.0.5'
 PATHS = ['/v1/chat/completions', '/v1/models', '/health', '/invocations']

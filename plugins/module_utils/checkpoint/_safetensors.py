@@ -232,6 +232,9 @@ class Checkpoint:
         self.missing: list[str] = []
         self.problems: list[str] = []
         self.index_total_size: Optional[int] = None
+        # The preflight's sizes of unsized tensors from a config (the config and quantization config they were
+        # worked out for, then the sizes): kept with the checkpoint, whose tensors they size.
+        self.sized_by_config: Optional[tuple[Any, Any, Any]] = None
 
 
 def scan(model_path: str) -> Checkpoint:

@@ -14,6 +14,7 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._checkpoi
     resolve_kv_cache_dtype,
 )
 from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._safetensors import scan
+from ansible_collections.llmserve.vllm.plugins.module_utils.preflight import _gpu_preflight
 from ansible_collections.llmserve.vllm.plugins.module_utils.preflight._gpu_preflight import (
     Findings,
     check_nvidia_devices,
@@ -637,6 +638,29 @@ def test_a_measurement_of_another_key_is_not_used_and_the_newest_of_this_key_is(
 # Decode context parallelism on the seed case: 8 RTX PRO 6000s, Kimi-K2.5-NVFP4 before the download, the reserve
 # estimated (vLLM 0.33's terms), plain TP holding 252,128 tokens at 0.95 with 64 sequences and 157,856 at 0.90 with
 # vLLM's 1024.
+
+
+def test_a_plan_that_tries_decode_context_sizes_sizes_the_tensors_from_the_config_once(kimi, monkeypatch):
+    """Each try of a dcp is a whole plan at that size; the 278,964 tensors are sized from config.json for the first
+    only, and the tries after it read the same sizes (the plan equals one worked out without the memo)."""
+    sizings = []
+    real = _gpu_preflight.sized_from_config
+
+    def counted(names, config, hf_quant_config=None):
+        sizings.append(len(names))
+        return real(names, config, hf_quant_config)
+
+    monkeypatch.setattr(_gpu_preflight, 'sized_from_config', counted)
+    settings = dict(
+        decode_context_parallel_size='auto', gpu_memory_utilization=0.95, max_model_len=262144, max_num_seqs=64
+    )
+    native = kimi_plan(kimi, **settings)
+    assert native['decode_context_parallel_size'] == 2
+    assert sizings == [278964]
+    # A checkpoint scanned anew, and a config of the same content but another object, are sized again.
+    again = kimi_plan(kimi, **settings)
+    assert sizings == [278964, 278964]
+    assert again == native
 
 
 def test_kimi_native_context_plans_the_smallest_dcp_that_holds_one_request(kimi):
