@@ -55,7 +55,7 @@ FAKEHUB_STOP = if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid
 # The fake Hub, (re)started on a fresh root so that it serves the models as they are now: tiny-kimi from the shell
 # variable core's directory, each failing revision from the variable models' directory with the option $(1)
 # (--publish: at once; --publish-when-ready: once that directory exists). A Hub of this checkout that already
-# serves those directories is left running: make test's two scenarios run side by side on one Hub.
+# serves those directories is left running: scenarios started side by side share one Hub.
 define fakehub_start
 	mkdir -p $(FAKEHUB_DIR)
 	core=$$($(MAKE_MODELS) --core | tail -1); models=$${core%-core}; \
@@ -74,7 +74,7 @@ define fakehub_start
 endef
 
 # A scenario runs its molecule command under a shared lock of the Hub ($(1): the command); the one that ends last
-# stops the Hub, so that once make test's scenarios are done nothing of them is left running.
+# stops the Hub, so that once the scenarios are done nothing of them is left running.
 define with_fakehub
 	status=0; flock -o -s $(FAKEHUB_DIR)/in-use $(1) || status=$$?; \
 	  flock -n -x $(FAKEHUB_DIR)/in-use $(MAKE) --no-print-directory fakehub-down || echo "fake hub: left to the other scenario"; \
