@@ -14,8 +14,8 @@ own:
   into `content`, markup and all, and the coherence gate refuses it.
 
 Each host is rolled back by itself; afterwards every replica answers and calls tools again, judged with the
-official `openai` client, and the one rolled back from a revision still does after a restart. The revisions are the fake Hub's, named in
-inventories/sandbox/group_vars/vllm.yml.
+official `openai` client, and the one rolled back from a revision still does after a restart. The revisions are
+the fake Hub's, named in inventories/sandbox/group_vars/vllm.yml.
 """
 
 import json
@@ -185,7 +185,7 @@ def test_after_the_rollbacks_every_replica_answers_and_calls_tools(fleet, broken
 def test_after_a_restart_the_replica_rolled_back_from_a_revision_still_answers_and_calls_tools(fleet, broken_changes):
     """The rollback of a revision left nothing the unit reads pointing at the failed one: a plain restart comes back
     to the last good revision. One replica: the default scenario restarts after the rollback of a command line
-    (test_changes.py), and each restart here costs a vLLM start on a machine the other scenario shares."""
+    (test_changes.py), and each restart here costs a vLLM start of about half a CPU-minute."""
     hosts, ports, settings = fleet
     ad_hoc(INVENTORY, hosts[0], 'systemctl restart vllm-kimi')
     rc = subprocess.run(
