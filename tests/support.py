@@ -72,6 +72,16 @@ def recorded(*parts):
         return handle.read()
 
 
+def unpack_render(out_dir):
+    """Split tests/integration/playbooks/render_unit.yml's rendered.json in OUT_DIR into a file per rendered name
+    (unit.service, smoke.service, environment, front.nginx.conf, front.auth.conf, front.service)."""
+    with open(os.path.join(out_dir, 'rendered.json')) as handle:
+        rendered = json.load(handle)
+    for name, text in rendered.items():
+        with open(os.path.join(out_dir, name), 'w') as handle:
+            handle.write(text)
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:

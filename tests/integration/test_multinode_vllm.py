@@ -25,7 +25,7 @@ import time
 import pytest
 import yaml
 
-from ansible_collections.llmserve.vllm.tests.support import REPO, tiny_models
+from ansible_collections.llmserve.vllm.tests.support import REPO, tiny_models, unpack_render
 
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'playbooks', 'render_unit.yml')
 ANSIBLE_PLAYBOOK = os.path.join(REPO, '.venv', 'bin', 'ansible-playbook')
@@ -160,6 +160,7 @@ def render_cluster(tmp_path, model_dir):
     rendered = {}
     for node in NODES:
         out = tmp_path / node['host']
+        unpack_render(out)
         rendered[node['host']] = (
             unquote_exec_start((out / 'unit.service').read_text()),
             (out / 'environment').read_text(),

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ansible_collections.llmserve.vllm.plugins.filter.vllm import pinned_version
-from ansible_collections.llmserve.vllm.tests.support import Canary
+from ansible_collections.llmserve.vllm.tests.support import Canary, unpack_render
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 PLAYBOOK = os.path.join(REPO, 'tests', 'integration', 'playbooks', 'render_unit.yml')
@@ -42,6 +42,7 @@ def render(tmp_path, group_vars_file, **extra_vars):
         capture_output=True,
         text=True,
     )
+    unpack_render(tmp_path)
     unit = (tmp_path / 'unit.service').read_text()
     environment = (tmp_path / 'environment').read_text()
     return unit, environment
@@ -381,6 +382,7 @@ def render_cluster(tmp_path, hosts, **extra_vars):
             capture_output=True,
             text=True,
         )
+        unpack_render(out)
         unit = (out / 'unit.service').read_text()
         rendered[host] = (
             exec_start(unit),
