@@ -19,10 +19,8 @@ ecosystem-import ecosystem-docs ecosystem-changelog: export PATH := $(ECOSYSTEM_
 
 $(ECOSYSTEM_VENV)/.installed: tests/ecosystem-requirements.txt
 	$(call need_python,$(ECOSYSTEM_PYTHON_VERSION),of galaxy-importer and antsibull)
-	rm -rf $(ECOSYSTEM_VENV)
-	$(call pyenv_python,$(ECOSYSTEM_PYTHON_VERSION)) -m venv $(ECOSYSTEM_VENV)
-	$(ECOSYSTEM_BIN)/pip install -q -r tests/ecosystem-requirements.txt
-	touch $@
+	tools/cached-venv $(ECOSYSTEM_VENV) ecosystem $(call pyenv_python,$(ECOSYSTEM_PYTHON_VERSION)) \
+	  -r tests/ecosystem-requirements.txt
 
 # galaxy-importer exits 1 only when the import is refused; what it finds on the way (an
 # ansible-doc failure, a bad doc string) it logs as ERROR or WARNING lines and still exits 0.
