@@ -19,8 +19,9 @@ of make test fill.
    short gates but not the question after a long filler): host 1 is changed, to
    a revision that calls the tool for "Paris, France", which the tool gate's
    pattern accepts as a healthy model's call, and gated; host 2 fails the
-   long-prompt gate and is rolled back and the play stops, host 3 is untouched;
-   all three answer afterwards, and the table says exactly that.
+   long-prompt gate, asked at 90 % of its context, and is rolled back and the play
+   stops, host 3 is untouched; all three answer afterwards, and the table says
+   exactly that.
 3. A good change made with playbooks/deploy.yml then passes on all three, one
    at a time (deploy.yml hands replicas that serve to upgrade.yml's rolling
    play), with at most one host down at any moment and no host in the
@@ -62,6 +63,9 @@ GATE = os.path.join(REPO, 'playbooks', 'gate.yml')
 ROLE_DEFAULTS = os.path.join(REPO, 'roles', 'vllm_kimi', 'defaults', 'main.yml')
 FORGETS_LONG_REVISION = revision('forgets-long')
 PARIS_FRANCE_REVISION = revision('paris-france')
+FORGOTTEN_ANSWER = 'I do not remember the question.'
+# Under the miniature's 1,024 tokens: the long-prompt gate fills to vllm_kimi_long_context_fill of max_model_len.
+FULL_CONTEXT_THRESHOLD = 512
 LONG_PROMPT_TASK = 'Ensure vLLM repeats the fact at the start of a long prompt'
 GATE_TASK = 'Wait until vLLM answers the coherence prompt correctly'
 RIGHT_ANSWER = 'The capital of France is Paris.'
@@ -110,7 +114,12 @@ def endpoints_file(fleet):
 
 
 class Watch(Sampler):
-    """Samples (time, {host: answered coherently}, endpoints in the file) every SAMPLE_SECONDS."""
+    """Samples (time, {host: answered coherently}, endpoints in the file) every SAMPLE_SECONDS.
+
+    A replica is down (False) where its front door refuses the connection or answers without a coherent answer
+    (503 while vLLM is stopped, starting or not yet through its gates), up (True) where it answers coherently, and
+    not judged (None) where no answer came within the ask's timeout: a replica that serves can be slower than that
+    while make test's other lanes fill the cores, and the door of one that does not answers at once."""
 
     def __init__(self, fleet, endpoints_file):
         super().__init__(every=SAMPLE_SECONDS)
@@ -134,6 +143,8 @@ class Watch(Sampler):
                 verify=SANDBOX_CA,
             )
             return reply.status_code == 200 and 'Paris' in reply.json()['choices'][0]['message']['content']
+        except requests.Timeout:
+            return None
         except (requests.RequestException, ValueError, KeyError, IndexError):
             return False
 
@@ -285,14 +296,19 @@ def bad_for_host_two(fleet, endpoints_file, one_replica_down):
     hosts, ports, settings = fleet
     unit_of_host_three = unit_file(hosts[2])
     with Watch(fleet, endpoints_file) as watch:
+        # A change for every host that keeps the context: the second host's long-prompt gate is asked at 90 % of
+        # the miniature's 1,024 tokens, as the default scenario asks every change (its threshold, here the host's).
         rc, output, report = upgrade(
             fleet,
             endpoints_file,
             '-e',
-            'vllm_kimi_max_model_len=2048',
+            'vllm_kimi_max_num_seqs=6',
             **{
                 hosts[0]: {'vllm_kimi_model_revision': PARIS_FRANCE_REVISION},
-                hosts[1]: {'vllm_kimi_model_revision': FORGETS_LONG_REVISION},
+                hosts[1]: {
+                    'vllm_kimi_model_revision': FORGETS_LONG_REVISION,
+                    'vllm_kimi_long_context_threshold': FULL_CONTEXT_THRESHOLD,
+                },
             },
         )
     return rc, output, report, watch, unit_of_host_three
@@ -311,13 +327,20 @@ def test_bad_change_stops_at_host_two_after_its_rollback(fleet, bad_for_host_two
     assert 'Rolled back: %s is back on deployment %s' % (hosts[1], rows[hosts[1]][0]) in stop['msg']
 
 
-def test_bad_change_failed_the_long_prompt_gate_after_passing_the_short_ones(fleet, bad_for_host_two):
+def test_bad_change_failed_the_long_prompt_gate_asked_at_the_full_context_after_passing_the_short_ones(
+    fleet, bad_for_host_two
+):
     hosts, ports, settings = fleet
     rc, output, report, watch, unit_of_host_three = bad_for_host_two
     name, result = first_failure(report, hosts[1])
     assert name == LONG_PROMPT_TASK, (name, result)
-    assert result['answer'] == 'I do not remember the question.', result
-    assert result['prompt_tokens'] >= 384, result
+    assert result['answer'] == FORGOTTEN_ANSWER, result
+    # Filled to vllm_kimi_long_context_fill (0.9) of max_model_len by vLLM's own count, not the inventory's 60 fillers
+    # (about 400 tokens): the answer had the tokens left.
+    context = int(settings['vllm_kimi_max_model_len'])
+    assert 0.85 * context <= result['prompt_tokens'] <= 0.9 * context, result
+    final = [r for n, r in task_results(report, hosts[1]) if n == 'Stop the change for the whole fleet'][0]
+    assert FORGOTTEN_ANSWER in final['msg'], final['msg']
     gate = dict(task_results(report, hosts[1]))[GATE_TASK]
     assert gate['answer'] == RIGHT_ANSWER and gate['tool_call']['arguments'] == {'city': 'Paris'}, gate
 
@@ -327,7 +350,7 @@ def test_bad_change_never_touched_host_three(fleet, bad_for_host_two):
     rc, output, report, watch, unit_of_host_three = bad_for_host_two
     assert list(task_results(report, hosts[2])) == []
     assert unit_file(hosts[2]) == unit_of_host_three
-    assert all(up[hosts[2]] for t, up, listed in watch.samples)
+    assert all(up[hosts[2]] is not False for t, up, listed in watch.samples)
 
 
 def test_bad_change_leaves_all_three_answering(fleet, bad_for_host_two):
@@ -396,8 +419,8 @@ def test_bad_change_passed_host_one_whose_revision_calls_the_tool_for_paris_fran
 def test_good_change_takes_at_most_one_host_down_at_a_time(fleet, good_change):
     hosts, ports, settings = fleet
     rc, output, report, watch, in_balancer, load = good_change
-    down_at_once = max(sum(1 for host in hosts if not up[host]) for t, up, listed in watch.samples)
-    went_down = {host for t, up, listed in watch.samples for host in hosts if not up[host]}
+    down_at_once = max(sum(1 for host in hosts if up[host] is False) for t, up, listed in watch.samples)
+    went_down = {host for t, up, listed in watch.samples for host in hosts if up[host] is False}
     assert down_at_once == 1, 'at most one replica down at a time, and the watcher saw each restart'
     assert went_down == set(hosts)
 
@@ -407,7 +430,7 @@ def test_good_change_keeps_a_down_host_out_of_the_endpoints_file(fleet, endpoint
     rc, output, report, watch, in_balancer, load = good_change
     for t, up, listed in watch.samples:
         for host in hosts:
-            if not up[host]:
+            if up[host] is False:
                 assert '127.0.0.1:%d' % ports[host] not in listed, (t, host)
     with open(endpoints_file) as f:
         assert sorted(f.read().split()) == sorted('127.0.0.1:%d' % ports[host] for host in hosts)
