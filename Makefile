@@ -112,7 +112,7 @@ lint: tools
 	# The tests, tools, benchmarks and molecule's checks; torch and transformers are .venv-vllm's, not here.
 	$(BIN)/mypy --config-file .mypy.ini --ignore-missing-imports tests $(wildcard tools/*.py) bench molecule
 	# The role's programs have no .py name: each is a __main__ of its own, checked on its own.
-	for program in $(ROLE_PROGRAMS); do $(BIN)/mypy --config-file .mypy.ini --ignore-missing-imports $$program; done
+	for program in $(ROLE_PROGRAMS); do $(BIN)/mypy --config-file .mypy.ini --ignore-missing-imports --check-untyped-defs $$program; done
 	# No function of the collection's code or the role's programs over 60 lines: what a reader holds at once.
 	$(PYTHON) tools/function_length.py --limit 60 plugins $(ROLE_PROGRAMS)
 

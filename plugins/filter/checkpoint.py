@@ -2,6 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
+import functools
 
 from ansible.errors import AnsibleFilterError
 
@@ -9,6 +10,11 @@ from ansible_collections.llmserve.vllm.plugins.module_utils.checkpoint._writers 
 
 # What ansible.builtin.stat's stat and ansible.builtin.find's files both give of an entry.
 _NEEDED = ('path', 'uid', 'gid', 'islnk', 'wgrp', 'woth')
+
+
+def _name_of(names, kind, ident):
+    """The user or group name the stat result gave, else 'uid N' or 'gid N'."""
+    return names[kind] or '%s %s' % (kind[0] + 'id', ident)
 
 
 def checkpoint_writers(entries):
@@ -24,10 +30,9 @@ def checkpoint_writers(entries):
             raise AnsibleFilterError(
                 'checkpoint_writers: entry %d is not a stat or find result (no %s)' % (position, ', '.join(missing))
             )
-        names = {'user': entry.get('pw_name'), 'group': entry.get('gr_name')}
         reason = mode_reason(
             entry['path'], entry['islnk'], entry['uid'], entry['gid'], entry['wgrp'], entry['woth'],
-            lambda kind, ident, names=names: names[kind] or '%s %s' % (kind[0] + 'id', ident),
+            functools.partial(_name_of, {'user': entry.get('pw_name'), 'group': entry.get('gr_name')}),
         )  # fmt: skip
         if reason:
             reasons.append(reason)

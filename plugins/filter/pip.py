@@ -3,6 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 
+from typing import Union
+
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.converters import to_text
 
@@ -15,7 +17,7 @@ def pip_source_credentials(sources):
             'pip_source_credentials expects a mapping of setting names to texts or lists, got %s'
             % type(sources).__name__
         )
-    texts = {}
+    texts: dict[str, Union[str, list[str]]] = {}
     for name, value in sources.items():
         if isinstance(value, (list, tuple)):
             texts[to_text(name)] = [to_text(item) for item in value]

@@ -304,7 +304,7 @@ def vllm_rendered_flags(settings):
             % type(settings).__name__
         )
     skip = len(_words(settings, 'entrypoint', required=True)) + 1
-    flags = set()
+    flags: set[str] = set()
     for variant in _rendering_variants(settings):
         # The options: a value that begins with a dash and a letter (which vLLM's parser would take for an option
         # too) counts as one, which refuses more, never less.

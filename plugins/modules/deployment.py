@@ -187,6 +187,7 @@ rollbacks:
 import contextlib
 import os
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -255,8 +256,8 @@ def main():
     problem = input_problem(p)
     if problem:
         module.fail_json(msg=problem)
-    result = dict(changed=False, last_good={}, deployment='', record={}, pruned=[], rolled_back=False)
-    warnings = []
+    result: dict[str, Any] = dict(changed=False, last_good={}, deployment='', record={}, pruned=[], rolled_back=False)
+    warnings: list[str] = []
     failure = None
     if p['state'] == 'read' and not os.path.lexists(p['path']):
         # Nothing was ever recorded here: a read leaves the host as it is.

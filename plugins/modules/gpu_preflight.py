@@ -740,6 +740,7 @@ warnings:
 import functools
 import json
 import os
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -1030,7 +1031,7 @@ def main():
     if error:
         module.fail_json(msg=error)
 
-    result = dict(changed=False)
+    result: dict[str, Any] = dict(changed=False)
     apps = []
     try:
         inputs = plan_inputs(p['model_path'], p['hub'], p['weights_bytes_per_gpu'] is None)

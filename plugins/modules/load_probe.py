@@ -302,7 +302,7 @@ def validate(p):
         ('baseline_tokens_per_second', 0, None),
         ('max_regression_percent', 0, 100),
     ):
-        problem = p[name] is not None and range_problem(name, p[name], low, high)
+        problem = range_problem(name, p[name], low, high) if p[name] is not None else None
         if problem:
             return problem
     return None

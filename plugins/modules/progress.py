@@ -197,6 +197,7 @@ import errno
 import os
 import stat
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -341,7 +342,7 @@ def wait_for_job(module, results_file, wait):
 
 def ended_report(module, unit, now, started, previous):
     """The report of a job that ended: for how long it ran and, with a unit, the phase its start reached."""
-    report = {
+    report: dict[str, Any] = {
         'msg': 'ended' + (' after %s' % format_duration(now - started) if started is not None else ''),
         'sample': {'time': now, 'started': started},
     }
