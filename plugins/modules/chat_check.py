@@ -63,7 +63,7 @@ options:
         fails at once.
     type: str
   max_model_len:
-    version_added: 0.3.0
+    version_added: 0.2.0
     description:
       - The context the server must serve, as planned. Once C(/v1/models) lists the model, the C(max_model_len) it
         reports for it must be this, else the module fails at once naming both (a server started with other
@@ -430,7 +430,7 @@ max_model_len:
   returned: success, or when the answer did not match
   type: int
   sample: 131072
-  version_added: 0.3.0
+  version_added: 0.2.0
 answer:
   description:
     - The answer that was judged, the content (the reasoning text when O(judge_reasoning) judged it).
