@@ -50,35 +50,23 @@ models-core: vllm-venv
 	$(MAKE_MODELS) --core >/dev/null
 
 # Stops the fake Hub this checkout started, where one runs.
-FAKEHUB_STOP = if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid $(FAKEHUB_DIR)/serving; fi
+FAKEHUB_STOP = if [ -f $(FAKEHUB_DIR)/pid ]; then kill $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null || true; rm -f $(FAKEHUB_DIR)/pid; fi
 
-# The fake Hub, (re)started on a fresh root so that it serves the models as they are now: tiny-kimi from the shell
-# variable core's directory, each failing revision from the variable models' directory with the option $(1)
-# (--publish: at once; --publish-when-ready: once that directory exists). A Hub of this checkout that already
-# serves those directories is left running: scenarios started side by side share one Hub.
+# The fake Hub, (re)started each time on a fresh root, so that it serves the models as they are now:
+# tiny-kimi from the shell variable core's directory, each failing revision from the variable models' directory
+# with the option $(1) (--publish: at once; --publish-when-ready: once that directory exists).
 define fakehub_start
 	mkdir -p $(FAKEHUB_DIR)
+	$(FAKEHUB_STOP)
+	rm -rf $(FAKEHUB_DIR)/root
 	core=$$($(MAKE_MODELS) --core | tail -1); models=$${core%-core}; \
-	  exec 9> $(FAKEHUB_DIR)/start.lock; flock 9; \
-	  if [ -f $(FAKEHUB_DIR)/pid ] && kill -0 $$(cat $(FAKEHUB_DIR)/pid) 2>/dev/null \
-	    && [ "$$(cat $(FAKEHUB_DIR)/serving 2>/dev/null)" = "$$core" ]; then echo "fake hub: already serving $$core"; exit 0; fi; \
-	  $(FAKEHUB_STOP); \
-	  rm -rf $(FAKEHUB_DIR)/root; \
 	  $(2) \
 	  setsid $(PYTHON) tools/fake_hub.py --root $(FAKEHUB_DIR)/root --port $(FAKEHUB_PORT) --quiet $(FAKEHUB_SLOW) \
 	    $(foreach name,$(FAKEHUB_OTHER_REVISIONS),$(1) llmserve/tiny-kimi=$$models/tiny-kimi-$(name)@$(call sandbox_revision,$(name))) \
 	    --publish llmserve/tiny-kimi=$$core/tiny-kimi@$(FAKEHUB_REVISION) \
-	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null 9>&- & echo $$! > $(FAKEHUB_DIR)/pid; \
-	  for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && { echo "$$core" > $(FAKEHUB_DIR)/serving; exit 0; }; sleep 0.2; done; \
+	    > $(FAKEHUB_DIR)/log 2>&1 < /dev/null & echo $$! > $(FAKEHUB_DIR)/pid
+	for i in $$(seq 50); do grep -q '^fake hub serving' $(FAKEHUB_DIR)/log && exit 0; sleep 0.2; done; \
 	  cat $(FAKEHUB_DIR)/log; exit 1
-endef
-
-# A scenario runs its molecule command under a shared lock of the Hub ($(1): the command); the one that ends last
-# stops the Hub, so that once the scenarios are done nothing of them is left running.
-define with_fakehub
-	status=0; flock -o -s $(FAKEHUB_DIR)/in-use $(1) || status=$$?; \
-	  flock -n -x $(FAKEHUB_DIR)/in-use $(MAKE) --no-print-directory fakehub-down || echo "fake hub: left to the other scenario"; \
-	  exit $$status
 endef
 
 fakehub-up: models
@@ -88,9 +76,9 @@ fakehub-up: models
 # (where no lane trains them, a training started here does: it waits on the lane's lock where one does); they
 # are served once made, and the scenario's verify waits for them (tests/integration/sandbox/conftest.py).
 fakehub-early: models-core
-	$(call fakehub_start,--publish-when-ready,[ -f $$models/DONE ] || { setsid $(MAKE_MODELS) > $(FAKEHUB_DIR)/models.log 2>&1 < /dev/null 9>&- & };)
+	$(call fakehub_start,--publish-when-ready,[ -f $$models/DONE ] || { setsid $(MAKE_MODELS) > $(FAKEHUB_DIR)/models.log 2>&1 < /dev/null & };)
 
-# Stops the fake Hub.
+# Stops the fake Hub a molecule target started: once its scenario is done, nothing of make test is left running.
 fakehub-down:
 	$(FAKEHUB_STOP)
 
@@ -123,7 +111,7 @@ molecule-create: tools
 
 # The recipes run under `set -e` (.SHELLFLAGS): `|| status=$$?` keeps a failed scenario from skipping the fake Hub's stop.
 molecule-test: tools models-core fakehub-early
-	$(call with_fakehub,$(BIN)/molecule test)
+	status=0; $(BIN)/molecule test || status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # Three replica sandboxes: rolling changes through playbooks/upgrade.yml, a
 # capacity floor, a change bad for one host, drain and undrain. In two parts, as the default scenario: the
@@ -138,7 +126,7 @@ molecule-fleet-create: tools
 	$(BIN)/molecule create -s fleet
 
 molecule-fleet-test: tools models fakehub-up
-	$(call with_fakehub,$(BIN)/molecule test -s fleet)
+	status=0; $(BIN)/molecule test -s fleet || status=$$?; $(MAKE) --no-print-directory fakehub-down; exit $$status
 
 # First deploy, no-op rerun, restart-to-coherent-answer: bench/deploy_figures.py.
 bench-deploy: tools models fakehub-up
