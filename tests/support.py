@@ -466,6 +466,212 @@ def run_local_play(tmp_path, tasks, extra_vars=None, name='play.yml'):
     return proc.returncode, proc.stdout + proc.stderr
 
 
+# The stdout callback of run_local_plays's ansible-playbook, written beside its playbook (ansible-core ships no JSON
+# callback; ansible.posix, which has one, is not installed here). It appends a line of JSON to $CASE_REPORT_FILE for
+# each result Ansible reports (host, task, status and the whole result, warnings included), and the run's stats last.
+#
+# Before the first task it loads the Jinja plugins the tasks use. Each task runs in a worker that ansible-playbook
+# forks, and what a worker loads is lost with it: each task would import Ansible's filters and tests and the
+# collection's filters anew, about half of a task's CPU time. Loaded in ansible-playbook before the forks, every
+# worker finds them loaded; the tasks run the same plugins as before.
+_CASE_REPORT_CALLBACK = r"""
+import json
+import os
+
+from ansible.plugins.callback import CallbackBase
+from ansible.plugins.loader import filter_loader, lookup_loader, test_loader
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = 'stdout'
+    CALLBACK_NAME = 'case_report'
+
+    def _write(self, line):
+        with open(os.environ['CASE_REPORT_FILE'], 'a') as handle:
+            # default=str: a result may hold objects of Ansible's own (an error's summary), written as their text.
+            handle.write(json.dumps(line, default=str, ensure_ascii=False) + '\n')
+
+    def v2_playbook_on_start(self, playbook):
+        # Asking for one builtin filter (test) loads them all.
+        filter_loader.get_with_context('ansible.builtin.bool')
+        test_loader.get_with_context('ansible.builtin.match')
+        lookup_loader.get('ansible.builtin.vars', class_only=True)
+        for name in json.loads(os.environ['CASE_REPORT_FILTERS']):
+            filter_loader.get_with_context(name)
+
+    def _report(self, result, status):
+        # ansible-core 2.19 and later name them host and result; earlier releases only _host and _result.
+        host = getattr(result, 'host', None) or result._host
+        fields = getattr(result, 'result', None)
+        if fields is None:
+            fields = result._result
+        self._write({'host': host.get_name(), 'task': result.task_name, 'status': status, 'result': fields})
+
+    def v2_runner_on_ok(self, result):
+        self._report(result, 'ok')
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._report(result, 'ignored' if ignore_errors else 'failed')
+
+    def v2_runner_on_skipped(self, result):
+        self._report(result, 'skipped')
+
+    def v2_runner_on_unreachable(self, result):
+        self._report(result, 'unreachable')
+
+    def v2_playbook_on_stats(self, stats):
+        self._write({'stats': dict((host, stats.summarize(host)) for host in stats.processed)})
+"""
+
+# The tasks run_local_plays puts after the last include_vars of each play: the case's variable files and settings, and
+# the check that they won. They report the settings, which a case's shown leaves out, as run_local_play's output
+# leaves out its extra vars.
+LOAD_CASE = 'Load the case variable files, then its settings'
+CHECK_CASE = 'Check that the case settings read back as given'
+
+
+class Case:
+    """A case of run_local_plays: its settings (what run_local_play's extra_vars gives), the variable files its host
+    includes before them (an inventory's group_vars), and the groups of run_local_plays's inventory its host joins."""
+
+    def __init__(self, settings, var_files=(), groups=()):
+        self.settings = settings
+        self.var_files = [str(path) for path in var_files]
+        self.groups = list(groups)
+
+
+class CaseOutcome:
+    """How a case of run_local_plays ended. failed_task: the name of the task that failed its host, None where every
+    task passed; message: that task's msg; shown: everything Ansible reported for its host after its settings (its
+    results as JSON), then what the run printed (warnings), where a test looks for what must not show."""
+
+    def __init__(self, failed_task, message, shown):
+        self.failed_task = failed_task
+        self.message = message
+        self.shown = shown
+
+    def __repr__(self):
+        return 'CaseOutcome(failed_task=%r, message=%r, shown=%r)' % (self.failed_task, self.message, self.shown)
+
+
+def collection_filters():
+    """The fully qualified names of the collection's filters: each has its documentation in plugins/filter/NAME.yml."""
+    folder = os.path.join(REPO, 'plugins', 'filter')
+    return sorted('llmserve.vllm.' + name[: -len('.yml')] for name in os.listdir(folder) if name.endswith('.yml'))
+
+
+def run_local_plays(tmp_path, plays, inventory=None, name='plays.yml'):
+    """Run many cases through one ansible-playbook on this machine, each on a host of its own: {case name: CaseOutcome}.
+
+    plays: a list of (tasks, {case name: Case, or only its settings}), a play each of those tasks on those cases.
+    inventory: {group: {host: variables}}, hosts beside the cases that no play runs on (a model's other nodes); a
+    group lists the cases' hosts that join it (Case.groups) first, in their order, then these.
+
+    run_local_play starts Ansible for each case, half a second of CPU and more each time; here it starts once.
+
+    A case's settings must win over the variables its play's tasks load, as run_local_play's -e does, and a host's
+    inventory variables would lose to include_vars. So after the play's last include_vars task each host includes its
+    case's variable files and then its settings, from a file of JSON read as -e's is: a later include_vars replaces
+    what an earlier one set. The task after them checks on each host that every setting reads back as given (against
+    a copy in the inventory). A later task that sets one of those variables (set_fact, include_vars) would win where
+    -e would not: such tasks need run_local_play.
+    """
+    import yaml
+
+    cases_dir = tmp_path / 'cases'
+    cases_dir.mkdir(exist_ok=True)
+    hosts = {}  # host: case name
+    groups = {}  # group: {host: variables}
+    playbook = []
+    for number, (tasks, cases) in enumerate(plays, 1):
+        play_group = groups['play_%d' % number] = {}
+        for case_name, case in cases.items():
+            assert case_name not in hosts.values(), 'two cases are named %r' % case_name
+            if not isinstance(case, Case):
+                case = Case(case)
+            host = 'case_%d' % (len(hosts) + 1)
+            hosts[host] = case_name
+            settings_file = cases_dir / (host + '.json')
+            settings_text = json.dumps(case.settings)
+            settings_file.write_text(settings_text)
+            play_group[host] = {
+                'ansible_connection': 'local',
+                'ansible_python_interpreter': sys.executable,
+                '_case_files': case.var_files + [str(settings_file)],
+                # A copy of its own: settings that two cases share would be written as a YAML alias.
+                '_case_settings': json.loads(settings_text),
+            }
+            for group in case.groups:
+                groups.setdefault(group, {})[host] = None
+        loaded = max([i + 1 for i, task in enumerate(tasks) if 'ansible.builtin.include_vars' in task] or [0])
+        load_case = [
+            {'name': LOAD_CASE, 'ansible.builtin.include_vars': '{{ item }}', 'loop': '{{ _case_files }}'},
+            {
+                'name': CHECK_CASE,
+                'ansible.builtin.assert': {
+                    'that': "_case_settings == dict(_case_settings | zip(query('ansible.builtin.vars', *_case_settings)))",
+                    'fail_msg': 'A setting of the case lost to a variable loaded before it, or changed on its way.',
+                    'quiet': True,
+                },
+            },
+        ]
+        playbook.append(
+            {'hosts': 'play_%d' % number, 'gather_facts': False, 'tasks': tasks[:loaded] + load_case + tasks[loaded:]}
+        )
+    for group, members in (inventory or {}).items():
+        assert not set(members) & set(hosts), 'a host of inventory is named as a case host: %r' % sorted(members)
+        groups.setdefault(group, {}).update(members)
+    inventory_file = tmp_path / 'inventory.yml'
+    inventory_file.write_text(
+        yaml.safe_dump({'all': {'children': dict((g, {'hosts': m}) for g, m in groups.items())}}, sort_keys=False)
+    )
+    (tmp_path / name).write_text(yaml.safe_dump(playbook, sort_keys=False))
+    callbacks = tmp_path / 'callback_plugins'
+    callbacks.mkdir(exist_ok=True)
+    (callbacks / 'case_report.py').write_text(_CASE_REPORT_CALLBACK)
+    report_file = tmp_path / 'case_report.jsonl'
+    if report_file.exists():
+        report_file.unlink()
+    env = dict(
+        os.environ,
+        ANSIBLE_CALLBACK_PLUGINS=str(callbacks),
+        ANSIBLE_STDOUT_CALLBACK='case_report',
+        CASE_REPORT_FILE=str(report_file),
+        CASE_REPORT_FILTERS=json.dumps(collection_filters()),
+    )
+    ansible_playbook = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
+    proc = subprocess.run(
+        [ansible_playbook, '-i', str(inventory_file), str(tmp_path / name)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    printed = proc.stdout + proc.stderr
+    lines = [json.loads(line) for line in report_file.read_text().splitlines()] if report_file.exists() else []
+    if not lines or 'stats' not in lines[-1]:
+        raise AssertionError('ansible-playbook ended before its report (rc %d):\n%s' % (proc.returncode, printed))
+    stats = lines.pop()['stats']
+    outcomes = {}
+    for host, case_name in hosts.items():
+        assert host in stats, 'case %r (%s) never ran:\n%s' % (case_name, host, printed)
+        ran = [line for line in lines if line['host'] == host]
+        failed = [line for line in ran if line['status'] in ('failed', 'unreachable')]
+        # A host stops at its first failure: that task is the one that refused the case.
+        assert len(failed) == stats[host]['failures'] + stats[host]['unreachable'] <= 1, (case_name, ran, stats[host])
+        checked = [i for i, line in enumerate(ran) if line['task'] == CHECK_CASE]
+        after = ran[checked[0] + 1 :] if checked else failed
+        outcomes[case_name] = CaseOutcome(
+            failed[0]['task'] if failed else None,
+            str(failed[0]['result'].get('msg', '')) if failed else None,
+            json.dumps(after, ensure_ascii=False) + '\n' + printed,
+        )
+    refused = any(outcome.failed_task for outcome in outcomes.values())
+    assert proc.returncode == (2 if refused else 0), 'ansible-playbook ended with %d:\n%s' % (proc.returncode, printed)
+    return outcomes
+
+
 def fake_dev(dest, drop=()):
     """A device directory at dest laid out as the NVIDIA H200 host's /dev of tests/fixtures/h200/dev-nvidia.txt
     (`ls -l /dev/nvidia* /dev/infiniband`), as empty files; the node names in drop are left out. Returns its path."""
