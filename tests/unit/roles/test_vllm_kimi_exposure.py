@@ -50,9 +50,9 @@ EXPOSURE_ASSERTS = [task['name'] for task in preflight_refusal()[0]['block']]
 EXPOSURE, LISTS, OVERRIDES = 'exposure', 'lists', 'overrides'
 JUDGES = {EXPOSURE: REFUSAL_TASK, LISTS: LIST_REFUSAL_TASK, OVERRIDES: OVERRIDE_TASK}
 # The cases added with case(), by what judges them: {case name: Case}.
-CASES = {judge: {} for judge in JUDGES}
+CASES: dict[str, dict[str, Case]] = {judge: {} for judge in JUDGES}
 # The hosts beside the cases' in the exposure refusals' run: the other node of each two-node model (cluster_case).
-CLUSTER_NODES = {}
+CLUSTER_NODES: dict[str, dict] = {}
 
 
 def case_name(judge, settings, more_vars=(), groups=()):
@@ -496,7 +496,7 @@ def test_client_keys_are_refused_by_position_without_showing_them(outcomes):
 
 # Each exposure refusal: (settings it refuses, a part of its message, settings beside them that it lets through).
 WITH_KEY = {'vllm_kimi_api_key': KEY}
-EACH_REFUSAL = {
+EACH_REFUSAL: dict[str, tuple[dict, str, dict]] = {
     "Refuse vLLM's switches that let any caller run code in the served model": (
         dict(WITH_KEY, vllm_kimi_environment={'VLLM_SERVER_DEV_MODE': '1'}),
         'vllm_kimi_environment sets VLLM_SERVER_DEV_MODE, which lets any caller run code in or change the served model',
