@@ -466,64 +466,6 @@ def run_local_play(tmp_path, tasks, extra_vars=None, name='play.yml'):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-# The stdout callback of run_local_plays's ansible-playbook, written beside its playbook (ansible-core ships no JSON
-# callback; ansible.posix, which has one, is not installed here). It appends a line of JSON to $CASE_REPORT_FILE for
-# each result Ansible reports (host, task, status and the whole result, warnings included), and the run's stats last.
-#
-# Before the first task it loads the Jinja plugins the tasks use. Each task runs in a worker that ansible-playbook
-# forks, and what a worker loads is lost with it: each task would import Ansible's filters and tests and the
-# collection's filters anew, about half of a task's CPU time. Loaded in ansible-playbook before the forks, every
-# worker finds them loaded; the tasks run the same plugins as before.
-_CASE_REPORT_CALLBACK = r"""
-import json
-import os
-
-from ansible.plugins.callback import CallbackBase
-from ansible.plugins.loader import filter_loader, lookup_loader, test_loader
-
-
-class CallbackModule(CallbackBase):
-    CALLBACK_VERSION = 2.0
-    CALLBACK_TYPE = 'stdout'
-    CALLBACK_NAME = 'case_report'
-
-    def _write(self, line):
-        with open(os.environ['CASE_REPORT_FILE'], 'a') as handle:
-            # default=str: a result may hold objects of Ansible's own (an error's summary), written as their text.
-            handle.write(json.dumps(line, default=str, ensure_ascii=False) + '\n')
-
-    def v2_playbook_on_start(self, playbook):
-        # Asking for one builtin filter (test) loads them all.
-        filter_loader.get_with_context('ansible.builtin.bool')
-        test_loader.get_with_context('ansible.builtin.match')
-        lookup_loader.get('ansible.builtin.vars', class_only=True)
-        for name in json.loads(os.environ['CASE_REPORT_FILTERS']):
-            filter_loader.get_with_context(name)
-
-    def _report(self, result, status):
-        # ansible-core 2.19 and later name them host and result; earlier releases only _host and _result.
-        host = getattr(result, 'host', None) or result._host
-        fields = getattr(result, 'result', None)
-        if fields is None:
-            fields = result._result
-        self._write({'host': host.get_name(), 'task': result.task_name, 'status': status, 'result': fields})
-
-    def v2_runner_on_ok(self, result):
-        self._report(result, 'ok')
-
-    def v2_runner_on_failed(self, result, ignore_errors=False):
-        self._report(result, 'ignored' if ignore_errors else 'failed')
-
-    def v2_runner_on_skipped(self, result):
-        self._report(result, 'skipped')
-
-    def v2_runner_on_unreachable(self, result):
-        self._report(result, 'unreachable')
-
-    def v2_playbook_on_stats(self, stats):
-        self._write({'stats': dict((host, stats.summarize(host)) for host in stats.processed)})
-"""
-
 # The tasks run_local_plays puts after the last include_vars of each play: the case's variable files and settings, and
 # the check that they won. They report the settings, which a case's shown leaves out, as run_local_play's output
 # leaves out its extra vars.
@@ -544,7 +486,7 @@ class Case:
 class CaseOutcome:
     """How a case of run_local_plays ended. failed_task: the name of the task that failed its host, None where every
     task passed; message: that task's msg; shown: everything Ansible reported for its host after its settings (its
-    results as JSON), then what the run printed (warnings), where a test looks for what must not show."""
+    results as JSON), then what the run wrote to stderr (warnings), where a test looks for what must not show."""
 
     def __init__(self, failed_task, message, shown):
         self.failed_task = failed_task
@@ -553,12 +495,6 @@ class CaseOutcome:
 
     def __repr__(self):
         return 'CaseOutcome(failed_task=%r, message=%r, shown=%r)' % (self.failed_task, self.message, self.shown)
-
-
-def collection_filters():
-    """The fully qualified names of the collection's filters: each has its documentation in plugins/filter/NAME.yml."""
-    folder = os.path.join(REPO, 'plugins', 'filter')
-    return sorted('llmserve.vllm.' + name[: -len('.yml')] for name in os.listdir(folder) if name.endswith('.yml'))
 
 
 def run_local_plays(tmp_path, plays, inventory=None, name='plays.yml'):
@@ -627,18 +563,16 @@ def run_local_plays(tmp_path, plays, inventory=None, name='plays.yml'):
         yaml.safe_dump({'all': {'children': dict((g, {'hosts': m}) for g, m in groups.items())}}, sort_keys=False)
     )
     (tmp_path / name).write_text(yaml.safe_dump(playbook, sort_keys=False))
-    callbacks = tmp_path / 'callback_plugins'
-    callbacks.mkdir(exist_ok=True)
-    (callbacks / 'case_report.py').write_text(_CASE_REPORT_CALLBACK)
-    report_file = tmp_path / 'case_report.jsonl'
+    report_file = tmp_path / 'record.json'
     if report_file.exists():
         report_file.unlink()
+    # The sandbox tests' record of each result (llmserve_record), and the plugins the tasks use loaded before Ansible
+    # forks its workers (llmserve_preload).
     env = dict(
         os.environ,
-        ANSIBLE_CALLBACK_PLUGINS=str(callbacks),
-        ANSIBLE_STDOUT_CALLBACK='case_report',
-        CASE_REPORT_FILE=str(report_file),
-        CASE_REPORT_FILTERS=json.dumps(collection_filters()),
+        ANSIBLE_CALLBACK_PLUGINS=os.path.join(REPO, 'tests', 'integration', 'sandbox', 'callback_plugins'),
+        ANSIBLE_CALLBACKS_ENABLED='llmserve_record,llmserve_preload',
+        LLMSERVE_RECORD=str(report_file),
     )
     ansible_playbook = os.path.join(os.path.dirname(sys.executable), 'ansible-playbook')
     proc = subprocess.run(
@@ -649,10 +583,11 @@ def run_local_plays(tmp_path, plays, inventory=None, name='plays.yml'):
         env=env,
     )
     printed = proc.stdout + proc.stderr
-    lines = [json.loads(line) for line in report_file.read_text().splitlines()] if report_file.exists() else []
-    if not lines or 'stats' not in lines[-1]:
-        raise AssertionError('ansible-playbook ended before its report (rc %d):\n%s' % (proc.returncode, printed))
-    stats = lines.pop()['stats']
+    if not report_file.exists():
+        raise AssertionError('ansible-playbook ended before its record (rc %d):\n%s' % (proc.returncode, printed))
+    with open(report_file) as handle:
+        record = json.load(handle)
+    lines, stats = record['tasks'], record['stats']
     outcomes = {}
     for host, case_name in hosts.items():
         assert host in stats, 'case %r (%s) never ran:\n%s' % (case_name, host, printed)
@@ -665,7 +600,8 @@ def run_local_plays(tmp_path, plays, inventory=None, name='plays.yml'):
         outcomes[case_name] = CaseOutcome(
             failed[0]['task'] if failed else None,
             str(failed[0]['result'].get('msg', '')) if failed else None,
-            json.dumps(after, ensure_ascii=False) + '\n' + printed,
+            # Ansible's warnings and errors go to stderr; stdout lists every host's results, other cases' included.
+            json.dumps(after, ensure_ascii=False) + '\n' + proc.stderr,
         )
     refused = any(outcome.failed_task for outcome in outcomes.values())
     assert proc.returncode == (2 if refused else 0), 'ansible-playbook ended with %d:\n%s' % (proc.returncode, printed)
